@@ -1,0 +1,2 @@
+//! The spoke side: connection lifecycle, inbound handlers, spoke watchers, resync.
+#![forbid(unsafe_code)]

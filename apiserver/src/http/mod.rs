@@ -1,0 +1,215 @@
+//! The HTTP face of the server: routing, authentication and the Kubernetes REST verbs.
+
+mod crud;
+mod list;
+pub mod query;
+pub mod route;
+mod watch;
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Method, Request, StatusCode, header};
+use serde_json::{Value, json};
+use tokio::sync::watch as tokio_watch;
+
+use crate::error::{ApiError, ApiResult};
+use crate::resource::{Registry, ResourceType};
+use crate::store::Store;
+use route::{ResourcePath, Route};
+
+/// Shared state of the request handlers.
+#[derive(Debug)]
+pub struct AppState {
+    /// Objects.
+    pub store: Arc<Store>,
+    /// Served types (replaced whole when a CRD changes).
+    pub registry: RwLock<Arc<Registry>>,
+    /// Bearer token every API request must carry; `None` disables the check.
+    pub token: Option<String>,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// How often watches with `allowWatchBookmarks` get a bookmark.
+    pub bookmark_interval: Duration,
+    /// Longest watch when the client gives no `timeoutSeconds`.
+    pub max_watch: Duration,
+    /// `host:port` for `/api` discovery.
+    pub address: String,
+    /// Flips to true when the server shuts down, so watch streams end.
+    pub shutdown: tokio_watch::Receiver<bool>,
+}
+
+impl AppState {
+    /// The current registry snapshot.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Change the registry (copy-on-write).
+    pub fn update_registry(&self, f: impl FnOnce(&mut Registry)) {
+        let mut guard = self.registry.write().unwrap_or_else(PoisonError::into_inner);
+        let mut next = (**guard).clone();
+        f(&mut next);
+        *guard = Arc::new(next);
+    }
+}
+
+/// A JSON response.
+pub(crate) fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
+    let mut resp = (code, body).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn json_value(v: &Value) -> Response {
+    json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
+}
+
+fn authorized(state: &AppState, req: &Request<Body>) -> bool {
+    let Some(token) = &state.token else { return true };
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Entry point for every request.
+pub async fn dispatch(state: Arc<AppState>, req: Request<Body>) -> Response {
+    match handle(state, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn handle(state: Arc<AppState>, req: Request<Body>) -> ApiResult<Response> {
+    let path = req.uri().path().to_string();
+    let route = route::parse(&path).map_err(|e| match e {
+        route::RouteError::NotFound => ApiError::no_route(&path),
+        other => ApiError::bad_request(other.to_string()),
+    })?;
+    match route {
+        Route::Health => return Ok((StatusCode::OK, "ok").into_response()),
+        Route::Version => return Ok(json_value(&version())),
+        _ => {}
+    }
+    if !authorized(&state, &req) {
+        return Err(ApiError::unauthorized());
+    }
+    if req.method() != Method::GET && !matches!(route, Route::Resource(_)) {
+        return Err(ApiError::method_not_allowed(req.method(), &path));
+    }
+    let registry = state.registry();
+    match route {
+        Route::CoreVersions => Ok(json_value(&registry.core_versions(&state.address))),
+        Route::GroupList => Ok(json_value(&registry.group_list())),
+        Route::Group(g) => registry.group(&g).map(|v| json_value(&v)).ok_or_else(|| ApiError::no_route(&path)),
+        Route::ResourceList { group, version } => {
+            registry.resource_list(&group, &version).map(|v| json_value(&v)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        // Only v3 is served: kubectl prefers it, and v2 is deprecated.
+        Route::OpenApiV2 => Err(ApiError::no_route(&path)),
+        Route::OpenApiV3 => {
+            let rest = path.trim_start_matches("/openapi/v3").trim_matches('/');
+            let doc = if rest.is_empty() { Some(crate::openapi::root(&registry)) } else { crate::openapi::group_version(&registry, rest) };
+            doc.map(|d| json_value(&d)).ok_or_else(|| ApiError::no_route(&path))
+        }
+        Route::Resource(rp) => {
+            let rtype = resolve(&registry, &rp, &path)?;
+            resource(state, rtype, rp, req).await
+        }
+        Route::Health | Route::Version => Err(ApiError::no_route(&path)),
+    }
+}
+
+fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "37",
+        "gitVersion": "v1.37.0+argocd-agent-embedded",
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "n/a (Rust)",
+        "compiler": "rustc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn resolve(registry: &Registry, rp: &ResourcePath, path: &str) -> ApiResult<Arc<ResourceType>> {
+    let rtype = registry.lookup(&rp.group, &rp.version, &rp.resource).ok_or_else(|| ApiError::no_route(path))?;
+    // A namespaced path for a cluster-scoped type (or a named object of a namespaced type
+    // without a namespace) names nothing.
+    if (!rtype.namespaced && rp.namespace.is_some()) || (rtype.namespaced && rp.namespace.is_none() && rp.name.is_some()) {
+        return Err(ApiError::no_route(path));
+    }
+    match rp.subresource.as_deref() {
+        None => {}
+        Some("status") if rtype.status_subresource => {}
+        Some("finalize") if rtype.is_namespace() => {}
+        Some(_) => return Err(ApiError::no_route(path)),
+    }
+    Ok(rtype)
+}
+
+async fn read_body(state: &AppState, req: Request<Body>) -> ApiResult<(String, bytes::Bytes)> {
+    let ct = req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or_default().to_ascii_lowercase();
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<usize>().ok()) {
+        if len > state.max_body_bytes {
+            return Err(ApiError::too_large(state.max_body_bytes));
+        }
+    }
+    let body = axum::body::to_bytes(req.into_body(), state.max_body_bytes).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
+            || e.to_string().contains("length limit");
+        if too_large { ApiError::too_large(state.max_body_bytes) } else { ApiError::bad_request(format!("cannot read the request body: {e}")) }
+    })?;
+    Ok((ct, body))
+}
+
+async fn resource(state: Arc<AppState>, rtype: Arc<ResourceType>, rp: ResourcePath, req: Request<Body>) -> ApiResult<Response> {
+    let params = query::parse(req.uri().query())?;
+    let method = req.method().clone();
+    let namespace = rp.namespace.clone().unwrap_or_default();
+    let ctx = crud::Ctx { state: state.clone(), rtype, version: rp.version.clone(), namespace, dry_run: params.dry_run };
+    match (method.clone(), rp.name.clone(), rp.subresource.as_deref()) {
+        (Method::GET, None, _) if params.watch => watch::serve(&ctx, rp.namespace.as_deref(), &params, wants_table(&req)),
+        (Method::GET, None, _) => list::serve(&ctx, rp.namespace.as_deref(), &params, wants_table(&req)),
+        (Method::POST, None, _) => {
+            let (ct, body) = read_body(&state, req).await?;
+            crud::create(&ctx, &ct, &body).await
+        }
+        (Method::DELETE, None, _) => {
+            let (_, body) = read_body(&state, req).await?;
+            crud::delete_collection(&ctx, rp.namespace.as_deref(), &params, &body).await
+        }
+        (Method::GET, Some(name), _) => crud::get(&ctx, &name, wants_table(&req)),
+        (Method::PUT, Some(name), sub) => {
+            let (ct, body) = read_body(&state, req).await?;
+            crud::update(&ctx, &name, sub, &ct, &body).await
+        }
+        (Method::PATCH, Some(name), sub) => {
+            let (ct, body) = read_body(&state, req).await?;
+            crud::patch(&ctx, &name, sub, &ct, &body).await
+        }
+        (Method::DELETE, Some(name), None) => {
+            let (_, body) = read_body(&state, req).await?;
+            crud::delete(&ctx, &name, &body).await
+        }
+        (m, _, _) => Err(ApiError::method_not_allowed(&m, req.uri().path())),
+    }
+}
+
+/// Whether the client asked for a `meta.k8s.io` Table (kubectl get).
+fn wants_table(req: &Request<Body>) -> bool {
+    req.headers()
+        .get(header::ACCEPT)
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(|a| a.split(',').next().is_some_and(|first| first.contains("as=Table")))
+}

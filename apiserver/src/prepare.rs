@@ -1,0 +1,460 @@
+//! What a write does to an object: defaulting, validation, preserved fields and preconditions.
+//!
+//! These functions are pure (no storage, no I/O), so the rules can be tested and fuzzed alone.
+
+use base64::Engine as _;
+use rand::Rng as _;
+use serde_json::{Map, Value, json};
+
+use crate::error::{ApiError, ApiResult};
+use crate::object::{
+    finalizers, is_deleting, meta_mut, meta_str, now_rfc3339, resource_version, spec_changed, validate_dns1123_label,
+    validate_dns1123_subdomain, validate_labels_and_annotations,
+};
+use crate::resource::ResourceType;
+use crate::store::Change;
+
+/// Server-managed metadata a client may not set.
+const SERVER_FIELDS: &[&str] = &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
+
+/// Decode a request body (JSON, or YAML when the content type says so) into an object.
+///
+/// # Errors
+/// 400 naming what is wrong with the body.
+pub fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
+    let v: Value = if content_type.contains("yaml") {
+        serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}")))?
+    } else if content_type.is_empty() || content_type.contains("json") {
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?
+    } else {
+        return Err(ApiError::unsupported_media_type(format!(
+            "the content type {content_type:?} is not supported: send application/json"
+        )));
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object (a Kubernetes object)"));
+    }
+    if v.get("metadata").is_some_and(|m| !m.is_object() && !m.is_null()) {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    }
+    Ok(v)
+}
+
+/// The target of a write: type, served version and namespace from the URL.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// Resource type.
+    pub rtype: &'a ResourceType,
+    /// Version in the URL.
+    pub version: &'a str,
+    /// Namespace in the URL ("" for cluster-scoped).
+    pub namespace: &'a str,
+}
+
+impl Target<'_> {
+    fn check_type(&self, obj: &mut Value) -> ApiResult<()> {
+        let want_av = self.rtype.api_version(self.version);
+        match obj.get("apiVersion").and_then(Value::as_str) {
+            None | Some("") => obj["apiVersion"] = json!(want_av),
+            Some(av) if av == want_av => {}
+            Some(av) => {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({want_av})"
+                )));
+            }
+        }
+        match obj.get("kind").and_then(Value::as_str) {
+            None | Some("") => obj["kind"] = json!(self.rtype.kind),
+            Some(k) if k == self.rtype.kind => {}
+            Some(k) => {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({}) for {}",
+                    self.rtype.kind, self.rtype.plural
+                )));
+            }
+        }
+        let ns = meta_str(obj, "namespace").to_string();
+        if self.rtype.namespaced {
+            if ns.is_empty() {
+                meta_mut(obj).insert("namespace".into(), json!(self.namespace));
+            } else if ns != self.namespace {
+                return Err(ApiError::bad_request(format!(
+                    "the namespace of the provided object ({ns}) does not match the namespace sent on the request ({})",
+                    self.namespace
+                )));
+            }
+        } else {
+            meta_mut(obj).remove("namespace");
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, name: &str, causes: Vec<(String, String)>) -> ApiError {
+        ApiError::invalid(&self.rtype.group, &self.rtype.kind, name, causes)
+    }
+
+    fn validate(&self, obj: &Value) -> ApiResult<()> {
+        let name = meta_str(obj, "name");
+        let mut causes = Vec::new();
+        let check = if self.rtype.is_namespace() { validate_dns1123_label(name) } else { validate_dns1123_subdomain(name) };
+        if let Err(e) = check {
+            causes.push(("metadata.name".to_string(), e));
+        }
+        causes.extend(validate_labels_and_annotations(obj));
+        if let Some(f) = obj["metadata"].get("finalizers") {
+            if !f.is_null() && !f.as_array().is_some_and(|a| a.iter().all(Value::is_string)) {
+                causes.push(("metadata.finalizers".into(), "Invalid value: must be a list of strings".into()));
+            }
+        }
+        if self.rtype.is_crd() {
+            if let Err(c) = ResourceType::from_crd(obj) {
+                causes.extend(c);
+            }
+        }
+        if self.rtype.group.is_empty() && self.rtype.plural == "secrets" {
+            causes.extend(normalize_secret_errors(obj));
+        }
+        if causes.is_empty() { Ok(()) } else { Err(self.invalid(name, causes)) }
+    }
+}
+
+fn normalize_secret_errors(obj: &Value) -> Vec<(String, String)> {
+    let mut causes = Vec::new();
+    if let Some(data) = obj.get("data").and_then(Value::as_object) {
+        for (k, v) in data {
+            let ok = v.as_str().is_some_and(|s| base64::engine::general_purpose::STANDARD.decode(s).is_ok());
+            if !ok {
+                causes.push((format!("data[{k}]"), "Invalid value: must be base64-encoded bytes".into()));
+            }
+        }
+    }
+    causes
+}
+
+/// `stringData` is write-only: merge it into `data` as base64, as Kubernetes does.
+fn fold_string_data(obj: &mut Value) {
+    let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else { return };
+    if !obj.get("data").is_some_and(Value::is_object) {
+        obj["data"] = json!({});
+    }
+    for (k, v) in sd {
+        let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+        obj["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
+fn generated_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+}
+
+/// Status a CRD gets once accepted: its names, Established and NamesAccepted.
+fn crd_status(obj: &Value) -> Value {
+    let now = now_rfc3339();
+    let cond = |t: &str, reason: &str| json!({"type": t, "status": "True", "lastTransitionTime": now, "reason": reason, "message": ""});
+    json!({
+        "acceptedNames": obj["spec"]["names"].clone(),
+        "storedVersions": obj["spec"]["versions"].as_array().map(|vs| vs.iter().filter(|v| v["storage"].as_bool() == Some(true)).map(|v| v["name"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
+        "conditions": [cond("NamesAccepted", "NoConflicts"), cond("Established", "InitialNamesAccepted")],
+    })
+}
+
+/// Prepare a new object for create. Returns the object and its (maybe generated) name.
+///
+/// # Errors
+/// 400 for a body that does not fit the URL, 422 for invalid names or fields.
+pub fn create(t: Target<'_>, mut obj: Value) -> ApiResult<(Value, String)> {
+    t.check_type(&mut obj)?;
+    let mut name = meta_str(&obj, "name").to_string();
+    if name.is_empty() {
+        let prefix = meta_str(&obj, "generateName").to_string();
+        if prefix.is_empty() {
+            return Err(t.invalid("", vec![("metadata.name".into(), "Required value: name or generateName is required".into())]));
+        }
+        name = format!("{prefix}{}", generated_suffix());
+        meta_mut(&mut obj).insert("name".into(), json!(name));
+    }
+    {
+        let meta = meta_mut(&mut obj);
+        for f in SERVER_FIELDS.iter().chain(&["resourceVersion", "managedFields"]) {
+            meta.remove(*f);
+        }
+        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+    }
+    if t.rtype.group.is_empty() && t.rtype.plural == "secrets" {
+        fold_string_data(&mut obj);
+    }
+    t.validate(&obj)?;
+    if !t.rtype.is_namespace() && !matches!(t.rtype.plural.as_str(), "secrets" | "configmaps" | "events" | "leases") {
+        meta_mut(&mut obj).insert("generation".into(), json!(1));
+    }
+    if let Some(root) = obj.as_object_mut() {
+        if t.rtype.is_namespace() {
+            root.insert("status".into(), json!({"phase": "Active"}));
+        } else if t.rtype.is_crd() {
+            let status = crd_status(&Value::Object(root.clone()));
+            root.insert("status".into(), status);
+        } else if t.rtype.status_subresource {
+            // Status is written through /status only; a create cannot set it.
+            root.remove("status");
+        }
+    }
+    Ok((obj, name))
+}
+
+/// Which part of the object a write addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The main resource: status is preserved when the type has a status subresource.
+    Main,
+    /// `/status`: only status changes.
+    Status,
+}
+
+fn preserve_server_fields(existing: &Value, new: &mut Value) {
+    let old_meta = existing.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
+    let meta = meta_mut(new);
+    meta.remove("managedFields");
+    for f in SERVER_FIELDS {
+        match old_meta.get(*f) {
+            Some(v) => meta.insert((*f).to_string(), v.clone()),
+            None => meta.remove(*f),
+        };
+    }
+    meta.insert("name".into(), old_meta.get("name").cloned().unwrap_or(Value::Null));
+    if let Some(ns) = old_meta.get("namespace") {
+        meta.insert("namespace".into(), ns.clone());
+    }
+}
+
+fn without_rv(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    v
+}
+
+/// Prepare a replacement (PUT, or the result of a PATCH) of `existing`.
+///
+/// # Errors
+/// 400 for a body that does not fit the URL, 409 for a stale resourceVersion, 422 for invalid fields.
+pub fn update(t: Target<'_>, existing: &Value, mut obj: Value, part: Part) -> ApiResult<Change> {
+    t.check_type(&mut obj)?;
+    let name = meta_str(existing, "name").to_string();
+    let body_name = meta_str(&obj, "name");
+    if !body_name.is_empty() && body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let Some(rv) = resource_version(&obj) {
+        if Some(rv) != resource_version(existing) {
+            return Err(ApiError::conflict(
+                &t.rtype.group,
+                &t.rtype.plural,
+                &name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+    }
+    let mut new = match part {
+        Part::Status => {
+            let mut n = existing.clone();
+            match obj.get("status") {
+                Some(s) => n["status"] = s.clone(),
+                None => {
+                    if let Some(root) = n.as_object_mut() {
+                        root.remove("status");
+                    }
+                }
+            }
+            n
+        }
+        Part::Main => {
+            preserve_server_fields(existing, &mut obj);
+            if t.rtype.status_subresource || t.rtype.is_namespace() {
+                let root = obj.as_object_mut().map(std::mem::take).unwrap_or_default();
+                let mut root: Map<String, Value> = root;
+                match existing.get("status") {
+                    Some(s) => root.insert("status".into(), s.clone()),
+                    None => root.remove("status"),
+                };
+                obj = Value::Object(root);
+            }
+            if t.rtype.group.is_empty() && t.rtype.plural == "secrets" {
+                fold_string_data(&mut obj);
+            }
+            obj
+        }
+    };
+    t.validate(&new)?;
+    if part == Part::Main && spec_changed(existing, &new) {
+        if let Some(g) = existing["metadata"]["generation"].as_i64() {
+            meta_mut(&mut new).insert("generation".into(), json!(g + 1));
+        }
+    }
+    if t.rtype.is_crd() && part == Part::Main {
+        new["status"] = crd_status(&new);
+    }
+    if without_rv(&new) == without_rv(existing) {
+        return Ok(Change::Unchanged);
+    }
+    if is_deleting(&new) && finalizers(&new).is_empty() && !t.rtype.is_namespace() {
+        return Ok(Change::Delete(new));
+    }
+    Ok(Change::Put(new))
+}
+
+/// Preconditions of a DeleteOptions body.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeletePreconditions {
+    /// `preconditions.uid`.
+    pub uid: Option<String>,
+    /// `preconditions.resourceVersion`.
+    pub resource_version: Option<String>,
+}
+
+/// Parse an optional DeleteOptions body.
+///
+/// # Errors
+/// 400 when the body is not a DeleteOptions object.
+pub fn delete_options(body: &[u8]) -> ApiResult<DeletePreconditions> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(DeletePreconditions::default());
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the DeleteOptions body must be a JSON object"));
+    }
+    let s = |k: &str| v["preconditions"][k].as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    Ok(DeletePreconditions { uid: s("uid"), resource_version: s("resourceVersion") })
+}
+
+/// Decide a delete: mark it (finalizers pending, or a namespace to empty first) or remove it.
+///
+/// # Errors
+/// 409 when a precondition does not hold.
+pub fn delete(t: Target<'_>, existing: &Value, pre: &DeletePreconditions) -> ApiResult<Change> {
+    let name = meta_str(existing, "name");
+    let failed = |what: &str, want: &str, have: &str| {
+        ApiError::conflict(&t.rtype.group, &t.rtype.plural, name, &format!("Precondition failed: {what}: {want}, {what} in object meta: {have}"))
+    };
+    if let Some(uid) = &pre.uid {
+        let have = meta_str(existing, "uid");
+        if uid != have {
+            return Err(failed("UID", uid, have));
+        }
+    }
+    if let Some(rv) = &pre.resource_version {
+        let have = meta_str(existing, "resourceVersion");
+        if rv != have {
+            return Err(failed("ResourceVersion", rv, have));
+        }
+    }
+    if t.rtype.is_namespace() || !finalizers(existing).is_empty() {
+        if is_deleting(existing) {
+            return Ok(Change::Unchanged);
+        }
+        let mut marked = existing.clone();
+        let meta = meta_mut(&mut marked);
+        meta.insert("deletionTimestamp".into(), json!(now_rfc3339()));
+        meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        if t.rtype.is_namespace() {
+            marked["status"] = json!({"phase": "Terminating"});
+        }
+        return Ok(Change::Put(marked));
+    }
+    Ok(Change::Delete(existing.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtin::builtin_types;
+
+    fn app_type() -> ResourceType {
+        ResourceType::from_crd(&crate::builtin::argocd_crds()[0]).unwrap_or_else(|c| panic!("{c:?}"))
+    }
+
+    fn target(t: &ResourceType) -> Target<'_> {
+        Target { rtype: t, version: t.versions[0].as_str(), namespace: "argocd" }
+    }
+
+    #[test]
+    fn create_sets_server_fields_and_checks_the_body() {
+        let t = app_type();
+        let (obj, name) = create(target(&t), json!({"metadata": {"generateName": "app-", "uid": "mine"}, "spec": {}})).unwrap_or_else(|e| panic!("{e}"));
+        assert!(name.starts_with("app-") && name.len() == 9);
+        assert_eq!(obj["kind"], "Application");
+        assert_eq!(obj["metadata"]["namespace"], "argocd");
+        assert_ne!(obj["metadata"]["uid"], "mine");
+        assert_eq!(obj["metadata"]["generation"], 1);
+        let wrong_kind = create(target(&t), json!({"kind": "AppProject", "metadata": {"name": "a"}}));
+        assert_eq!(wrong_kind.err().map(|e| e.code), Some(400));
+        let wrong_ns = create(target(&t), json!({"metadata": {"name": "a", "namespace": "other"}}));
+        assert_eq!(wrong_ns.err().map(|e| e.code), Some(400));
+        let bad_name = create(target(&t), json!({"metadata": {"name": "Not_Valid"}}));
+        assert_eq!(bad_name.err().map(|e| e.code), Some(422));
+        let no_name = create(target(&t), json!({"metadata": {}}));
+        assert_eq!(no_name.err().map(|e| e.code), Some(422));
+    }
+
+    #[test]
+    fn update_conflicts_preserves_and_bumps_generation() {
+        let t = app_type();
+        let (mut existing, _) = create(target(&t), json!({"metadata": {"name": "a"}, "spec": {"x": 1}})).unwrap_or_else(|e| panic!("{e}"));
+        existing["metadata"]["resourceVersion"] = json!("5");
+        let stale = update(target(&t), &existing, json!({"metadata": {"name": "a", "resourceVersion": "4"}, "spec": {"x": 2}}), Part::Main);
+        assert_eq!(stale.err().map(|e| e.code), Some(409));
+        let Ok(Change::Put(new)) = update(target(&t), &existing, json!({"metadata": {"name": "a"}, "spec": {"x": 2}}), Part::Main) else {
+            panic!("expected a put")
+        };
+        assert_eq!(new["metadata"]["generation"], 2);
+        assert_eq!(new["metadata"]["uid"], existing["metadata"]["uid"]);
+        let same = update(target(&t), &existing, existing.clone(), Part::Main);
+        assert!(matches!(same, Ok(Change::Unchanged)));
+    }
+
+    #[test]
+    fn status_subresource_separates_writes() {
+        let types = builtin_types();
+        let Some(pod) = types.iter().find(|t| t.plural == "pods") else { panic!("pods") };
+        let t = Target { rtype: pod, version: "v1", namespace: "argocd" };
+        let (mut existing, _) = create(t, json!({"metadata": {"name": "p"}, "spec": {"a": 1}, "status": {"phase": "X"}})).unwrap_or_else(|e| panic!("{e}"));
+        assert!(existing.get("status").is_none(), "create cannot set status");
+        existing["status"] = json!({"phase": "Running"});
+        let Ok(Change::Put(main)) = update(t, &existing, json!({"metadata": {"name": "p"}, "spec": {"a": 2}, "status": {"phase": "Evil"}}), Part::Main) else {
+            panic!("put")
+        };
+        assert_eq!(main["status"]["phase"], "Running");
+        let Ok(Change::Put(st)) = update(t, &existing, json!({"metadata": {"name": "p"}, "spec": {"a": 3}, "status": {"phase": "Done"}}), Part::Status) else {
+            panic!("put")
+        };
+        assert_eq!(st["status"]["phase"], "Done");
+        assert_eq!(st["spec"]["a"], 1);
+    }
+
+    #[test]
+    fn delete_with_finalizers_marks_then_removing_the_last_one_deletes() {
+        let t = app_type();
+        let (existing, _) = create(target(&t), json!({"metadata": {"name": "a", "finalizers": ["f"]}})).unwrap_or_else(|e| panic!("{e}"));
+        let Ok(Change::Put(marked)) = delete(target(&t), &existing, &DeletePreconditions::default()) else { panic!("mark") };
+        assert!(is_deleting(&marked));
+        let mut cleared = marked.clone();
+        cleared["metadata"]["finalizers"] = json!([]);
+        assert!(matches!(update(target(&t), &marked, cleared, Part::Main), Ok(Change::Delete(_))));
+        let pre = DeletePreconditions { uid: Some("other".into()), resource_version: None };
+        assert_eq!(delete(target(&t), &existing, &pre).err().map(|e| e.code), Some(409));
+    }
+
+    #[test]
+    fn bodies() {
+        assert_eq!(decode_body(b"{", "application/json").err().map(|e| e.code), Some(400));
+        assert_eq!(decode_body(b"[]", "application/json").err().map(|e| e.code), Some(400));
+        assert_eq!(decode_body(b"{}", "application/vnd.kubernetes.protobuf").err().map(|e| e.code), Some(415));
+        assert!(decode_body(b"kind: Application\nmetadata: {name: a}\n", "application/yaml").is_ok());
+    }
+}

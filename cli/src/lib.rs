@@ -1,0 +1,39 @@
+//! Command-line front ends. Only this crate parses flags.
+#![forbid(unsafe_code)]
+
+mod apiserver_cmd;
+mod logging;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The argocd-agent binary.
+#[derive(Debug, Parser)]
+#[command(name = "argocd-agent", version, about = "Argo CD Agent (Rust, mesh-native): principal, agent and tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run an embedded Kubernetes-compatible API server on loopback.
+    Apiserver(apiserver_cmd::Args),
+}
+
+/// Entry point of `argocd-agent`.
+#[must_use]
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Apiserver(args) => apiserver_cmd::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("argocd-agent: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Compiles the .proto files in `proto/` with protox (pure Rust, no protoc) and generates
+//! prost messages plus tonic clients and servers for them.
+
+use std::error::Error;
+
+const PROTOS: &[&str] = &[
+    "proto/cloudevents.proto",
+    "proto/auth.proto",
+    "proto/eventstream.proto",
+    "proto/version.proto",
+    "proto/logstream.proto",
+    "proto/terminalstream.proto",
+];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let fds = protox::compile(PROTOS, ["proto"])?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    Ok(())
+}

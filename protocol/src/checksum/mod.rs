@@ -1,0 +1,142 @@
+//! Upstream's resync checksums (docs/upstream-argocd-agent.md §4.13), byte-compatible with
+//! `internal/resources/resources.go` and `internal/resync/resync.go`.
+//!
+//! * **Resource-set checksum** ([`resource_set_checksum`]): SHA-256 over the concatenation,
+//!   without separator, of the sorted strings `<Kind>/<Name>/<UID>`, one per tracked
+//!   resource, where UID is the `source-uid` annotation when present and the object's UID
+//!   otherwise. Upstream tracks resources in a set keyed by kind, name, namespace *and* UID
+//!   but leaves the namespace out of the string, so two resources differing only in
+//!   namespace contribute the same string twice. An empty set has no checksum (`nil`).
+//! * **Spec checksum** ([`spec_checksum`]): SHA-256 of Go's `json.Marshal` of the object's
+//!   `spec` with the key `destination` removed; for a Secret of its `data` (required), for a
+//!   ConfigMap of its `data` (`{}` when missing). Upstream deletes `destination` from whichever
+//!   map it hashes, so a Secret data key named `destination` is left out too; we do the same.
+
+pub mod go_json;
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::argocd::{KIND_CONFIG_MAP, KIND_SECRET, ObjectMeta};
+
+/// A SHA-256 digest.
+pub type Checksum = [u8; 32];
+
+/// Resource kind `Application` in resync messages and checksums.
+pub const RESYNC_KIND_APPLICATION: &str = "Application";
+/// Resource kind `AppProject`.
+pub const RESYNC_KIND_APP_PROJECT: &str = "AppProject";
+/// Resource kind `Repository` (a repository secret).
+pub const RESYNC_KIND_REPOSITORY: &str = "Repository";
+/// Resource kind `GPGKey` (the GPG keys ConfigMap).
+pub const RESYNC_KIND_GPG_KEY: &str = "GPGKey";
+
+/// A spec checksum could not be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChecksumError {
+    /// The field to hash is absent.
+    #[error("{kind} {name:?} has no `{field}` field to checksum")]
+    MissingField {
+        /// `kind` of the object.
+        kind: String,
+        /// `metadata.name` of the object.
+        name: String,
+        /// The field looked for.
+        field: &'static str,
+    },
+    /// The field to hash is not a JSON object.
+    #[error("`{field}` of {kind} {name:?} is not an object")]
+    NotAnObject {
+        /// `kind` of the object.
+        kind: String,
+        /// `metadata.name` of the object.
+        name: String,
+        /// The field.
+        field: &'static str,
+    },
+}
+
+/// One tracked resource, as upstream's `resources.ResourceKey`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ResourceKey {
+    /// `Application`, `AppProject`, `Repository` or `GPGKey`.
+    pub kind: String,
+    /// `metadata.name`
+    pub name: String,
+    /// `metadata.namespace` (not part of the checksum string).
+    pub namespace: String,
+    /// The source UID: the `source-uid` annotation if present, else `metadata.uid`.
+    pub uid: String,
+}
+
+impl ResourceKey {
+    /// The key of an object: the source-uid annotation wins over the object's own UID (even
+    /// when empty, as upstream checks presence only).
+    #[must_use]
+    pub fn from_meta(kind: &str, meta: &ObjectMeta) -> Self {
+        let uid = meta.source_uid().or(meta.uid.as_deref()).unwrap_or_default();
+        Self {
+            kind: kind.to_owned(),
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            uid: uid.to_owned(),
+        }
+    }
+
+    /// The string this key contributes to the resource-set checksum: `<Kind>/<Name>/<UID>`.
+    #[must_use]
+    pub fn checksum_string(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.name, self.uid)
+    }
+}
+
+/// The resource-set checksum of a set of tracked resources; `None` when there are none.
+/// Duplicate keys count once (upstream keeps a set).
+#[must_use]
+pub fn resource_set_checksum<'a>(keys: impl IntoIterator<Item = &'a ResourceKey>) -> Option<Checksum> {
+    let unique: BTreeSet<&ResourceKey> = keys.into_iter().collect();
+    if unique.is_empty() {
+        return None;
+    }
+    let mut strings: Vec<String> = unique.into_iter().map(ResourceKey::checksum_string).collect();
+    strings.sort_unstable();
+    let mut hasher = Sha256::new();
+    for s in &strings {
+        hasher.update(s.as_bytes());
+    }
+    Some(hasher.finalize().into())
+}
+
+/// The spec checksum of an object given as JSON (as read from the API server).
+///
+/// # Errors
+///
+/// [`ChecksumError::MissingField`] when a non-ConfigMap object lacks `spec` (`data` for a
+/// Secret), [`ChecksumError::NotAnObject`] when that field is not an object.
+pub fn spec_checksum(object: &Value) -> Result<Checksum, ChecksumError> {
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let name = || object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let field = if kind == KIND_SECRET || kind == KIND_CONFIG_MAP { "data" } else { "spec" };
+    let empty = Value::Object(serde_json::Map::new());
+    let hashed = match object.get(field) {
+        Some(v) => v,
+        None if kind == KIND_CONFIG_MAP => &empty,
+        None => {
+            return Err(ChecksumError::MissingField { kind: kind.to_owned(), name: name(), field });
+        }
+    };
+    let Value::Object(map) = hashed else {
+        return Err(ChecksumError::NotAnObject { kind: kind.to_owned(), name: name(), field });
+    };
+    let mut map = map.clone();
+    map.remove("destination");
+    Ok(Sha256::digest(go_json::marshal(&Value::Object(map))).into())
+}
+
+/// Lower-case hex of a checksum, for logs.
+#[must_use]
+pub fn to_hex(checksum: &[u8]) -> String {
+    hex::encode(checksum)
+}

@@ -1,0 +1,62 @@
+//! Decoding untrusted bytes into a typed [`Event`], with the invariants a fuzzer checks.
+//! The fuzz target `fuzz/fuzz_targets/event_decode.rs` calls [`check_event_decode`], and so
+//! do the unit tests, so the target's logic runs in every `cargo test`.
+
+use prost::Message as _;
+
+use crate::checksum;
+use crate::event::{AckRef, DecodeLimits, Event, EventError};
+use crate::pb::eventstreamapi;
+
+/// An invariant of decoding that did not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum FuzzFinding {
+    /// Re-encoding a decoded event and decoding it again gave a different event.
+    #[error("re-encoded event decodes differently:\n first: {first:?}\nsecond: {second:?}")]
+    RoundTripMismatch {
+        /// The event decoded from the input.
+        first: Box<Event>,
+        /// The event decoded from its re-encoding.
+        second: Box<Event>,
+    },
+    /// Re-encoding a decoded event produced something that does not decode.
+    #[error("re-encoded event no longer decodes: {0}")]
+    ReencodeFailed(#[source] EventError),
+}
+
+/// Decodes `bytes` as a protobuf stream message (`eventstreamapi.Event`) into a typed event,
+/// with `limits`, and checks that whatever decodes re-encodes to the same event. Also runs
+/// payload decoding, ACK construction and the spec checksum over the result, none of which
+/// may panic.
+///
+/// Returns the decoded event, or `None` when the input is (correctly) rejected.
+///
+/// # Errors
+///
+/// A [`FuzzFinding`] when an invariant is broken: a bug.
+pub fn check_event_decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<Event>, FuzzFinding> {
+    let Ok(msg) = eventstreamapi::Event::decode(bytes) else {
+        return Ok(None);
+    };
+    let Some(ce) = msg.event else {
+        return Ok(None);
+    };
+    let ack_ref = AckRef::of(&ce);
+    let Ok(first) = Event::from_proto_with(ce, limits) else {
+        return Ok(None);
+    };
+    debug_assert!(ack_ref.is_some());
+
+    let _ = first.payload();
+    let _ = first.processed_ack();
+    if let Some(data) = &first.data {
+        let _ = checksum::spec_checksum(data);
+    }
+
+    let reencoded = first.to_wire().encode_to_vec();
+    let second = Event::decode_wire_bytes(&reencoded, limits).map_err(FuzzFinding::ReencodeFailed)?;
+    if second != first {
+        return Err(FuzzFinding::RoundTripMismatch { first: Box::new(first), second: Box::new(second) });
+    }
+    Ok(Some(first))
+}

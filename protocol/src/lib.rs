@@ -1,0 +1,25 @@
+//! The wire protocol shared by principal and agent, compatible with upstream argocd-agent.
+//!
+//! * [`pb`]: generated gRPC code (authapi, eventstreamapi, versionapi, logstreamapi,
+//!   terminalstreamapi, io.cloudevents.v1);
+//! * [`event`]: the typed CloudEvent envelope and the event catalogue;
+//! * [`payload`]: JSON payloads and the typed [`payload::Payload`] view of an event;
+//! * [`argocd`]: Argo CD and Kubernetes objects that round-trip unknown fields;
+//! * [`checksum`]: upstream-compatible resync checksums;
+//! * [`outbox`]: the delivery engine (per-resource outbox, ACKs, coalescing, retries);
+//! * [`fuzzing`]: the decoding entry point shared by the fuzz target and unit tests.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod argocd;
+pub mod checksum;
+pub mod event;
+pub mod fuzzing;
+pub mod outbox;
+pub mod payload;
+pub mod pb;
+
+pub use event::{Event, EventError, EventType, Target};
+pub use outbox::Outbox;
+pub use payload::Payload;

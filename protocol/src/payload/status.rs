@@ -1,0 +1,28 @@
+//! Small status payloads: the agent's error report and cluster cache statistics.
+
+use serde::{Deserialize, Serialize};
+
+/// `.error` (target `application`): the agent could not apply an Application; the principal
+/// marks it Degraded with condition `AgentError`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ErrorData {
+    /// The Application's name.
+    pub resource_name: String,
+    /// The Application's namespace.
+    pub resource_namespace: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// `.cluster-cache-info-update`: cluster cache statistics (agent to principal, managed mode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ClusterCacheInfo {
+    /// Applications on the agent.
+    pub applications_count: i64,
+    /// API resources in the cache.
+    pub apis_count: i64,
+    /// Resources in the cache.
+    pub resources_count: i64,
+}
