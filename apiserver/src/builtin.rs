@@ -40,7 +40,15 @@ pub fn builtin_types() -> Vec<ResourceType> {
         builtin("", "v1", "events", "Event", true, &["ev"], false),
         builtin("", "v1", "services", "Service", true, &["svc"], true),
         builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[], false),
-        builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], true),
+        builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+            true,
+        ),
     ]
 }
 

@@ -46,7 +46,11 @@ impl ApiError {
 
     /// 401: no or a wrong bearer token.
     pub fn unauthorized() -> Self {
-        Self::new(401, "Unauthorized", "Unauthorized: a valid bearer token is required (see the kubeconfig this server wrote)")
+        Self::new(
+            401,
+            "Unauthorized",
+            "Unauthorized: a valid bearer token is required (see the kubeconfig this server wrote)",
+        )
     }
 
     /// 403: the request is understood but refused.
@@ -67,13 +71,18 @@ impl ApiError {
 
     /// 405: the verb is not supported on this path.
     pub fn method_not_allowed(method: &http::Method, what: &str) -> Self {
-        Self::new(405, "MethodNotAllowed", format!("the server does not allow this method on the requested resource: {method} {what}"))
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource: {method} {what}"),
+        )
     }
 
     /// 409 AlreadyExists on create.
     pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
         let qualified = qualified(group, resource);
-        Self::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists")).with_details(name, group, resource)
+        Self::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists"))
+            .with_details(name, group, resource)
     }
 
     /// 409 Conflict on a stale `resourceVersion` or a failed precondition.
@@ -103,7 +112,8 @@ impl ApiError {
         let what = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join(", ");
         let subject = if group.is_empty() { resource_kind.to_string() } else { format!("{resource_kind}.{group}") };
         let mut e = Self::new(422, "Invalid", format!("{subject} \"{name}\" is invalid: {what}"));
-        e.details = Some(Details { name: name.to_string(), group: group.to_string(), kind: resource_kind.to_string(), causes });
+        e.details =
+            Some(Details { name: name.to_string(), group: group.to_string(), kind: resource_kind.to_string(), causes });
         e
     }
 
@@ -113,7 +123,8 @@ impl ApiError {
     }
 
     fn with_details(mut self, name: &str, group: &str, kind: &str) -> Self {
-        self.details = Some(Details { name: name.to_string(), group: group.to_string(), kind: kind.to_string(), causes: vec![] });
+        self.details =
+            Some(Details { name: name.to_string(), group: group.to_string(), kind: kind.to_string(), causes: vec![] });
         self
     }
 

@@ -22,11 +22,12 @@ pub mod prepare;
 pub mod resource;
 pub mod selector;
 mod server;
-pub mod tls;
 pub mod store;
 pub mod strategic_merge;
+pub mod tls;
 
 pub use error::ApiError;
 pub use server::{
-    ApiServer, Config, DEFAULT_BOOKMARK_INTERVAL, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WATCH, DEFAULT_WATCH_HISTORY, ServerError,
+    ApiServer, Config, DEFAULT_BOOKMARK_INTERVAL, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WATCH, DEFAULT_WATCH_HISTORY,
+    ServerError,
 };

@@ -47,7 +47,12 @@ pub fn resource_version(obj: &Value) -> Option<&str> {
 pub fn spec_changed(old: &Value, new: &Value) -> bool {
     let strip = |v: &Value| -> Map<String, Value> {
         v.as_object()
-            .map(|m| m.iter().filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind")).map(|(k, v)| (k.clone(), v.clone())).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     strip(old) != strip(new)

@@ -45,7 +45,11 @@ pub fn root(registry: &Registry) -> Value {
 }
 
 fn schema_name(t: &ResourceType, version: &str) -> String {
-    let group = if t.group.is_empty() { "io.k8s.api.core".to_string() } else { t.group.split('.').rev().collect::<Vec<_>>().join(".") };
+    let group = if t.group.is_empty() {
+        "io.k8s.api.core".to_string()
+    } else {
+        t.group.split('.').rev().collect::<Vec<_>>().join(".")
+    };
     format!("{group}.{version}.{}", t.kind)
 }
 
@@ -66,8 +70,17 @@ pub fn group_version(registry: &Registry, gv: &str) -> Option<Value> {
             json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-group-version-kind": [gvk.clone()]}),
         );
         let base = if t.group.is_empty() { format!("/api/{version}") } else { format!("/apis/{}/{version}", t.group) };
-        let collection = if t.namespaced { format!("{base}/namespaces/{{namespace}}/{}", t.plural) } else { format!("{base}/{}", t.plural) };
-        let mut common = vec![param("dryRun", "query"), param("fieldManager", "query"), param("fieldValidation", "query"), param("pretty", "query")];
+        let collection = if t.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}", t.plural)
+        } else {
+            format!("{base}/{}", t.plural)
+        };
+        let mut common = vec![
+            param("dryRun", "query"),
+            param("fieldManager", "query"),
+            param("fieldValidation", "query"),
+            param("pretty", "query"),
+        ];
         if t.namespaced {
             common.push(param("namespace", "path"));
         }

@@ -15,7 +15,8 @@ use crate::resource::ResourceType;
 use crate::store::Change;
 
 /// Server-managed metadata a client may not set.
-const SERVER_FIELDS: &[&str] = &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
+const SERVER_FIELDS: &[&str] =
+    &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
 
 /// Decode a request body (JSON, or YAML when the content type says so) into an object.
 ///
@@ -23,9 +24,11 @@ const SERVER_FIELDS: &[&str] = &["uid", "creationTimestamp", "deletionTimestamp"
 /// 400 naming what is wrong with the body.
 pub fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     let v: Value = if content_type.contains("yaml") {
-        serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}")))?
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}")))?
     } else if content_type.is_empty() || content_type.contains("json") {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?
     } else {
         return Err(ApiError::unsupported_media_type(format!(
             "the content type {content_type:?} is not supported: send application/json"
@@ -96,7 +99,8 @@ impl Target<'_> {
     fn validate(&self, obj: &Value) -> ApiResult<()> {
         let name = meta_str(obj, "name");
         let mut causes = Vec::new();
-        let check = if self.rtype.is_namespace() { validate_dns1123_label(name) } else { validate_dns1123_subdomain(name) };
+        let check =
+            if self.rtype.is_namespace() { validate_dns1123_label(name) } else { validate_dns1123_subdomain(name) };
         if let Err(e) = check {
             causes.push(("metadata.name".to_string(), e));
         }
@@ -170,7 +174,10 @@ pub fn create(t: Target<'_>, mut obj: Value) -> ApiResult<(Value, String)> {
     if name.is_empty() {
         let prefix = meta_str(&obj, "generateName").to_string();
         if prefix.is_empty() {
-            return Err(t.invalid("", vec![("metadata.name".into(), "Required value: name or generateName is required".into())]));
+            return Err(t.invalid(
+                "",
+                vec![("metadata.name".into(), "Required value: name or generateName is required".into())],
+            ));
         }
         name = format!("{prefix}{}", generated_suffix());
         meta_mut(&mut obj).insert("name".into(), json!(name));
@@ -325,7 +332,8 @@ pub fn delete_options(body: &[u8]) -> ApiResult<DeletePreconditions> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(DeletePreconditions::default());
     }
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}")))?;
     if !v.is_object() {
         return Err(ApiError::bad_request("the DeleteOptions body must be a JSON object"));
     }
@@ -340,7 +348,12 @@ pub fn delete_options(body: &[u8]) -> ApiResult<DeletePreconditions> {
 pub fn delete(t: Target<'_>, existing: &Value, pre: &DeletePreconditions) -> ApiResult<Change> {
     let name = meta_str(existing, "name");
     let failed = |what: &str, want: &str, have: &str| {
-        ApiError::conflict(&t.rtype.group, &t.rtype.plural, name, &format!("Precondition failed: {what}: {want}, {what} in object meta: {have}"))
+        ApiError::conflict(
+            &t.rtype.group,
+            &t.rtype.plural,
+            name,
+            &format!("Precondition failed: {what}: {want}, {what} in object meta: {have}"),
+        )
     };
     if let Some(uid) = &pre.uid {
         let have = meta_str(existing, "uid");
@@ -386,7 +399,8 @@ mod tests {
     #[test]
     fn create_sets_server_fields_and_checks_the_body() {
         let t = app_type();
-        let (obj, name) = create(target(&t), json!({"metadata": {"generateName": "app-", "uid": "mine"}, "spec": {}})).unwrap_or_else(|e| panic!("{e}"));
+        let (obj, name) = create(target(&t), json!({"metadata": {"generateName": "app-", "uid": "mine"}, "spec": {}}))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(name.starts_with("app-") && name.len() == 9);
         assert_eq!(obj["kind"], "Application");
         assert_eq!(obj["metadata"]["namespace"], "argocd");
@@ -405,11 +419,19 @@ mod tests {
     #[test]
     fn update_conflicts_preserves_and_bumps_generation() {
         let t = app_type();
-        let (mut existing, _) = create(target(&t), json!({"metadata": {"name": "a"}, "spec": {"x": 1}})).unwrap_or_else(|e| panic!("{e}"));
+        let (mut existing, _) =
+            create(target(&t), json!({"metadata": {"name": "a"}, "spec": {"x": 1}})).unwrap_or_else(|e| panic!("{e}"));
         existing["metadata"]["resourceVersion"] = json!("5");
-        let stale = update(target(&t), &existing, json!({"metadata": {"name": "a", "resourceVersion": "4"}, "spec": {"x": 2}}), Part::Main);
+        let stale = update(
+            target(&t),
+            &existing,
+            json!({"metadata": {"name": "a", "resourceVersion": "4"}, "spec": {"x": 2}}),
+            Part::Main,
+        );
         assert_eq!(stale.err().map(|e| e.code), Some(409));
-        let Ok(Change::Put(new)) = update(target(&t), &existing, json!({"metadata": {"name": "a"}, "spec": {"x": 2}}), Part::Main) else {
+        let Ok(Change::Put(new)) =
+            update(target(&t), &existing, json!({"metadata": {"name": "a"}, "spec": {"x": 2}}), Part::Main)
+        else {
             panic!("expected a put")
         };
         assert_eq!(new["metadata"]["generation"], 2);
@@ -423,14 +445,26 @@ mod tests {
         let types = builtin_types();
         let Some(pod) = types.iter().find(|t| t.plural == "pods") else { panic!("pods") };
         let t = Target { rtype: pod, version: "v1", namespace: "argocd" };
-        let (mut existing, _) = create(t, json!({"metadata": {"name": "p"}, "spec": {"a": 1}, "status": {"phase": "X"}})).unwrap_or_else(|e| panic!("{e}"));
+        let (mut existing, _) =
+            create(t, json!({"metadata": {"name": "p"}, "spec": {"a": 1}, "status": {"phase": "X"}}))
+                .unwrap_or_else(|e| panic!("{e}"));
         assert!(existing.get("status").is_none(), "create cannot set status");
         existing["status"] = json!({"phase": "Running"});
-        let Ok(Change::Put(main)) = update(t, &existing, json!({"metadata": {"name": "p"}, "spec": {"a": 2}, "status": {"phase": "Evil"}}), Part::Main) else {
+        let Ok(Change::Put(main)) = update(
+            t,
+            &existing,
+            json!({"metadata": {"name": "p"}, "spec": {"a": 2}, "status": {"phase": "Evil"}}),
+            Part::Main,
+        ) else {
             panic!("put")
         };
         assert_eq!(main["status"]["phase"], "Running");
-        let Ok(Change::Put(st)) = update(t, &existing, json!({"metadata": {"name": "p"}, "spec": {"a": 3}, "status": {"phase": "Done"}}), Part::Status) else {
+        let Ok(Change::Put(st)) = update(
+            t,
+            &existing,
+            json!({"metadata": {"name": "p"}, "spec": {"a": 3}, "status": {"phase": "Done"}}),
+            Part::Status,
+        ) else {
             panic!("put")
         };
         assert_eq!(st["status"]["phase"], "Done");
@@ -440,8 +474,11 @@ mod tests {
     #[test]
     fn delete_with_finalizers_marks_then_removing_the_last_one_deletes() {
         let t = app_type();
-        let (existing, _) = create(target(&t), json!({"metadata": {"name": "a", "finalizers": ["f"]}})).unwrap_or_else(|e| panic!("{e}"));
-        let Ok(Change::Put(marked)) = delete(target(&t), &existing, &DeletePreconditions::default()) else { panic!("mark") };
+        let (existing, _) = create(target(&t), json!({"metadata": {"name": "a", "finalizers": ["f"]}}))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Ok(Change::Put(marked)) = delete(target(&t), &existing, &DeletePreconditions::default()) else {
+            panic!("mark")
+        };
         assert!(is_deleting(&marked));
         let mut cleared = marked.clone();
         cleared["metadata"]["finalizers"] = json!([]);

@@ -136,14 +136,20 @@ impl ResourceType {
         let expected = format!("{plural}.{group}");
         let name = s(&crd["metadata"]["name"]);
         if !plural.is_empty() && !group.is_empty() && name != expected {
-            causes.push(("metadata.name".into(), format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group (\"{expected}\")")));
+            causes.push((
+                "metadata.name".into(),
+                format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group (\"{expected}\")"),
+            ));
         }
         let scope = s(&spec["scope"]);
         let namespaced = match scope.as_str() {
             "Namespaced" => true,
             "Cluster" => false,
             other => {
-                causes.push(("spec.scope".into(), format!("Unsupported value: \"{other}\": supported values: \"Cluster\", \"Namespaced\"")));
+                causes.push((
+                    "spec.scope".into(),
+                    format!("Unsupported value: \"{other}\": supported values: \"Cluster\", \"Namespaced\""),
+                ));
                 false
             }
         };
@@ -172,7 +178,11 @@ impl ResourceType {
                         if let Some(cols) = v["additionalPrinterColumns"].as_array() {
                             printer_columns = cols
                                 .iter()
-                                .filter_map(|c| Some((c["name"].as_str()?.to_string(), c["jsonPath"].as_str()?.to_string())))
+                                // Columns with a priority show only with `-o wide`; this server prints the default set.
+                                .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
+                                .filter_map(|c| {
+                                    Some((c["name"].as_str()?.to_string(), c["jsonPath"].as_str()?.to_string()))
+                                })
                                 .collect();
                         }
                     }
@@ -272,7 +282,8 @@ impl Registry {
     }
 
     fn group_doc(name: &str, versions: &[&str]) -> Value {
-        let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+        let vs: Vec<Value> =
+            versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
         json!({ "name": name, "versions": vs, "preferredVersion": vs[0] })
     }
 

@@ -131,7 +131,9 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Seed what a fresh cluster has: namespaces and the Argo CD CRDs. Idempotent.
 fn seed(store: &Store, registry: &Registry) -> Result<(), ServerError> {
-    let ns_type = registry.get(&GroupResource::new("", "namespaces")).ok_or_else(|| ServerError::Seed("no namespaces type".into()))?;
+    let ns_type = registry
+        .get(&GroupResource::new("", "namespaces"))
+        .ok_or_else(|| ServerError::Seed("no namespaces type".into()))?;
     let crd_type = registry
         .get(&GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions"))
         .ok_or_else(|| ServerError::Seed("no CRD type".into()))?;
@@ -145,7 +147,9 @@ fn seed(store: &Store, registry: &Registry) -> Result<(), ServerError> {
         }
         let target = crate::prepare::Target { rtype: &rtype, version: rtype.versions[0].as_str(), namespace: "" };
         let (obj, _) = crate::prepare::create(target, obj).map_err(|e| ServerError::Seed(e.to_string()))?;
-        store.write(&rtype.gr(), "", &name, false, |_| Ok(Change::Put(obj))).map_err(|e| ServerError::Seed(e.to_string()))?;
+        store
+            .write(&rtype.gr(), "", &name, false, |_| Ok(Change::Put(obj)))
+            .map_err(|e| ServerError::Seed(e.to_string()))?;
     }
     Ok(())
 }
@@ -156,7 +160,8 @@ impl ApiServer {
     /// # Errors
     /// The data dir, the store or the listen address cannot be used.
     pub async fn start(cfg: Config) -> Result<Self, ServerError> {
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServerError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|source| ServerError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
         let token = load_or_create_token(&cfg.data_dir)?;
         let store = Arc::new(Store::open(&cfg.data_dir, cfg.watch_history)?);
         let mut registry = Registry::default();
@@ -164,13 +169,18 @@ impl ApiServer {
             registry.insert(t);
         }
         seed(&store, &registry)?;
-        for (_, crd) in store.list(&GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions"), None, None).0 {
+        for (_, crd) in
+            store.list(&GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions"), None, None).0
+        {
             match ResourceType::from_crd(&crd) {
                 Ok(t) => registry.insert(t),
-                Err(causes) => tracing::warn!(crd = meta_str(&crd, "name"), ?causes, "stored CRD is invalid; not served"),
+                Err(causes) => {
+                    tracing::warn!(crd = meta_str(&crd, "name"), ?causes, "stored CRD is invalid; not served")
+                }
             }
         }
-        let listener = TcpListener::bind(cfg.listen).await.map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
+        let listener =
+            TcpListener::bind(cfg.listen).await.map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
         let addr = listener.local_addr().map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(AppState {
@@ -241,7 +251,8 @@ impl ApiServer {
     /// # Errors
     /// The kubeconfig cannot be turned into a client.
     pub async fn client(&self) -> Result<kube::Client, ServerError> {
-        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig()).map_err(|e| ServerError::Client(e.to_string()))?;
+        let kc =
+            kube::config::Kubeconfig::from_yaml(&self.kubeconfig()).map_err(|e| ServerError::Client(e.to_string()))?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| ServerError::Client(e.to_string()))?;

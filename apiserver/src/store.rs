@@ -194,7 +194,8 @@ impl Store {
         for item in objects.iter().map_err(|e| open_err(e.into()))? {
             let (k, v) = item.map_err(|e| open_err(e.into()))?;
             let key = k.value().to_string();
-            let obj: Value = serde_json::from_slice(v.value()).map_err(|source| StoreError::Corrupt { key: key.clone(), source })?;
+            let obj: Value =
+                serde_json::from_slice(v.value()).map_err(|source| StoreError::Corrupt { key: key.clone(), source })?;
             if let Some((_, _, ns, _)) = split_key(&key) {
                 *state.per_namespace.entry(ns.to_string()).or_default() += 1;
             }
@@ -226,12 +227,21 @@ impl Store {
     /// Every object of a type (optionally in one namespace) after `start_after` (a key), in key
     /// order, with the resourceVersion they were read at.
     #[must_use]
-    pub fn list(&self, gr: &GroupResource, namespace: Option<&str>, start_after: Option<&str>) -> (Vec<(String, Arc<Value>)>, u64) {
+    pub fn list(
+        &self,
+        gr: &GroupResource,
+        namespace: Option<&str>,
+        start_after: Option<&str>,
+    ) -> (Vec<(String, Arc<Value>)>, u64) {
         let prefix = prefix(gr, namespace);
         let state = self.read_state();
         let range = match start_after {
-            Some(k) if k.starts_with(&prefix) => state.objects.range::<str, _>((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded)),
-            _ => state.objects.range::<str, _>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded)),
+            Some(k) if k.starts_with(&prefix) => {
+                state.objects.range::<str, _>((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded))
+            }
+            _ => {
+                state.objects.range::<str, _>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+            }
         };
         let items = range.take_while(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
         (items, state.rv)
@@ -314,7 +324,9 @@ impl Store {
         let change = decide(current.as_ref())?;
         let (kind, mut obj) = match change {
             Change::Unchanged => {
-                return current.map(Applied::Unchanged).ok_or_else(|| ApiError::not_found(&gr.group, &gr.resource, name));
+                return current
+                    .map(Applied::Unchanged)
+                    .ok_or_else(|| ApiError::not_found(&gr.group, &gr.resource, name));
             }
             Change::Put(obj) => (if current.is_some() { EventKind::Modified } else { EventKind::Added }, obj),
             Change::Delete(obj) => (EventKind::Deleted, obj),
@@ -330,7 +342,8 @@ impl Store {
             if kind == EventKind::Deleted {
                 objects.remove(key.as_str()).map_err(storage_err)?;
             } else {
-                let bytes = serde_json::to_vec(&*obj).map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))?;
+                let bytes =
+                    serde_json::to_vec(&*obj).map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))?;
                 objects.insert(key.as_str(), bytes.as_slice()).map_err(storage_err)?;
             }
             let mut meta = txn.open_table(META).map_err(storage_err)?;

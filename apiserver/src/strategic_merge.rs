@@ -22,9 +22,12 @@
 //! that only adds finalizer `c` to `[a, b]` yields `[c, a, b]`, as on a real
 //! cluster; `kubectl apply` always sends `$setElementOrder`, which decides.)
 //!
-//! The result never contains directive keys, and `null`s in values that are
-//! added wholesale are dropped (Kubernetes drops them when it decodes the
-//! result into the typed object).
+//! Values that are taken over rather than merged (a new field, a value of
+//! another type, an atomic list, a new element of a merging list) are cleaned
+//! as Kubernetes cleans them: `null` map values are dropped, and so is any map
+//! carrying `$patch`; directives nested in them are not interpreted. Other `$`
+//! keys in them are dropped as well (a real server's typed decode drops them),
+//! so the result never contains directive keys.
 //!
 //! ```
 //! use serde_json::json;
@@ -141,7 +144,7 @@ pub fn apply(original: &Value, patch: &Value, kind: &str) -> Result<Value, Strat
     let Value::Object(original) = original else {
         return Err(StrategicMergeError::OriginalNotObject { found: json_type(original) });
     };
-    let merger = Merger { kind, wholesale: false };
+    let merger = Merger { kind };
     merger.merge_map(original.clone(), patch, &Path::ROOT).map(Value::Object)
 }
 
@@ -385,18 +388,9 @@ fn order_elements(elements: Vec<Ranked>) -> Vec<Value> {
 #[derive(Debug)]
 struct Merger<'k> {
     kind: &'k str,
-    /// Merging a value that replaces or adds a field wholesale (nothing to merge
-    /// with). Kubernetes stores such values unprocessed, so it never checks
-    /// their `$setElementOrder` against their lists; neither do we.
-    wholesale: bool,
 }
 
 impl Merger<'_> {
-    /// The merger for values that Kubernetes would take over unprocessed.
-    fn wholesale(&self) -> Merger<'_> {
-        Merger { kind: self.kind, wholesale: true }
-    }
-
     fn check_depth(&self, path: &Path<'_>) -> Result<(), StrategicMergeError> {
         if path.depth > MAX_DEPTH {
             return Err(StrategicMergeError::TooDeep { path: path.to_string() });
@@ -414,7 +408,7 @@ impl Merger<'_> {
         self.check_depth(path)?;
         if let Some(directive) = patch.get(DIRECTIVE) {
             match directive.as_str() {
-                Some("replace") => return self.wholesale().merge_map_fields(Map::new(), patch, path),
+                Some("replace") => return clean_fields(patch, path),
                 Some("delete") => return Ok(Map::new()),
                 Some("merge") => {}
                 _ => {
@@ -491,25 +485,18 @@ impl Merger<'_> {
                     let merged = self.merge_list(old, new, &child)?;
                     original.insert(key.clone(), Value::Array(merged));
                 }
-                (Some(slot), _) => *slot = self.clean(value, &child)?,
-                (None, _) => {
-                    let cleaned = self.clean(value, &child)?;
-                    original.insert(key.clone(), cleaned);
-                }
+                // Added, or replacing a value of another type: taken over, cleaned.
+                _ => match clean(value, &child)? {
+                    Some(cleaned) => {
+                        original.insert(key.clone(), cleaned);
+                    }
+                    None => {
+                        original.shift_remove(key);
+                    }
+                },
             }
         }
         Ok(original)
-    }
-
-    /// A patch value that lands where nothing can be merged with it: merged
-    /// into nothing, which processes its directives and drops its `null`s.
-    fn clean(&self, value: &Value, path: &Path<'_>) -> Result<Value, StrategicMergeError> {
-        let wholesale = self.wholesale();
-        match value {
-            Value::Object(map) => wholesale.merge_map(Map::new(), map, path).map(Value::Object),
-            Value::Array(list) => wholesale.merge_list(Vec::new(), list, path).map(Value::Array),
-            other => Ok(other.clone()),
-        }
     }
 
     /// Merges the list `patch` into `original` according to the field's strategy.
@@ -521,9 +508,7 @@ impl Merger<'_> {
     ) -> Result<Vec<Value>, StrategicMergeError> {
         self.check_depth(path)?;
         match list_strategy(self.kind, &path.fields()) {
-            ListStrategy::Atomic => {
-                patch.iter().enumerate().map(|(i, element)| self.clean(element, &path.index(i))).collect()
-            }
+            ListStrategy::Atomic => clean_list(patch, path),
             ListStrategy::MergePrimitives => merge_primitive_list(original, patch, path),
             ListStrategy::MergeByKey(merge_key) => self.merge_keyed_list(original, patch, merge_key, path),
         }
@@ -601,10 +586,7 @@ impl Merger<'_> {
         }
 
         if replace {
-            return regular
-                .into_iter()
-                .map(|(i, map)| self.wholesale().merge_map_fields(Map::new(), map, &path.index(i)).map(Value::Object))
-                .collect();
+            return regular.into_iter().map(|(i, map)| clean_fields(map, &path.index(i)).map(Value::Object)).collect();
         }
 
         let original_positions = first_positions(&working, Some(merge_key));
@@ -636,7 +618,7 @@ impl Merger<'_> {
                     }
                 }
                 None => {
-                    let added = self.wholesale().merge_map(Map::new(), map, &element_path)?;
+                    let added = clean_fields(map, &element_path)?;
                     index.insert(key.clone(), working.len());
                     keys.push(Some(key));
                     working.push(Value::Object(added));
@@ -730,7 +712,7 @@ impl Merger<'_> {
                 ));
             }
         };
-        if let (Some(patch_list), false) = (patch_list, self.wholesale) {
+        if let Some(patch_list) = patch_list {
             validate_against_order(patch_list, order, merge_key, &list_path, field)?;
         }
 
@@ -742,7 +724,7 @@ impl Merger<'_> {
         let merged = match (original_list, patch_list) {
             (Some(old), Some(new)) => self.merge_list(old, new, &list_path)?,
             (Some(old), None) => old,
-            (None, Some(new)) => self.merge_list(Vec::new(), new, &list_path)?,
+            (None, Some(new)) => clean_list(new, &list_path)?,
             (None, None) => return Ok(true),
         };
         let order_positions = first_positions(order, merge_key);
@@ -790,6 +772,49 @@ impl Merger<'_> {
         }
         Ok(())
     }
+}
+
+/// A patch value that is taken over rather than merged (the field is new,
+/// has another type, or is an atomic list), cleaned the way Kubernetes does:
+/// `null` map values are discarded and a map carrying `$patch` is dropped
+/// altogether (`discardNullValuesFromPatch` and `removeDirectives`); other
+/// `$` keys are dropped too, as the typed decode on a real server drops them.
+/// `None` means the value itself is dropped.
+fn clean(value: &Value, path: &Path<'_>) -> Result<Option<Value>, StrategicMergeError> {
+    if path.depth > MAX_DEPTH {
+        return Err(StrategicMergeError::TooDeep { path: path.to_string() });
+    }
+    Ok(match value {
+        Value::Object(map) if map.get(DIRECTIVE).is_some_and(|d| !d.is_null()) => None,
+        Value::Object(map) => Some(Value::Object(clean_fields(map, path)?)),
+        Value::Array(list) => Some(Value::Array(clean_list(list, path)?)),
+        other => Some(other.clone()),
+    })
+}
+
+/// [`clean`] for the fields of an object (its own `$patch` is ignored).
+fn clean_fields(map: &Map<String, Value>, path: &Path<'_>) -> Result<Map<String, Value>, StrategicMergeError> {
+    let mut out = Map::new();
+    for (key, value) in map {
+        if value.is_null() || key.starts_with('$') {
+            continue;
+        }
+        if let Some(cleaned) = clean(value, &path.field(key))? {
+            out.insert(key.clone(), cleaned);
+        }
+    }
+    Ok(out)
+}
+
+/// [`clean`] for the elements of a list; elements carrying `$patch` are dropped.
+fn clean_list(list: &[Value], path: &Path<'_>) -> Result<Vec<Value>, StrategicMergeError> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, element) in list.iter().enumerate() {
+        if let Some(cleaned) = clean(element, &path.index(i))? {
+            out.push(cleaned);
+        }
+    }
+    Ok(out)
 }
 
 /// `$setElementOrder/x` / `$deleteFromPrimitiveList/x`: the `x` after the prefix.
@@ -1087,9 +1112,9 @@ mod tests {
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "b"]));
         let patch = json!({"metadata": {"$setElementOrder/finalizers": ["a", "b", "c"], "finalizers": ["c"]}});
         assert_eq!(ok(&original, &patch, "Secret")["metadata"]["finalizers"], json!(["a", "b", "c"]));
-        // Added to an object without finalizers.
-        let out = ok(&json!({"metadata": {}}), &json!({"metadata": {"finalizers": ["x", "x"]}}), "Lease");
-        assert_eq!(out["metadata"]["finalizers"], json!(["x"]));
+        // Added to an object without finalizers: taken over as sent, as Kubernetes does.
+        let out = ok(&json!({"metadata": {}}), &json!({"metadata": {"finalizers": ["x", "y"]}}), "Lease");
+        assert_eq!(out["metadata"]["finalizers"], json!(["x", "y"]));
     }
 
     #[test]
@@ -1252,8 +1277,21 @@ mod tests {
             json!({"spec": {"containers": [{"name": "new", "image": null, "env": [{"name": "X", "value": null}]}]}});
         let out = ok(&pod(), &patch, "Pod");
         assert_eq!(out["spec"]["containers"][0], json!({"name": "new", "env": [{"name": "X"}]}));
-        let out = ok(&json!({}), &json!({"metadata": {"labels": {"$patch": "delete"}}}), "Pod");
-        assert_eq!(out, json!({"metadata": {"labels": {}}}));
+        // A new map carrying $patch is dropped altogether (Kubernetes' removeDirectives).
+        let out = ok(&json!({}), &json!({"metadata": {"labels": {"$patch": "replace", "a": "b"}}}), "Pod");
+        assert_eq!(out, json!({"metadata": {}}));
+        // Nested directives in new values are not interpreted: $setElementOrder is dropped,
+        // elements carrying $patch are dropped.
+        let patch = json!({"spec": {"containers": [{
+            "name": "new",
+            "$setElementOrder/env": [{"name": "B"}, {"name": "A"}],
+            "env": [{"name": "A"}, {"name": "B"}, {"name": "C", "$patch": "delete"}]
+        }]}});
+        let out = ok(&json!({"spec": {"containers": []}}), &patch, "Pod");
+        assert_eq!(out["spec"]["containers"], json!([{"name": "new", "env": [{"name": "A"}, {"name": "B"}]}]));
+        // A value of another type is replaced the same way.
+        let out = ok(&json!({"data": "flat"}), &json!({"data": {"k": "v", "gone": null, "$x": 1}}), "ConfigMap");
+        assert_eq!(out, json!({"data": {"k": "v"}}));
     }
 
     #[test]

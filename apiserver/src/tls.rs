@@ -5,7 +5,10 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    SanType,
+};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -88,7 +91,8 @@ pub fn identity(dir: &Path, listen_ip: IpAddr) -> Result<TlsIdentity, TlsError> 
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let cert = params.signed_by(&key, &issuer)?;
     let chain = vec![cert.der().clone()];
-    let key_der = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| TlsError::Pem(e.to_string()))?;
+    let key_der =
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| TlsError::Pem(e.to_string()))?;
     let _ = CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| TlsError::Pem(e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)

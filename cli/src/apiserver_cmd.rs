@@ -46,7 +46,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.bookmark_interval = Duration::from_secs(args.bookmark_interval.max(1));
         let server = apiserver::ApiServer::start(cfg).await.context("cannot start the embedded API server")?;
         if let Some(path) = &args.kubeconfig_out {
-            server.write_kubeconfig(path).with_context(|| format!("cannot write --kubeconfig-out {}", path.display()))?;
+            server
+                .write_kubeconfig(path)
+                .with_context(|| format!("cannot write --kubeconfig-out {}", path.display()))?;
             tracing::info!(kubeconfig = %path.display(), "kubeconfig written");
         }
         println!("embedded API server listening on {}", server.url());

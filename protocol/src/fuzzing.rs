@@ -22,6 +22,9 @@ pub enum FuzzFinding {
     /// Re-encoding a decoded event produced something that does not decode.
     #[error("re-encoded event no longer decodes: {0}")]
     ReencodeFailed(#[source] EventError),
+    /// The event decoded, but [`AckRef::of`] could not find the ids to acknowledge it by.
+    #[error("decoded event has no AckRef")]
+    AckRefMissing,
 }
 
 /// Decodes `bytes` as a protobuf stream message (`eventstreamapi.Event`) into a typed event,
@@ -45,7 +48,9 @@ pub fn check_event_decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<
     let Ok(first) = Event::from_proto_with(ce, limits) else {
         return Ok(None);
     };
-    debug_assert!(ack_ref.is_some());
+    if ack_ref.is_none() {
+        return Err(FuzzFinding::AckRefMissing);
+    }
 
     let _ = first.payload();
     let _ = first.processed_ack();

@@ -9,6 +9,10 @@
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
+/// The largest gRPC message upstream sends or accepts, both directions, both sides
+/// (200 MiB, `internal/grpcutil/constants.go`); set it on our clients and servers too.
+pub const MAX_MESSAGE_BYTES: usize = 200 * 1024 * 1024;
+
 /// `authapi`: the `Authentication` service (`Authenticate`, `RefreshToken`).
 pub mod authapi {
     include!(concat!(env!("OUT_DIR"), "/authapi.rs"));

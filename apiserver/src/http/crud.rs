@@ -117,7 +117,13 @@ fn part(sub: Option<&str>) -> Part {
     if sub == Some("status") { Part::Status } else { Part::Main }
 }
 
-pub(crate) async fn update(ctx: &Ctx, name: &str, sub: Option<&str>, content_type: &str, body: &[u8]) -> ApiResult<Response> {
+pub(crate) async fn update(
+    ctx: &Ctx,
+    name: &str,
+    sub: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> ApiResult<Response> {
     let obj = prepare::decode_body(body, content_type)?;
     let c = ctx.clone();
     let part = part(sub);
@@ -141,7 +147,8 @@ fn strategic_kind(rtype: &ResourceType) -> Option<&str> {
 fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body: &[u8]) -> ApiResult<Value> {
     let media = content_type.split(';').next().unwrap_or_default().trim();
     let parse = |what: &str| -> ApiResult<Value> {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the {what} patch is not valid JSON: {e}")))
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the {what} patch is not valid JSON: {e}")))
     };
     let mut doc = existing.clone();
     match media {
@@ -153,10 +160,16 @@ fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body:
             json_patch::merge(&mut doc, &p);
         }
         "application/json-patch+json" => {
-            let p: json_patch::Patch = serde_json::from_value(parse("JSON")?)
-                .map_err(|e| ApiError::bad_request(format!("the JSON patch is not a list of RFC 6902 operations: {e}")))?;
+            let p: json_patch::Patch = serde_json::from_value(parse("JSON")?).map_err(|e| {
+                ApiError::bad_request(format!("the JSON patch is not a list of RFC 6902 operations: {e}"))
+            })?;
             json_patch::patch(&mut doc, &p).map_err(|e| {
-                ApiError::invalid(&rtype.group, &rtype.kind, meta_str(existing, "name"), vec![("patch".into(), e.to_string())])
+                ApiError::invalid(
+                    &rtype.group,
+                    &rtype.kind,
+                    meta_str(existing, "name"),
+                    vec![("patch".into(), e.to_string())],
+                )
             })?;
         }
         "application/strategic-merge-patch+json" => {
@@ -166,7 +179,8 @@ fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body:
                     rtype.plural, rtype.group
                 )));
             };
-            doc = strategic_merge::apply(existing, &parse("strategic merge")?, kind).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            doc = strategic_merge::apply(existing, &parse("strategic merge")?, kind)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
         }
         "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
             return Err(ApiError::unsupported_media_type(
@@ -185,7 +199,13 @@ fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body:
     Ok(doc)
 }
 
-pub(crate) async fn patch(ctx: &Ctx, name: &str, sub: Option<&str>, content_type: &str, body: &[u8]) -> ApiResult<Response> {
+pub(crate) async fn patch(
+    ctx: &Ctx,
+    name: &str,
+    sub: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> ApiResult<Response> {
     let c = ctx.clone();
     let part = part(sub);
     let not_found = ctx.not_found(name);
@@ -220,7 +240,12 @@ async fn delete_one(ctx: &Ctx, name: &str, pre: prepare::DeletePreconditions) ->
     Ok(applied)
 }
 
-pub(crate) async fn delete_collection(ctx: &Ctx, namespace: Option<&str>, params: &Params, body: &[u8]) -> ApiResult<Response> {
+pub(crate) async fn delete_collection(
+    ctx: &Ctx,
+    namespace: Option<&str>,
+    params: &Params,
+    body: &[u8],
+) -> ApiResult<Response> {
     let pre = prepare::delete_options(body)?;
     let (items, rv) = ctx.state.store.list(&ctx.gr(), namespace, None);
     let mut deleted = Vec::new();
@@ -286,7 +311,13 @@ async fn empty_namespace(ctx: &Ctx, ns: &str) {
     let registry = ctx.state.registry();
     for (gr, name) in ctx.state.store.keys_in_namespace(ns) {
         let Some(rtype) = registry.get(&gr) else { continue };
-        let c = Ctx { state: ctx.state.clone(), version: rtype.versions[0].clone(), rtype, namespace: ns.to_string(), dry_run: false };
+        let c = Ctx {
+            state: ctx.state.clone(),
+            version: rtype.versions[0].clone(),
+            rtype,
+            namespace: ns.to_string(),
+            dry_run: false,
+        };
         if let Err(e) = Box::pin(delete_one(&c, &name, prepare::DeletePreconditions::default())).await {
             if e.code != 404 {
                 tracing::warn!(namespace = ns, name, error = %e, "deleting an object of a terminating namespace failed");
@@ -319,7 +350,13 @@ async fn remove_type(ctx: &Ctx, t: ResourceType) {
     let gr = t.gr();
     let rtype = Arc::new(t);
     for (ns, name) in ctx.state.store.names_of(&gr) {
-        let c = Ctx { state: ctx.state.clone(), version: rtype.versions[0].clone(), rtype: rtype.clone(), namespace: ns, dry_run: false };
+        let c = Ctx {
+            state: ctx.state.clone(),
+            version: rtype.versions[0].clone(),
+            rtype: rtype.clone(),
+            namespace: ns,
+            dry_run: false,
+        };
         let result = c
             .write(gr.clone(), c.namespace.clone(), name.clone(), |cur| match cur {
                 Some(o) => Ok(Change::Delete((**o).clone())),

@@ -27,10 +27,16 @@ struct ContinueToken {
 }
 
 fn decode_continue(token: &str) -> ApiResult<ContinueToken> {
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token)
-        .map_err(|_| ApiError::bad_request("the continue token is invalid: pass the value from the previous list's metadata.continue"))?;
-    serde_json::from_slice(&bytes).map_err(|_| ApiError::bad_request("the continue token is invalid: pass the value from the previous list's metadata.continue"))
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| {
+        ApiError::bad_request(
+            "the continue token is invalid: pass the value from the previous list's metadata.continue",
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|_| {
+        ApiError::bad_request(
+            "the continue token is invalid: pass the value from the previous list's metadata.continue",
+        )
+    })
 }
 
 fn encode_continue(t: &ContinueToken) -> String {
@@ -64,7 +70,9 @@ pub(crate) fn serve(ctx: &Ctx, namespace: Option<&str>, params: &Params, as_tabl
         }
         if params.limit > 0 && selected.len() == params.limit {
             if next.is_none() {
-                next = selected.last().map(|o: &Arc<Value>| crate::store::key(&ctx.gr(), meta_str(o, "namespace"), meta_str(o, "name")));
+                next = selected
+                    .last()
+                    .map(|o: &Arc<Value>| crate::store::key(&ctx.gr(), meta_str(o, "namespace"), meta_str(o, "name")));
             }
             remaining += 1;
             let _ = key;
@@ -74,7 +82,10 @@ pub(crate) fn serve(ctx: &Ctx, namespace: Option<&str>, params: &Params, as_tabl
     }
     let continue_token = next.map(|start| encode_continue(&ContinueToken { rv, start }));
     if as_table {
-        return Ok(json_response(StatusCode::OK, table(&ctx.rtype, &selected, &rv.to_string(), continue_token.as_deref())));
+        return Ok(json_response(
+            StatusCode::OK,
+            table(&ctx.rtype, &selected, &rv.to_string(), continue_token.as_deref()),
+        ));
     }
     let mut out = Vec::with_capacity(256 + selected.len() * 512);
     let mut meta = json!({"resourceVersion": rv.to_string()});
@@ -121,14 +132,18 @@ fn age(created: &str) -> String {
 }
 
 fn columns(rtype: &ResourceType) -> Vec<Value> {
-    let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0})];
+    let mut cols = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0}),
+    ];
     if rtype.is_namespace() {
         cols.push(json!({"name": "Status", "type": "string", "format": "", "description": "Phase", "priority": 0}));
     }
     for (name, _) in &rtype.printer_columns {
         cols.push(json!({"name": name, "type": "string", "format": "", "description": "", "priority": 0}));
     }
-    cols.push(json!({"name": "Age", "type": "string", "format": "", "description": "Time since creation", "priority": 0}));
+    cols.push(
+        json!({"name": "Age", "type": "string", "format": "", "description": "Time since creation", "priority": 0}),
+    );
     cols
 }
 
@@ -149,7 +164,13 @@ pub(crate) fn row(rtype: &ResourceType, obj: &Value) -> Value {
 }
 
 /// A Table of objects, with or without its column definitions.
-pub(crate) fn table_value(rtype: &ResourceType, objs: &[Arc<Value>], rv: &str, cont: Option<&str>, with_columns: bool) -> Value {
+pub(crate) fn table_value(
+    rtype: &ResourceType,
+    objs: &[Arc<Value>],
+    rv: &str,
+    cont: Option<&str>,
+    with_columns: bool,
+) -> Value {
     let mut meta = json!({"resourceVersion": rv});
     if let Some(c) = cont {
         meta["continue"] = json!(c);

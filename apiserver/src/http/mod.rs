@@ -117,7 +117,11 @@ async fn handle(state: Arc<AppState>, req: Request<Body>) -> ApiResult<Response>
         Route::OpenApiV2 => Err(ApiError::no_route(&path)),
         Route::OpenApiV3 => {
             let rest = path.trim_start_matches("/openapi/v3").trim_matches('/');
-            let doc = if rest.is_empty() { Some(crate::openapi::root(&registry)) } else { crate::openapi::group_version(&registry, rest) };
+            let doc = if rest.is_empty() {
+                Some(crate::openapi::root(&registry))
+            } else {
+                crate::openapi::group_version(&registry, rest)
+            };
             doc.map(|d| json_value(&d)).ok_or_else(|| ApiError::no_route(&path))
         }
         Route::Resource(rp) => {
@@ -146,7 +150,9 @@ fn resolve(registry: &Registry, rp: &ResourcePath, path: &str) -> ApiResult<Arc<
     let rtype = registry.lookup(&rp.group, &rp.version, &rp.resource).ok_or_else(|| ApiError::no_route(path))?;
     // A namespaced path for a cluster-scoped type (or a named object of a namespaced type
     // without a namespace) names nothing.
-    if (!rtype.namespaced && rp.namespace.is_some()) || (rtype.namespaced && rp.namespace.is_none() && rp.name.is_some()) {
+    if (!rtype.namespaced && rp.namespace.is_some())
+        || (rtype.namespaced && rp.namespace.is_none() && rp.name.is_some())
+    {
         return Err(ApiError::no_route(path));
     }
     match rp.subresource.as_deref() {
@@ -159,8 +165,11 @@ fn resolve(registry: &Registry, rp: &ResourcePath, path: &str) -> ApiResult<Arc<
 }
 
 async fn read_body(state: &AppState, req: Request<Body>) -> ApiResult<(String, bytes::Bytes)> {
-    let ct = req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or_default().to_ascii_lowercase();
-    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<usize>().ok()) {
+    let ct =
+        req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or_default().to_ascii_lowercase();
+    if let Some(len) =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<usize>().ok())
+    {
         if len > state.max_body_bytes {
             return Err(ApiError::too_large(state.max_body_bytes));
         }
@@ -168,18 +177,30 @@ async fn read_body(state: &AppState, req: Request<Body>) -> ApiResult<(String, b
     let body = axum::body::to_bytes(req.into_body(), state.max_body_bytes).await.map_err(|e| {
         let too_large = std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
             || e.to_string().contains("length limit");
-        if too_large { ApiError::too_large(state.max_body_bytes) } else { ApiError::bad_request(format!("cannot read the request body: {e}")) }
+        if too_large {
+            ApiError::too_large(state.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {e}"))
+        }
     })?;
     Ok((ct, body))
 }
 
-async fn resource(state: Arc<AppState>, rtype: Arc<ResourceType>, rp: ResourcePath, req: Request<Body>) -> ApiResult<Response> {
+async fn resource(
+    state: Arc<AppState>,
+    rtype: Arc<ResourceType>,
+    rp: ResourcePath,
+    req: Request<Body>,
+) -> ApiResult<Response> {
     let params = query::parse(req.uri().query())?;
     let method = req.method().clone();
     let namespace = rp.namespace.clone().unwrap_or_default();
-    let ctx = crud::Ctx { state: state.clone(), rtype, version: rp.version.clone(), namespace, dry_run: params.dry_run };
+    let ctx =
+        crud::Ctx { state: state.clone(), rtype, version: rp.version.clone(), namespace, dry_run: params.dry_run };
     match (method.clone(), rp.name.clone(), rp.subresource.as_deref()) {
-        (Method::GET, None, _) if params.watch => watch::serve(&ctx, rp.namespace.as_deref(), &params, wants_table(&req)),
+        (Method::GET, None, _) if params.watch => {
+            watch::serve(&ctx, rp.namespace.as_deref(), &params, wants_table(&req))
+        }
         (Method::GET, None, _) => list::serve(&ctx, rp.namespace.as_deref(), &params, wants_table(&req)),
         (Method::POST, None, _) => {
             let (ct, body) = read_body(&state, req).await?;

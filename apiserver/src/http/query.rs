@@ -32,7 +32,9 @@ fn boolean(name: &str, v: &str) -> ApiResult<bool> {
     match v {
         "true" | "1" | "True" => Ok(true),
         "false" | "0" | "False" | "" => Ok(false),
-        other => Err(ApiError::bad_request(format!("invalid value for query parameter {name}: {other:?}: expected true or false"))),
+        other => Err(ApiError::bad_request(format!(
+            "invalid value for query parameter {name}: {other:?}: expected true or false"
+        ))),
     }
 }
 
@@ -46,7 +48,10 @@ pub fn parse(query: Option<&str>) -> ApiResult<Params> {
     for (k, v) in form_urlencoded::parse(q.as_bytes()) {
         match k.as_ref() {
             "labelSelector" if !v.trim().is_empty() => {
-                p.labels = Some(LabelSelector::parse(&v).map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?);
+                p.labels = Some(
+                    LabelSelector::parse(&v)
+                        .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
+                );
             }
             "fieldSelector" if !v.trim().is_empty() => {
                 p.fields = Some(FieldSelector::parse(&v).map_err(|e| ApiError::bad_request(e.to_string()))?);
@@ -54,16 +59,26 @@ pub fn parse(query: Option<&str>) -> ApiResult<Params> {
             "watch" => p.watch = boolean("watch", &v)?,
             "resourceVersion" if !v.is_empty() => p.resource_version = Some(v.into_owned()),
             "timeoutSeconds" => {
-                p.timeout_seconds = Some(v.parse().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {v:?}: expected a whole number of seconds")))?);
+                p.timeout_seconds = Some(v.parse().map_err(|_| {
+                    ApiError::bad_request(format!("invalid timeoutSeconds {v:?}: expected a whole number of seconds"))
+                })?);
             }
             "allowWatchBookmarks" => p.allow_bookmarks = boolean("allowWatchBookmarks", &v)?,
             "sendInitialEvents" => p.send_initial_events = boolean("sendInitialEvents", &v)?,
-            "limit" => p.limit = v.parse().map_err(|_| ApiError::bad_request(format!("invalid limit {v:?}: expected a non-negative whole number")))?,
+            "limit" => {
+                p.limit = v.parse().map_err(|_| {
+                    ApiError::bad_request(format!("invalid limit {v:?}: expected a non-negative whole number"))
+                })?
+            }
             "continue" if !v.is_empty() => p.continue_token = Some(v.into_owned()),
             "dryRun" => match v.as_ref() {
                 "All" => p.dry_run = true,
                 "" => {}
-                other => return Err(ApiError::bad_request(format!("unsupported dryRun value {other:?}: only \"All\" is supported"))),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "unsupported dryRun value {other:?}: only \"All\" is supported"
+                    )));
+                }
             },
             _ => {}
         }
@@ -76,5 +91,9 @@ pub fn parse(query: Option<&str>) -> ApiResult<Params> {
 /// # Errors
 /// 400 when it is not a number this server issued.
 pub fn parse_rv(rv: &str) -> ApiResult<u64> {
-    rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version {rv:?}: expected a resourceVersion this server returned")))
+    rv.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "invalid resource version {rv:?}: expected a resourceVersion this server returned"
+        ))
+    })
 }

@@ -90,16 +90,17 @@ pub fn parse(path: &str) -> Result<Route, RouteError> {
 }
 
 fn resource(group: String, version: String, rest: &[&str]) -> Result<Route, RouteError> {
-    let mk = |namespace: Option<&str>, resource: &str, name: Option<&str>, sub: Option<&str>| -> Result<Route, RouteError> {
-        Ok(Route::Resource(ResourcePath {
-            group: group.clone(),
-            version: version.clone(),
-            resource: decode(resource)?,
-            namespace: namespace.map(decode).transpose()?,
-            name: name.map(decode).transpose()?,
-            subresource: sub.map(decode).transpose()?,
-        }))
-    };
+    let mk =
+        |namespace: Option<&str>, resource: &str, name: Option<&str>, sub: Option<&str>| -> Result<Route, RouteError> {
+            Ok(Route::Resource(ResourcePath {
+                group: group.clone(),
+                version: version.clone(),
+                resource: decode(resource)?,
+                namespace: namespace.map(decode).transpose()?,
+                name: name.map(decode).transpose()?,
+                subresource: sub.map(decode).transpose()?,
+            }))
+        };
     let core = group.is_empty();
     match rest {
         // Subresources of a Namespace object itself.
@@ -137,13 +138,19 @@ mod tests {
         assert_eq!(parse("/api/v1"), Ok(Route::ResourceList { group: String::new(), version: "v1".into() }));
         assert_eq!(parse("/api/v1/namespaces"), Ok(rp("", "namespaces", None, None, None)));
         assert_eq!(parse("/api/v1/namespaces/argocd"), Ok(rp("", "namespaces", None, Some("argocd"), None)));
-        assert_eq!(parse("/api/v1/namespaces/argocd/status"), Ok(rp("", "namespaces", None, Some("argocd"), Some("status"))));
+        assert_eq!(
+            parse("/api/v1/namespaces/argocd/status"),
+            Ok(rp("", "namespaces", None, Some("argocd"), Some("status")))
+        );
         assert_eq!(parse("/api/v1/namespaces/argocd/secrets"), Ok(rp("", "secrets", Some("argocd"), None, None)));
         assert_eq!(
             parse("/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/guestbook/status"),
             Ok(rp("argoproj.io", "applications", Some("argocd"), Some("guestbook"), Some("status")))
         );
-        assert_eq!(parse("/apis/argoproj.io/v1alpha1/applications"), Ok(rp("argoproj.io", "applications", None, None, None)));
+        assert_eq!(
+            parse("/apis/argoproj.io/v1alpha1/applications"),
+            Ok(rp("argoproj.io", "applications", None, None, None))
+        );
         assert_eq!(parse("/nope"), Err(RouteError::NotFound));
         assert_eq!(parse("/api/v1/a/b/c/d/e/f/g"), Err(RouteError::NotFound));
         assert!(matches!(parse("/api/v1/namespaces/%ff/secrets"), Err(RouteError::BadSegment(_))));

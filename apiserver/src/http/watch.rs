@@ -42,7 +42,13 @@ impl Watcher {
         buf.put_slice(kind.as_bytes());
         buf.put_slice(b"\",\"object\":");
         if self.table {
-            let t = table_value(&self.ctx.rtype, &[Arc::new(obj.clone())], meta_str(obj, "resourceVersion"), None, !self.sent_columns);
+            let t = table_value(
+                &self.ctx.rtype,
+                &[Arc::new(obj.clone())],
+                meta_str(obj, "resourceVersion"),
+                None,
+                !self.sent_columns,
+            );
             self.sent_columns = true;
             buf.put_slice(&serde_json::to_vec(&t).unwrap_or_default());
         } else {

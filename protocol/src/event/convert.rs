@@ -23,8 +23,8 @@ use super::attributes::{
 };
 use super::{Event, EventError, EventType, Target};
 
-/// The largest gRPC message upstream accepts (200 MiB), and our default data limit.
-pub const DEFAULT_MAX_DATA_BYTES: usize = 200 * 1024 * 1024;
+/// The default data limit: the largest gRPC message upstream accepts.
+pub const DEFAULT_MAX_DATA_BYTES: usize = crate::pb::MAX_MESSAGE_BYTES;
 
 /// Limits and strictness applied when decoding untrusted events.
 #[derive(Debug, Clone, PartialEq, Eq)]
