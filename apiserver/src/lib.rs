@@ -15,6 +15,7 @@
 
 pub mod builtin;
 pub mod error;
+pub mod fuzzing;
 pub mod http;
 pub mod object;
 pub mod openapi;

@@ -231,15 +231,14 @@ async fn wait_ready(process: &mut ChildProcess, kubeconfig: &Path) -> anyhow::Re
     }
     let (url, client) = client_from_kubeconfig(kubeconfig).await?;
     // 2. /readyz answers over TLS with the bearer token.
-    let mut last_error = String::new();
     loop {
         process.ensure_running()?;
         let req = http::Request::get("/readyz").body(Vec::new()).context("cannot build a /readyz request")?;
-        match tokio::time::timeout(Duration::from_secs(5), client.request_text(req)).await {
+        let last_error = match tokio::time::timeout(Duration::from_secs(5), client.request_text(req)).await {
             Ok(Ok(_)) => break,
-            Ok(Err(e)) => last_error = e.to_string(),
-            Err(_) => last_error = "GET /readyz timed out".to_string(),
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "GET /readyz timed out".to_string(),
+        };
         poll.tick().await.with_context(|| format!("/readyz on {url}: {last_error}"))?;
     }
     // 3. The URL is announced on stdout (printed after the kubeconfig is written).
