@@ -76,7 +76,10 @@ async fn namespace(client: &kube::Client, name: &str) -> Res<()> {
 }
 
 fn app_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    );
     Api::namespaced_with(client.clone(), ns, &ar)
 }
 
@@ -88,7 +91,9 @@ async fn server_creates(client: &kube::Client, n: usize, concurrency: usize) -> 
     futures::stream::iter(0..n)
         .map(|i| {
             let api = api.clone();
-            async move { api.create(&PostParams::default(), &app(&format!("app-{i}"), 0)?).await.map(|_| ()).map_err(Into::into) }
+            async move {
+                api.create(&PostParams::default(), &app(&format!("app-{i}"), 0)?).await.map(|_| ()).map_err(Into::into)
+            }
         })
         .buffer_unordered(concurrency)
         .try_collect::<Vec<()>>()
@@ -130,7 +135,11 @@ async fn list_latency(client: &kube::Client, n: usize) -> Res<()> {
             times.push(t.elapsed());
         }
         times.sort();
-        println!("  list {what:<24} {count:>6} items   p50 {:>10}   p99 {:>10}", ms(percentile(&times, 0.5)), ms(percentile(&times, 0.99)));
+        println!(
+            "  list {what:<24} {count:>6} items   p50 {:>10}   p99 {:>10}",
+            ms(percentile(&times, 0.5)),
+            ms(percentile(&times, 0.99))
+        );
     }
     Ok(())
 }
@@ -150,7 +159,13 @@ async fn watch_latency(client: &kube::Client, watchers: usize, writes: usize) ->
             while lat.len() < writes {
                 match stream.try_next().await {
                     Ok(Some(WatchEvent::Added(o))) => {
-                        let sent: u128 = o.metadata.annotations.as_ref().and_then(|a| a.get("bench/sent-ns")).and_then(|s| s.parse().ok()).unwrap_or(0);
+                        let sent: u128 = o
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("bench/sent-ns"))
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
                         let now = epoch.elapsed().as_nanos();
                         lat.push(Duration::from_nanos(now.saturating_sub(sent) as u64));
                     }

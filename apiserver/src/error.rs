@@ -18,7 +18,7 @@ pub struct ApiError {
     /// Human-readable message naming what is wrong.
     pub message: String,
     /// `details` of the Status: the object the error is about.
-    pub details: Option<Details>,
+    pub details: Option<Box<Details>>,
 }
 
 /// The `details` stanza of a `Status`.
@@ -112,8 +112,12 @@ impl ApiError {
         let what = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join(", ");
         let subject = if group.is_empty() { resource_kind.to_string() } else { format!("{resource_kind}.{group}") };
         let mut e = Self::new(422, "Invalid", format!("{subject} \"{name}\" is invalid: {what}"));
-        e.details =
-            Some(Details { name: name.to_string(), group: group.to_string(), kind: resource_kind.to_string(), causes });
+        e.details = Some(Box::new(Details {
+            name: name.to_string(),
+            group: group.to_string(),
+            kind: resource_kind.to_string(),
+            causes,
+        }));
         e
     }
 
@@ -123,8 +127,12 @@ impl ApiError {
     }
 
     fn with_details(mut self, name: &str, group: &str, kind: &str) -> Self {
-        self.details =
-            Some(Details { name: name.to_string(), group: group.to_string(), kind: kind.to_string(), causes: vec![] });
+        self.details = Some(Box::new(Details {
+            name: name.to_string(),
+            group: group.to_string(),
+            kind: kind.to_string(),
+            causes: vec![],
+        }));
         self
     }
 

@@ -29,7 +29,9 @@ pub fn check_request_body(data: &[u8]) {
                 continue;
             }
         };
-        for t in types.iter().filter(|t| matches!(t.plural.as_str(), "applications" | "secrets" | "namespaces" | "customresourcedefinitions")) {
+        for t in types.iter().filter(|t| {
+            matches!(t.plural.as_str(), "applications" | "secrets" | "namespaces" | "customresourcedefinitions")
+        }) {
             let ns = if t.namespaced { "argocd" } else { "" };
             let target = Target { rtype: t, version: &t.versions[0], namespace: ns };
             if let Err(e) = prepare::create(target, body.clone()) {

@@ -105,15 +105,16 @@ impl Target<'_> {
             causes.push(("metadata.name".to_string(), e));
         }
         causes.extend(validate_labels_and_annotations(obj));
-        if let Some(f) = obj["metadata"].get("finalizers") {
-            if !f.is_null() && !f.as_array().is_some_and(|a| a.iter().all(Value::is_string)) {
-                causes.push(("metadata.finalizers".into(), "Invalid value: must be a list of strings".into()));
-            }
+        if let Some(f) = obj["metadata"].get("finalizers")
+            && !f.is_null()
+            && !f.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+        {
+            causes.push(("metadata.finalizers".into(), "Invalid value: must be a list of strings".into()));
         }
-        if self.rtype.is_crd() {
-            if let Err(c) = ResourceType::from_crd(obj) {
-                causes.extend(c);
-            }
+        if self.rtype.is_crd()
+            && let Err(c) = ResourceType::from_crd(obj)
+        {
+            causes.extend(c);
         }
         if self.rtype.group.is_empty() && self.rtype.plural == "secrets" {
             causes.extend(normalize_secret_errors(obj));
@@ -257,15 +258,15 @@ pub fn update(t: Target<'_>, existing: &Value, mut obj: Value, part: Part) -> Ap
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    if let Some(rv) = resource_version(&obj) {
-        if Some(rv) != resource_version(existing) {
-            return Err(ApiError::conflict(
-                &t.rtype.group,
-                &t.rtype.plural,
-                &name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
-        }
+    if let Some(rv) = resource_version(&obj)
+        && Some(rv) != resource_version(existing)
+    {
+        return Err(ApiError::conflict(
+            &t.rtype.group,
+            &t.rtype.plural,
+            &name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ));
     }
     let mut new = match part {
         Part::Status => {
@@ -298,10 +299,11 @@ pub fn update(t: Target<'_>, existing: &Value, mut obj: Value, part: Part) -> Ap
         }
     };
     t.validate(&new)?;
-    if part == Part::Main && spec_changed(existing, &new) {
-        if let Some(g) = existing["metadata"]["generation"].as_i64() {
-            meta_mut(&mut new).insert("generation".into(), json!(g + 1));
-        }
+    if part == Part::Main
+        && spec_changed(existing, &new)
+        && let Some(g) = existing["metadata"]["generation"].as_i64()
+    {
+        meta_mut(&mut new).insert("generation".into(), json!(g + 1));
     }
     if t.rtype.is_crd() && part == Part::Main {
         new["status"] = crd_status(&new);

@@ -174,17 +174,17 @@ impl ResourceType {
                     if v["subresources"]["status"].is_object() {
                         status_subresource = true;
                     }
-                    if printer_columns.is_empty() {
-                        if let Some(cols) = v["additionalPrinterColumns"].as_array() {
-                            printer_columns = cols
-                                .iter()
-                                // Columns with a priority show only with `-o wide`; this server prints the default set.
-                                .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
-                                .filter_map(|c| {
-                                    Some((c["name"].as_str()?.to_string(), c["jsonPath"].as_str()?.to_string()))
-                                })
-                                .collect();
-                        }
+                    if printer_columns.is_empty()
+                        && let Some(cols) = v["additionalPrinterColumns"].as_array()
+                    {
+                        printer_columns = cols
+                            .iter()
+                            // Columns with a priority show only with `-o wide`; this server prints the default set.
+                            .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
+                            .filter_map(|c| {
+                                Some((c["name"].as_str()?.to_string(), c["jsonPath"].as_str()?.to_string()))
+                            })
+                            .collect();
                     }
                 }
             }

@@ -469,6 +469,8 @@ async fn malformed_and_hostile_requests_get_status_codes() -> Result<()> {
     let c = start().await?;
     namespace(&c.client, "argocd").await?;
     let coll = "/apis/argoproj.io/v1alpha1/namespaces/argocd/applications";
+    // (what, path, content type, body, expected code, expected reason)
+    #[allow(clippy::type_complexity)]
     let cases: Vec<(&str, String, &str, Vec<u8>, u16, &str)> = vec![
         ("bad JSON", coll.into(), "application/json", b"{\"metadata\":".to_vec(), 400, "BadRequest"),
         ("not an object", coll.into(), "application/json", b"[1,2]".to_vec(), 400, "BadRequest"),

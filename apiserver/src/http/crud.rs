@@ -318,10 +318,10 @@ async fn empty_namespace(ctx: &Ctx, ns: &str) {
             namespace: ns.to_string(),
             dry_run: false,
         };
-        if let Err(e) = Box::pin(delete_one(&c, &name, prepare::DeletePreconditions::default())).await {
-            if e.code != 404 {
-                tracing::warn!(namespace = ns, name, error = %e, "deleting an object of a terminating namespace failed");
-            }
+        if let Err(e) = Box::pin(delete_one(&c, &name, prepare::DeletePreconditions::default())).await
+            && e.code != 404
+        {
+            tracing::warn!(namespace = ns, name, error = %e, "deleting an object of a terminating namespace failed");
         }
     }
     finish_namespace_if_empty(ctx, ns).await;
@@ -338,10 +338,10 @@ async fn finish_namespace_if_empty(ctx: &Ctx, ns: &str) {
             _ => Ok(Change::Unchanged),
         })
         .await;
-    if let Err(e) = result {
-        if e.code != 404 {
-            tracing::warn!(namespace = ns, error = %e, "removing an emptied namespace failed");
-        }
+    if let Err(e) = result
+        && e.code != 404
+    {
+        tracing::warn!(namespace = ns, error = %e, "removing an emptied namespace failed");
     }
 }
 
@@ -363,10 +363,10 @@ async fn remove_type(ctx: &Ctx, t: ResourceType) {
                 None => Ok(Change::Unchanged),
             })
             .await;
-        if let Err(e) = result {
-            if e.code != 404 {
-                tracing::warn!(resource = %gr.resource, name, error = %e, "removing an object of a deleted CRD failed");
-            }
+        if let Err(e) = result
+            && e.code != 404
+        {
+            tracing::warn!(resource = %gr.resource, name, error = %e, "removing an object of a deleted CRD failed");
         }
     }
     ctx.state.update_registry(|r| r.remove(&gr));

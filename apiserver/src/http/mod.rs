@@ -169,10 +169,9 @@ async fn read_body(state: &AppState, req: Request<Body>) -> ApiResult<(String, b
         req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or_default().to_ascii_lowercase();
     if let Some(len) =
         req.headers().get(header::CONTENT_LENGTH).and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<usize>().ok())
+        && len > state.max_body_bytes
     {
-        if len > state.max_body_bytes {
-            return Err(ApiError::too_large(state.max_body_bytes));
-        }
+        return Err(ApiError::too_large(state.max_body_bytes));
     }
     let body = axum::body::to_bytes(req.into_body(), state.max_body_bytes).await.map_err(|e| {
         let too_large = std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))

@@ -129,10 +129,10 @@ impl Watcher {
                 }
                 Ok((events, latest)) => {
                     for ev in events {
-                        if let Some(line) = self.translate(&ev) {
-                            if !self.send(line).await {
-                                return;
-                            }
+                        if let Some(line) = self.translate(&ev)
+                            && !self.send(line).await
+                        {
+                            return;
                         }
                         pos = ev.rv;
                     }
