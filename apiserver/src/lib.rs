@@ -20,6 +20,7 @@ pub mod http;
 pub mod object;
 pub mod openapi;
 pub mod prepare;
+pub mod protobuf;
 pub mod resource;
 pub mod selector;
 mod server;

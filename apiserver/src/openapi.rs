@@ -115,3 +115,50 @@ pub fn group_version(registry: &Registry, gv: &str) -> Option<Value> {
         "components": {"schemas": schemas},
     }))
 }
+
+/// `/openapi/v2` as JSON: a valid Swagger 2.0 document without definitions. kubectl falls back to
+/// it for kinds it validates on the client (such as `kind: List`); with no schema for a kind it
+/// validates nothing and lets the server decide, as with a CRD that has no schema.
+#[must_use]
+pub fn v2_json() -> Value {
+    json!({"swagger": "2.0", "info": {"title": "Kubernetes (argocd-agent embedded API server)", "version": "v1.37.0"}, "paths": {}})
+}
+
+/// The same document in gnostic's protobuf encoding (`openapi_v2.Document`), which is what
+/// client-go asks for: swagger = 1, info = 2 (title = 1, version = 2), paths = 8.
+#[must_use]
+pub fn v2_protobuf() -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+        out.push((number << 3) | 2); // length-delimited
+        let mut len = bytes.len();
+        loop {
+            let byte = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        }
+        out.extend_from_slice(bytes);
+    }
+    let mut info = Vec::new();
+    field(&mut info, 1, b"Kubernetes (argocd-agent embedded API server)");
+    field(&mut info, 2, b"v1.37.0");
+    let mut doc = Vec::new();
+    field(&mut doc, 1, b"2.0");
+    field(&mut doc, 2, &info);
+    field(&mut doc, 8, &[]);
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn v2_protobuf_is_the_expected_bytes() {
+        let doc = super::v2_protobuf();
+        assert_eq!(&doc[..5], &[0x0a, 3, b'2', b'.', b'0']);
+        assert_eq!(doc[5], 0x12);
+        assert_eq!(&doc[doc.len() - 2..], &[0x42, 0]);
+    }
+}

@@ -18,12 +18,15 @@ use crate::store::Change;
 const SERVER_FIELDS: &[&str] =
     &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
 
-/// Decode a request body (JSON, or YAML when the content type says so) into an object.
+/// Decode a request body (JSON, YAML when the content type says so, or Kubernetes protobuf for
+/// the kinds [`crate::protobuf`] knows) into an object.
 ///
 /// # Errors
-/// 400 naming what is wrong with the body.
+/// 400 naming what is wrong with the body; 415 for a media type (or protobuf kind) not served.
 pub fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
-    let v: Value = if content_type.contains("yaml") {
+    let v: Value = if crate::protobuf::is_protobuf(content_type) {
+        crate::protobuf::decode(body)?
+    } else if content_type.contains("yaml") {
         serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}")))?
     } else if content_type.is_empty() || content_type.contains("json") {
@@ -493,7 +496,9 @@ mod tests {
     fn bodies() {
         assert_eq!(decode_body(b"{", "application/json").err().map(|e| e.code), Some(400));
         assert_eq!(decode_body(b"[]", "application/json").err().map(|e| e.code), Some(400));
-        assert_eq!(decode_body(b"{}", "application/vnd.kubernetes.protobuf").err().map(|e| e.code), Some(415));
+        // Protobuf without the k8s\0 magic is malformed (400); other media types are not served (415).
+        assert_eq!(decode_body(b"{}", "application/vnd.kubernetes.protobuf").err().map(|e| e.code), Some(400));
+        assert_eq!(decode_body(b"{}", "application/cbor").err().map(|e| e.code), Some(415));
         assert!(decode_body(b"kind: Application\nmetadata: {name: a}\n", "application/yaml").is_ok());
     }
 }

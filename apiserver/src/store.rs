@@ -27,7 +27,7 @@ const META_RV: &str = "resourceVersion";
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database could not be opened or read.
-    #[error("cannot open the data store {path}: {source}")]
+    #[error("cannot open the data store {path} (is another server using this data dir?)")]
     Open {
         /// The database file.
         path: String,

@@ -1,2 +1,38 @@
 //! Which agent is calling: authenticators, session tokens, the tower auth layer.
+//!
+//! On the principal:
+//! 1. parse `--auth` with [`AuthMethodSpec::parse`] and build [`AuthMethods`];
+//! 2. load the JWT key ([`SigningKey`]) and make a [`SessionIssuer`], then [`Sessions`];
+//! 3. serve TLS with [`tls::server_config`] and [`tls::TlsIncoming`] (presented client chains
+//!    are verified; a missing certificate is left for the auth layer to explain);
+//! 4. put [`AuthLayer`] in front of the router and serve [`AuthService`] as
+//!    `authapi.Authentication`; services read the caller from [`AgentSession::from_request`].
+//!
+//! On the agent: [`Credentials`] authenticates, keeps the tokens fresh and provides the
+//! interceptor for every other client.
+//!
+//! Every session token is bound to the transport identity it was issued on (the client
+//! certificate's SHA-256 for native mTLS, a SPIFFE ID for the mesh methods that come next), and
+//! refused on a connection presenting another.
+
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod error;
+pub mod identity;
+pub mod layer;
+pub mod method;
+pub mod service;
+pub mod session;
+pub mod tls;
+
+pub use client::{AccessTokenInterceptor, AuthParams, ClientError, Credentials, PrincipalInfo};
+pub use error::AuthError;
+pub use identity::{AgentIdentity, AgentMode, AgentName, AgentSession, Binding, InvalidAgentName, TransportIdentity};
+pub use layer::{Auth, AuthLayer, PUBLIC_PATHS};
+pub use method::mtls::{IdentitySource, MtlsAuthenticator};
+pub use method::spec::{AuthMethodSpec, DEFAULT_SUBJECT_REGEX, SpecError};
+pub use method::{AuthContext, AuthMethods, Authenticator};
+pub use service::{AuthService, AuthServiceConfig, NewSession, SessionHook, VersionCheck};
+pub use session::{SessionIssuer, Sessions, SigningKey, TokenKind, TokenLifetimes};

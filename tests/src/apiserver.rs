@@ -57,7 +57,9 @@ impl ApiServerProcess {
             .arg("--kubeconfig-out")
             .arg(kubeconfig_out)
             .arg("--log-format")
-            .arg("text");
+            .arg("text")
+            // Plain log files (tracing-subscriber honours NO_COLOR).
+            .env("NO_COLOR", "1");
         Ok(cmd)
     }
 

@@ -145,7 +145,17 @@ async fn patch_merge_changes_spec_and_bumps_generation() -> anyhow::Result<()> {
 
     // Metadata-only changes do not bump generation.
     let out = kubectl
-        .ok(["patch", "application", "guestbook", "-n", NS, "--type", "merge", "-p", r#"{"metadata":{"labels":{"tier":"web"}}}"#])
+        .ok([
+            "patch",
+            "application",
+            "guestbook",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"labels":{"tier":"web"}}}"#,
+        ])
         .await?;
     ensure!(out.contains("patched"), "{out}");
     let labelled = get_app(&kubectl, "guestbook").await?;
@@ -175,7 +185,10 @@ async fn patch_json_applies_operations_and_rejects_failed_tests() -> anyhow::Res
     assert_eq!(str_at(&app, "/spec/destination/namespace"), "guestbook-2");
     assert_eq!(str_at(&app, "/metadata/labels/patched"), "json");
     assert_eq!(app.pointer("/spec/syncPolicy/automated"), None);
-    assert_eq!(app["spec"]["syncPolicy"]["syncOptions"], json!(["CreateNamespace=true", "ServerSideApply=true", "PruneLast=true"]));
+    assert_eq!(
+        app["spec"]["syncPolicy"]["syncOptions"],
+        json!(["CreateNamespace=true", "ServerSideApply=true", "PruneLast=true"])
+    );
     assert_eq!(i64_at(&app, "/metadata/generation"), 2);
 
     // A failing "test" operation rejects the whole patch.
@@ -381,5 +394,21 @@ async fn unknown_resource_types_fail() -> anyhow::Result<()> {
     let apply = kubectl.run_apply(unknown_kind).await?;
     ensure!(!apply.success(), "{apply}");
     ensure!(apply.stderr.contains("no matches for kind \"Frobnicator\" in version \"example.com/v1\""), "{apply}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_of_get_output_list_restores_deleted_objects() -> anyhow::Result<()> {
+    let (_server, kubectl) = server_with_app().await?;
+    kubectl.apply(&app_yaml("guestbook-2", "v2")?).await?;
+    // Backup and restore as users do it: `get -o yaml` prints a `kind: List`.
+    let backup = kubectl.ok(["get", "applications", "-n", NS, "-o", "yaml"]).await?;
+    ensure!(backup.contains("kind: List"), "{backup}");
+    kubectl.ok(["delete", "applications", "--all", "-n", NS]).await?;
+    let out = kubectl.apply(&backup).await?;
+    ensure!(out.contains("application.argoproj.io/guestbook created"), "{out}");
+    ensure!(out.contains("application.argoproj.io/guestbook-2 created"), "{out}");
+    let restored = get_app(&kubectl, "guestbook-2").await?;
+    assert_eq!(str_at(&restored, "/spec/source/targetRevision"), "v2");
     Ok(())
 }

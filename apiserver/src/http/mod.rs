@@ -106,6 +106,7 @@ async fn handle(state: Arc<AppState>, req: Request<Body>) -> ApiResult<Response>
         return Err(ApiError::method_not_allowed(req.method(), &path));
     }
     let registry = state.registry();
+    let req_accept = req.headers().get(header::ACCEPT).and_then(|h| h.to_str().ok()).map(str::to_string);
     match route {
         Route::CoreVersions => Ok(json_value(&registry.core_versions(&state.address))),
         Route::GroupList => Ok(json_value(&registry.group_list())),
@@ -113,8 +114,19 @@ async fn handle(state: Arc<AppState>, req: Request<Body>) -> ApiResult<Response>
         Route::ResourceList { group, version } => {
             registry.resource_list(&group, &version).map(|v| json_value(&v)).ok_or_else(|| ApiError::no_route(&path))
         }
-        // Only v3 is served: kubectl prefers it, and v2 is deprecated.
-        Route::OpenApiV2 => Err(ApiError::no_route(&path)),
+        Route::OpenApiV2 => {
+            let accept = req_accept.as_deref().unwrap_or_default();
+            if accept.contains("protobuf") {
+                let mut resp = (StatusCode::OK, crate::openapi::v2_protobuf()).into_response();
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/com.github.proto-openapi.spec.v2.v1.0+protobuf"),
+                );
+                Ok(resp)
+            } else {
+                Ok(json_value(&crate::openapi::v2_json()))
+            }
+        }
         Route::OpenApiV3 => {
             let rest = path.trim_start_matches("/openapi/v3").trim_matches('/');
             let doc = if rest.is_empty() {

@@ -272,10 +272,10 @@ impl Obj {
 
     /// A Time (`micro`: a MicroTime) at `path` (for errors); the zero time is left out.
     pub fn time(&mut self, key: &str, v: Option<&Time>, path: &str, micro: bool) -> ApiResult<&mut Self> {
-        if let Some(t) = v {
-            if let Some(s) = time_json(t, path, micro)? {
-                self.set(key, s);
-            }
+        if let Some(t) = v
+            && let Some(s) = time_json(t, path, micro)?
+        {
+            self.set(key, s);
         }
         Ok(self)
     }
@@ -326,4 +326,21 @@ pub fn condition(c: &Condition, path: &str) -> ApiResult<Value> {
         .req_str("reason", &c.reason)
         .req_str("message", &c.message);
     Ok(o.build())
+}
+
+/// The top of every object: apiVersion, kind, metadata (always an object, as the JSON path expects).
+pub(super) fn top(api_version: &str, kind: &str, meta: Option<&ObjectMeta>) -> ApiResult<Obj> {
+    let mut o = Obj::new();
+    o.set("apiVersion", Value::from(api_version)).set("kind", Value::from(kind));
+    let meta = match meta {
+        Some(m) => object_meta(m)?,
+        None => Value::Object(serde_json::Map::new()),
+    };
+    o.set("metadata", meta);
+    Ok(o)
+}
+
+/// An `int32` field widened for JSON.
+pub(super) fn i(v: Option<i32>) -> Option<i64> {
+    v.map(i64::from)
 }

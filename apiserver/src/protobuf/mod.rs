@@ -10,8 +10,11 @@
 //! The messages are written by hand with `prost` derives (no protoc, no build script); field
 //! numbers are those of the Kubernetes `generated.proto` files named in each submodule.
 
-pub mod kinds;
+pub mod config;
+pub mod event;
+pub mod lease;
 pub mod meta;
+pub mod service;
 
 use prost::Message as _;
 use serde_json::Value;
@@ -90,7 +93,8 @@ fn decode_as<M: prost::Message + Default>(raw: &[u8], api_version: &str, kind: &
 ///
 /// # Errors
 /// 400 for a body without the `k8s\0` magic, an envelope or object that does not decode, or an
-/// invalid timestamp; 415 for a kind not decoded here (send it as JSON) or an encoded payload.
+/// invalid timestamp; 415 for a kind not decoded here, or none named (send it as JSON), or an
+/// encoded payload.
 pub fn decode(body: &[u8]) -> ApiResult<Value> {
     let Some(rest) = body.strip_prefix(MAGIC.as_slice()) else {
         return Err(ApiError::bad_request(format!(
@@ -104,11 +108,6 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
     let type_meta = envelope.type_meta.unwrap_or_default();
     let api_version = type_meta.api_version.unwrap_or_default();
     let kind = type_meta.kind.unwrap_or_default();
-    if kind.is_empty() || api_version.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "the protobuf envelope must name the object's apiVersion and kind (got apiVersion {api_version:?}, kind {kind:?})"
-        )));
-    }
     if let Some(enc) = envelope.content_encoding.as_deref().filter(|e| !e.is_empty()) {
         return Err(ApiError::unsupported_media_type(format!(
             "the protobuf envelope's content encoding {enc:?} is not supported: send the object unencoded, \
@@ -123,16 +122,22 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
     let raw = envelope.raw.unwrap_or_default();
     let (av, k) = (api_version.as_str(), kind.as_str());
     match (av, k) {
-        ("v1", "Namespace") => kinds::namespace_json(&decode_as(&raw, av, k)?, av, k),
-        ("v1", "Secret") => kinds::secret_json(&decode_as(&raw, av, k)?, av, k),
-        ("v1", "ConfigMap") => kinds::config_map_json(&decode_as(&raw, av, k)?, av, k),
-        ("v1", "Service") => kinds::service_json(&decode_as(&raw, av, k)?, av, k),
-        ("v1", "Event") => kinds::event_json(&decode_as(&raw, av, k)?, av, k),
-        ("coordination.k8s.io/v1", "Lease") => kinds::lease_json(&decode_as(&raw, av, k)?, av, k),
+        ("v1", "Namespace") => config::namespace_json(&decode_as(&raw, av, k)?, av, k),
+        ("v1", "Secret") => config::secret_json(&decode_as(&raw, av, k)?, av, k),
+        ("v1", "ConfigMap") => config::config_map_json(&decode_as(&raw, av, k)?, av, k),
+        ("v1", "Service") => service::service_json(&decode_as(&raw, av, k)?, av, k),
+        ("v1", "Event") => event::event_json(&decode_as(&raw, av, k)?, av, k),
+        ("coordination.k8s.io/v1", "Lease") => lease::lease_json(&decode_as(&raw, av, k)?, av, k),
         _ => {
+            // An envelope that names no kind is one more kind this server cannot decode.
+            let what = if kind.is_empty() || api_version.is_empty() {
+                format!("a protobuf envelope that names no apiVersion and kind (got {api_version:?}, {kind:?})")
+            } else {
+                format!("{api_version} {kind}")
+            };
             let supported = SUPPORTED.iter().map(|(a, k)| format!("{a} {k}")).collect::<Vec<_>>().join(", ");
             Err(ApiError::unsupported_media_type(format!(
-                "{api_version} {kind} is not supported as {CONTENT_TYPE}: send it as application/json \
+                "{what} is not supported as {CONTENT_TYPE}: send the object as application/json \
                  (protobuf bodies are decoded for {supported})"
             )))
         }

@@ -1,0 +1,248 @@
+//! Why a caller was not authenticated, worded so the operator knows what to fix.
+
+use crate::identity::{Binding, InvalidAgentName};
+use crate::session::TokenKind;
+
+/// An authentication failure. Every variant but [`AuthError::TokenIssue`] answers the caller with
+/// gRPC `Unauthenticated` and this message (see [`AuthError::to_status`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// The connection is plaintext, so there is no client certificate to identify the agent by.
+    #[error(
+        "no client certificate: the connection is plaintext, and method \"{method}\" identifies \
+         agents by their TLS client certificate (serve TLS, or use a mesh method)"
+    )]
+    NotTls {
+        /// The method that needed a certificate.
+        method: &'static str,
+    },
+    /// The agent connected over TLS without a client certificate.
+    #[error(
+        "no client certificate: the agent connected over TLS without one, and method \"{method}\" \
+         identifies agents by their client certificate (agent --tls-client-cert/--tls-client-key \
+         or secret argocd-agent-client-tls)"
+    )]
+    NoClientCertificate {
+        /// The method that needed a certificate.
+        method: &'static str,
+    },
+    /// The client certificate could not be parsed.
+    #[error("client certificate cannot be parsed: {reason}")]
+    BadCertificate {
+        /// What the parser said.
+        reason: String,
+    },
+    /// The subject does not match the `mtls:subject:<regex>` regex.
+    #[error(
+        "client certificate subject \"{subject}\" does not match the agent name regex `{regex}` \
+         (--auth mtls:subject:<regex>)"
+    )]
+    SubjectMismatch {
+        /// The subject, rendered as upstream does (`CN=agent-1,O=...`).
+        subject: String,
+        /// The configured regex.
+        regex: String,
+    },
+    /// `mtls:uri:<regex>` but the certificate has no URI SAN.
+    #[error("client certificate has no URI SAN, and --auth mtls:uri:<regex> takes the agent name from one")]
+    NoUriSan,
+    /// No URI SAN matches the `mtls:uri:<regex>` regex.
+    #[error(
+        "no URI SAN of the client certificate ({uris}) matches the agent name regex `{regex}` \
+         (--auth mtls:uri:<regex>)"
+    )]
+    UriMismatch {
+        /// The certificate's URI SANs, comma separated.
+        uris: String,
+        /// The configured regex.
+        regex: String,
+    },
+    /// The regex matched but capture group 1 is empty or did not take part.
+    #[error("capture group 1 of the agent name regex `{regex}` is empty for {field} \"{value}\"")]
+    EmptyAgentName {
+        /// Where the name was taken from (`subject`, `URI SAN`).
+        field: &'static str,
+        /// The text the regex matched.
+        value: String,
+        /// The configured regex.
+        regex: String,
+    },
+    /// The extracted name is not a DNS-1123 label.
+    #[error("agent name taken from the client certificate {field} is not a valid DNS-1123 label: {reason}")]
+    InvalidAgentName {
+        /// Where the name was taken from (`subject`, `URI SAN`).
+        field: &'static str,
+        /// Which rule it breaks.
+        reason: InvalidAgentName,
+    },
+    /// The agent's name is the principal's namespace, which upstream reserves.
+    #[error(
+        "agent name \"{name}\" is the principal's namespace, which cannot be an agent name: give the \
+         agent another name"
+    )]
+    ReservedAgentName {
+        /// The rejected name.
+        name: String,
+    },
+    /// `AuthRequest.method` names a method this principal does not accept.
+    #[error("unknown authentication method \"{requested}\": this principal accepts {accepted}")]
+    UnknownMethod {
+        /// The requested method.
+        requested: String,
+        /// The configured methods, quoted and comma separated.
+        accepted: String,
+    },
+    /// A protected call carried no token.
+    #[error(
+        "no access token: call /authapi.Authentication/Authenticate first, then send the access \
+         token in the `authorization` metadata"
+    )]
+    MissingToken,
+    /// The token is not a well-formed JWT of ours.
+    #[error("{kind} token is malformed: {reason}")]
+    MalformedToken {
+        /// The kind of token expected.
+        kind: TokenKind,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The token is signed with an algorithm other than RS512.
+    #[error("{kind} token is signed with {found}, but this principal accepts only RS512")]
+    TokenAlgorithm {
+        /// The kind of token expected.
+        kind: TokenKind,
+        /// The `alg` of the token header.
+        found: String,
+    },
+    /// The signature does not verify with the principal's key.
+    #[error(
+        "{kind} token signature does not verify: it was signed with another key than this \
+         principal's JWT signing key (authenticate again)"
+    )]
+    TokenSignature {
+        /// The kind of token expected.
+        kind: TokenKind,
+    },
+    /// Wrong `iss`.
+    #[error("{kind} token issuer is \"{found}\", expected \"{expected}\"")]
+    TokenIssuer {
+        /// The kind of token expected.
+        kind: TokenKind,
+        /// The token's `iss`.
+        found: String,
+        /// This principal's issuer name.
+        expected: String,
+    },
+    /// Wrong `aud`: e.g. a refresh token sent as an access token.
+    #[error("{kind} token expected, but the token's audience is {found:?} instead of \"{expected}\"")]
+    TokenAudience {
+        /// The kind of token expected.
+        kind: TokenKind,
+        /// The token's `aud` values.
+        found: Vec<String>,
+        /// The audience of that kind.
+        expected: String,
+    },
+    /// The token has expired.
+    #[error("{kind} token expired at {expired_at} (now {now}): refresh it or authenticate again")]
+    TokenExpired {
+        /// The kind of token.
+        kind: TokenKind,
+        /// Its `exp`, RFC 3339.
+        expired_at: String,
+        /// The principal's clock, RFC 3339.
+        now: String,
+    },
+    /// The token is not valid yet.
+    #[error("{kind} token is not valid before {not_before} (now {now})")]
+    TokenNotYetValid {
+        /// The kind of token.
+        kind: TokenKind,
+        /// Its `nbf`, RFC 3339.
+        not_before: String,
+        /// The principal's clock, RFC 3339.
+        now: String,
+    },
+    /// An access or refresh token without `exp`.
+    #[error("{kind} token has no expiry (exp)")]
+    TokenWithoutExpiry {
+        /// The kind of token.
+        kind: TokenKind,
+    },
+    /// The `sub` is not `{"clientID":…,"mode":…}` with a valid name and mode.
+    #[error("{kind} token subject is invalid: {reason}")]
+    TokenSubject {
+        /// The kind of token.
+        kind: TokenKind,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The token has no transport binding (`cnf`), so it was not issued by our Authenticate.
+    #[error(
+        "{kind} token is not bound to a transport identity (no cnf claim): it was not issued by this \
+         principal's Authenticate; authenticate again"
+    )]
+    TokenUnbound {
+        /// The kind of token.
+        kind: TokenKind,
+    },
+    /// The token names an authentication method this principal no longer accepts.
+    #[error(
+        "{kind} token was issued by authentication method \"{method}\", which this principal does \
+         not accept; authenticate again"
+    )]
+    TokenMethod {
+        /// The kind of token.
+        kind: TokenKind,
+        /// The `amr` method of the token.
+        method: String,
+    },
+    /// The connection presents another transport identity than the token is bound to.
+    #[error(
+        "{kind} token is bound to {bound}, but this connection presents {presented}: a token is only \
+         valid on a connection with the identity it was issued for"
+    )]
+    BindingMismatch {
+        /// The kind of token.
+        kind: TokenKind,
+        /// The token's binding.
+        bound: Binding,
+        /// What the connection presents.
+        presented: Binding,
+    },
+    /// The connection presents no transport identity at all.
+    #[error("{kind} token is bound to {bound}, but this connection presents none ({reason})")]
+    BindingAbsent {
+        /// The kind of token.
+        kind: TokenKind,
+        /// The token's binding.
+        bound: Binding,
+        /// Why the connection has none.
+        reason: Box<AuthError>,
+    },
+    /// The principal could not sign a token (a server fault, not the caller's).
+    #[error("could not sign a session token: {reason}")]
+    TokenIssue {
+        /// What the signer said.
+        reason: String,
+    },
+}
+
+impl AuthError {
+    /// The gRPC status for the caller: `Internal` for [`AuthError::TokenIssue`], else
+    /// `Unauthenticated`, each with this error's message.
+    #[must_use]
+    pub fn to_status(&self) -> tonic::Status {
+        match self {
+            Self::TokenIssue { .. } => tonic::Status::internal(self.to_string()),
+            _ => tonic::Status::unauthenticated(self.to_string()),
+        }
+    }
+}
+
+impl From<AuthError> for tonic::Status {
+    fn from(error: AuthError) -> Self {
+        error.to_status()
+    }
+}

@@ -1,0 +1,354 @@
+//! Issuing and verifying session tokens: RS512 JWTs signed with the principal's key, as upstream
+//! does (`internal/issuer/jwt.go`). Verification checks the signature with jsonwebtoken, then the
+//! claims here against an injectable [`Clock`], so every failure gets its own message.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, Header, Validation};
+
+use super::keys::SigningKey;
+use super::token::{
+    ACCESS_TOKEN_LIFETIME, AgentSubject, Claims, Confirmation, DEFAULT_ISSUER, IssuedTokens, REFRESH_TOKEN_LIFETIME,
+    REFRESH_TOKEN_RENEW_WITHIN, RefreshedTokens, TokenKind,
+};
+use crate::error::AuthError;
+use crate::identity::{AgentIdentity, AgentMode, AgentName, Binding};
+
+/// The only algorithm upstream signs with and accepts.
+pub const ALGORITHM: Algorithm = Algorithm::RS512;
+
+// === Clock ===
+
+/// Where the issuer reads the time; tests substitute a [`ManualClock`].
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// The current time.
+    fn now(&self) -> SystemTime;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that moves only when told; clones share the time.
+#[derive(Clone, Debug)]
+pub struct ManualClock(Arc<Mutex<SystemTime>>);
+
+impl ManualClock {
+    /// A clock showing `now`.
+    #[must_use]
+    pub fn new(now: SystemTime) -> Self {
+        Self(Arc::new(Mutex::new(now)))
+    }
+
+    /// Sets the time.
+    pub fn set(&self, now: SystemTime) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    }
+
+    /// Moves the time forward.
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *now += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+// === TokenLifetimes ===
+
+/// How long tokens live; the defaults are upstream's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenLifetimes {
+    /// Access token lifetime (5 min).
+    pub access: Duration,
+    /// Refresh token lifetime (24 h).
+    pub refresh: Duration,
+    /// A refresh renews the refresh token only when it expires within this (10 min).
+    pub renew_refresh_within: Duration,
+}
+
+impl Default for TokenLifetimes {
+    fn default() -> Self {
+        Self {
+            access: ACCESS_TOKEN_LIFETIME,
+            refresh: REFRESH_TOKEN_LIFETIME,
+            renew_refresh_within: REFRESH_TOKEN_RENEW_WITHIN,
+        }
+    }
+}
+
+// === VerifiedToken ===
+
+/// A token whose signature, issuer, audience and validity period checked out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedToken {
+    /// Which kind it was verified as.
+    pub kind: TokenKind,
+    /// The agent it names.
+    pub agent: AgentName,
+    /// The agent's mode (`None` for resource-proxy tokens, whose subject is the bare name).
+    pub mode: Option<AgentMode>,
+    /// The transport binding, if the token carries one.
+    pub binding: Option<Binding>,
+    /// The authentication method (`amr`), if the token carries one.
+    pub method: Option<String>,
+    /// Expiry (`None` for resource-proxy tokens).
+    pub expires_at: Option<SystemTime>,
+    /// All claims as sent.
+    pub claims: Claims,
+}
+
+// === SessionIssuer ===
+
+/// Issues and verifies the principal's session tokens.
+#[derive(Clone, Debug)]
+pub struct SessionIssuer {
+    key: Arc<SigningKey>,
+    issuer: String,
+    lifetimes: TokenLifetimes,
+    clock: Arc<dyn Clock>,
+}
+
+impl SessionIssuer {
+    /// An issuer named `argocd-agent-server` with upstream's lifetimes and the system clock.
+    #[must_use]
+    pub fn new(key: SigningKey) -> Self {
+        Self {
+            key: Arc::new(key),
+            issuer: DEFAULT_ISSUER.to_owned(),
+            lifetimes: TokenLifetimes::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Uses another issuer name (`iss`; audiences follow it).
+    #[must_use]
+    pub fn with_issuer(mut self, issuer: impl Into<String>) -> Self {
+        self.issuer = issuer.into();
+        self
+    }
+
+    /// Uses other token lifetimes.
+    #[must_use]
+    pub fn with_lifetimes(mut self, lifetimes: TokenLifetimes) -> Self {
+        self.lifetimes = lifetimes;
+        self
+    }
+
+    /// Reads the time from `clock`.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The issuer name.
+    #[must_use]
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// The token lifetimes.
+    #[must_use]
+    pub fn lifetimes(&self) -> TokenLifetimes {
+        self.lifetimes
+    }
+
+    /// The signing key.
+    #[must_use]
+    pub fn key(&self) -> &SigningKey {
+        &self.key
+    }
+
+    /// Issues the access and refresh tokens of a freshly authenticated agent, both bound to its
+    /// transport identity.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError::TokenIssue`] if signing fails.
+    pub fn issue(&self, identity: &AgentIdentity, mode: AgentMode) -> Result<IssuedTokens, AuthError> {
+        let sub = subject_json(identity.name(), mode)?;
+        let bound = Bound { binding: identity.binding(), method: identity.method() };
+        Ok(IssuedTokens {
+            access_token: self.sign(TokenKind::Access, &sub, Some(self.lifetimes.access), Some(bound))?,
+            refresh_token: self.sign(TokenKind::Refresh, &sub, Some(self.lifetimes.refresh), Some(bound))?,
+        })
+    }
+
+    /// Exchanges a verified refresh token for a new access token, with the same subject, binding
+    /// and method, and for a new refresh token when the old one expires within
+    /// [`TokenLifetimes::renew_refresh_within`] (upstream `RefreshToken`). The caller checks the
+    /// binding against the connection first.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError::TokenUnbound`] for a refresh token without binding or method,
+    /// [`AuthError::TokenIssue`] if signing fails.
+    pub fn refresh(&self, refresh: &VerifiedToken) -> Result<RefreshedTokens, AuthError> {
+        let kind = TokenKind::Refresh;
+        let (Some(binding), Some(method), Some(mode)) = (&refresh.binding, &refresh.method, refresh.mode) else {
+            return Err(AuthError::TokenUnbound { kind });
+        };
+        let sub = subject_json(&refresh.agent, mode)?;
+        let bound = Bound { binding, method };
+        let access_token = self.sign(TokenKind::Access, &sub, Some(self.lifetimes.access), Some(bound))?;
+        let now = self.clock.now();
+        let renew = refresh
+            .expires_at
+            .is_none_or(|exp| exp.duration_since(now).unwrap_or_default() < self.lifetimes.renew_refresh_within);
+        let refresh_token = if renew {
+            Some(self.sign(TokenKind::Refresh, &sub, Some(self.lifetimes.refresh), Some(bound))?)
+        } else {
+            None
+        };
+        Ok(RefreshedTokens { access_token, refresh_token })
+    }
+
+    /// Issues the non-expiring bearer token Argo CD presents to the resource proxy for `agent`
+    /// (self-registered cluster secrets; upstream `IssueResourceProxyToken`).
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError::TokenIssue`] if signing fails.
+    pub fn issue_resource_proxy_token(&self, agent: &AgentName) -> Result<String, AuthError> {
+        self.sign(TokenKind::ResourceProxy, agent.as_str(), None, None)
+    }
+
+    /// Verifies `token` as a token of `kind`: algorithm, signature, issuer, audience, validity
+    /// period and subject. The binding is returned, not checked: see [`crate::Sessions`].
+    ///
+    /// # Errors
+    ///
+    /// The [`AuthError`] of the first check that fails.
+    pub fn verify(&self, token: &str, kind: TokenKind) -> Result<VerifiedToken, AuthError> {
+        let malformed = |reason: String| AuthError::MalformedToken { kind, reason };
+        let header = jsonwebtoken::decode_header(token).map_err(|e| malformed(e.to_string()))?;
+        if header.alg != ALGORITHM {
+            return Err(AuthError::TokenAlgorithm { kind, found: format!("{:?}", header.alg) });
+        }
+        let mut validation = Validation::new(ALGORITHM);
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.validate_aud = false;
+        validation.required_spec_claims.clear();
+        validation.leeway = 0;
+        let claims = jsonwebtoken::decode::<Claims>(token, self.key.decoding(), &validation)
+            .map_err(|e| match e.kind() {
+                ErrorKind::InvalidSignature => AuthError::TokenSignature { kind },
+                ErrorKind::InvalidAlgorithm => AuthError::TokenAlgorithm { kind, found: format!("{:?}", header.alg) },
+                _ => malformed(e.to_string()),
+            })?
+            .claims;
+
+        if claims.iss != self.issuer {
+            return Err(AuthError::TokenIssuer { kind, found: claims.iss, expected: self.issuer.clone() });
+        }
+        let expected = kind.audience(&self.issuer);
+        if !claims.aud.contains(&expected) {
+            return Err(AuthError::TokenAudience { kind, found: claims.aud, expected });
+        }
+        let now = self.clock.now();
+        let now_secs = unix_seconds(now);
+        if claims.exp.is_none() && kind != TokenKind::ResourceProxy {
+            return Err(AuthError::TokenWithoutExpiry { kind });
+        }
+        if let Some(exp) = claims.exp
+            && now_secs >= exp
+        {
+            return Err(AuthError::TokenExpired { kind, expired_at: rfc3339(exp), now: rfc3339(now_secs) });
+        }
+        if let Some(nbf) = claims.nbf
+            && now_secs < nbf
+        {
+            return Err(AuthError::TokenNotYetValid { kind, not_before: rfc3339(nbf), now: rfc3339(now_secs) });
+        }
+
+        let subject_error = |reason: String| AuthError::TokenSubject { kind, reason };
+        let (agent, mode) = if kind == TokenKind::ResourceProxy {
+            (AgentName::new(claims.sub.clone()).map_err(|e| subject_error(e.to_string()))?, None)
+        } else {
+            let subject: AgentSubject = serde_json::from_str(&claims.sub)
+                .map_err(|e| subject_error(format!("not {{\"clientID\":…,\"mode\":…}} JSON: {e}")))?;
+            let agent = AgentName::new(subject.client_id).map_err(|e| subject_error(e.to_string()))?;
+            let mode = subject.mode.parse::<AgentMode>().map_err(|e| subject_error(e.to_string()))?;
+            (agent, Some(mode))
+        };
+        let binding = claims
+            .cnf
+            .as_ref()
+            .map(Confirmation::binding)
+            .transpose()
+            .map_err(|reason| AuthError::MalformedToken { kind, reason })?;
+        Ok(VerifiedToken {
+            kind,
+            agent,
+            mode,
+            binding,
+            method: claims.amr.first().cloned(),
+            expires_at: claims.exp.and_then(|exp| u64::try_from(exp).ok()).map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+            claims,
+        })
+    }
+
+    fn sign(
+        &self,
+        kind: TokenKind,
+        sub: &str,
+        lifetime: Option<Duration>,
+        bound: Option<Bound<'_>>,
+    ) -> Result<String, AuthError> {
+        let now = unix_seconds(self.clock.now());
+        let claims = Claims {
+            iss: self.issuer.clone(),
+            sub: sub.to_owned(),
+            aud: vec![kind.audience(&self.issuer)],
+            exp: lifetime.map(|l| now.saturating_add(i64::try_from(l.as_secs()).unwrap_or(i64::MAX))),
+            nbf: Some(now),
+            iat: Some(now),
+            jti: uuid::Uuid::new_v4().to_string(),
+            cnf: bound.map(|b| Confirmation::from(b.binding)),
+            amr: bound.map(|b| vec![b.method.to_owned()]).unwrap_or_default(),
+        };
+        jsonwebtoken::encode(&Header::new(ALGORITHM), &claims, self.key.encoding())
+            .map_err(|e| AuthError::TokenIssue { reason: e.to_string() })
+    }
+}
+
+/// What a bound token carries besides its subject.
+#[derive(Clone, Copy)]
+struct Bound<'a> {
+    binding: &'a Binding,
+    method: &'a str,
+}
+
+fn subject_json(name: &AgentName, mode: AgentMode) -> Result<String, AuthError> {
+    serde_json::to_string(&AgentSubject::new(name, mode)).map_err(|e| AuthError::TokenIssue { reason: e.to_string() })
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_secs()).map_or(i64::MIN, |s| -s),
+    }
+}
+
+fn rfc3339(secs: i64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp(secs, 0)
+        .map_or_else(|| format!("{secs}s since the epoch"), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+}
+
+#[cfg(test)]
+mod tests;
