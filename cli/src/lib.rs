@@ -1,8 +1,14 @@
 //! Command-line front ends. Only this crate parses flags.
 #![forbid(unsafe_code)]
 
+mod agent_cmd;
 mod apiserver_cmd;
+pub mod ctl;
 mod logging;
+mod material;
+mod principal_cmd;
+mod signals;
+mod unsupported;
 
 use std::process::ExitCode;
 
@@ -18,6 +24,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the principal (hub side).
+    Principal(Box<principal_cmd::Args>),
+    /// Run an agent (spoke side).
+    Agent(Box<agent_cmd::Args>),
     /// Run an embedded Kubernetes-compatible API server on loopback.
     Apiserver(apiserver_cmd::Args),
 }
@@ -27,6 +37,8 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Principal(args) => principal_cmd::run(*args),
+        Command::Agent(args) => agent_cmd::run(*args),
         Command::Apiserver(args) => apiserver_cmd::run(args),
     };
     match result {

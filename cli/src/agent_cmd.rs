@@ -1,0 +1,311 @@
+//! `argocd-agent agent`: flags and environment variables with upstream's names and defaults.
+
+use std::path::PathBuf;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::ctl::kube::Secrets;
+use crate::material::{VERSION, common_name, pem_from};
+use crate::unsupported::Unsupported;
+
+/// Flags of `argocd-agent agent` (upstream `cmd/argocd-agent/agent.go`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address of the principal.
+    #[arg(long, env = "ARGOCD_AGENT_REMOTE_SERVER", default_value = "")]
+    pub server_address: String,
+    /// Port of the principal.
+    #[arg(long, env = "ARGOCD_AGENT_REMOTE_PORT", default_value_t = 443)]
+    pub server_port: u16,
+    /// managed (the hub owns Applications) or autonomous (this cluster owns them).
+    #[arg(long, env = "ARGOCD_AGENT_MODE", default_value = "autonomous", value_parser = ["managed", "autonomous"])]
+    pub agent_mode: String,
+    /// Namespace of Argo CD on this cluster.
+    #[arg(short = 'n', long, env = "ARGOCD_AGENT_NAMESPACE", default_value = "argocd")]
+    pub namespace: String,
+    /// Credentials: `mtls:any` (client certificate) or `userpass:<file>` (upstream, not supported).
+    #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "")]
+    pub creds: String,
+    /// Log level.
+    #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format: text or json.
+    #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Do not verify the principal's certificate (testing only).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_INSECURE", default_value_t = false)]
+    pub insecure_tls: bool,
+    /// Connect without TLS (behind a mesh sidecar on loopback, or tests).
+    #[arg(long, env = "ARGOCD_AGENT_INSECURE_PLAINTEXT", default_value_t = false)]
+    pub insecure_plaintext: bool,
+    /// Secret holding the CA that issued the principal's certificate.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME", default_value = "argocd-agent-ca")]
+    pub root_ca_secret_name: String,
+    /// CA file (instead of the secret).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_ROOT_CA_PATH")]
+    pub root_ca_path: Option<PathBuf>,
+    /// Secret holding this agent's client certificate.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_SECRET_NAME", default_value = "argocd-agent-client-tls")]
+    pub tls_secret_name: String,
+    /// Client certificate file (instead of the secret).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_CERT_PATH")]
+    pub tls_client_cert: Option<PathBuf>,
+    /// Client key file (instead of the secret).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_KEY_PATH")]
+    pub tls_client_key: Option<PathBuf>,
+    /// Application-level heartbeat interval (e.g. 30s; 0 = off).
+    #[arg(long, env = "ARGOCD_AGENT_HEARTBEAT_INTERVAL", default_value = "0")]
+    pub heartbeat_interval: String,
+    /// Largest gRPC message in bytes.
+    #[arg(long, env = "ARGOCD_AGENT_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
+    pub grpc_max_message_size: usize,
+    /// Port of the metrics endpoint.
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
+    pub metrics_port: u16,
+    /// Port of the health endpoint.
+    #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_PORT", default_value_t = 8001)]
+    pub healthz_port: u16,
+    /// kubeconfig of this cluster (default: in-cluster or $KUBECONFIG).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    #[arg(long)]
+    pub kubecontext: Option<String>,
+    /// Agent name, when it cannot be taken from the client certificate (plaintext behind a mesh).
+    #[arg(long, env = "ARGOCD_AGENT_NAME")]
+    pub agent_name: Option<String>,
+
+    // --- accepted for compatibility, not supported yet ---
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL", hide = true)]
+    pub full_detail: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_MIN_VERSION", hide = true)]
+    pub tls_min_version: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_MAX_VERSION", hide = true)]
+    pub tls_max_version: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CIPHERSUITES", hide = true, value_delimiter = ',')]
+    pub tls_ciphersuites: Vec<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", hide = true)]
+    pub enable_websocket: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", hide = true)]
+    pub enable_compression: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT", hide = true)]
+    pub pprof_port: Option<u16>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", hide = true)]
+    pub keep_alive_ping_interval: Option<String>,
+    /// Not supported yet (the resource proxy comes with live resources).
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY", hide = true)]
+    pub enable_resource_proxy: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING", hide = true)]
+    pub destination_based_mapping: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE", hide = true)]
+    pub create_namespace: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR", hide = true)]
+    pub label_selector: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_ADDR", hide = true)]
+    pub redis_addr: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS", hide = true)]
+    pub otlp_address: Option<String>,
+}
+
+impl Args {
+    /// Refuse flags whose feature is not implemented yet, and check required ones.
+    ///
+    /// # Errors
+    /// Names every unsupported flag that was set, or the missing required flag.
+    pub fn check_supported(&self) -> anyhow::Result<()> {
+        let mut u = Unsupported::default();
+        u.check_opt("--full-detail", &self.full_detail)
+            .check_opt("--tls-min-version", &self.tls_min_version)
+            .check_opt("--tls-max-version", &self.tls_max_version)
+            .check_list("--tls-ciphersuites", &self.tls_ciphersuites)
+            .check("--enable-websocket", self.enable_websocket == Some(true))
+            .check("--enable-compression", self.enable_compression == Some(true))
+            .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
+            .check_opt("--keep-alive-ping-interval", &self.keep_alive_ping_interval)
+            .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
+            .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
+            .check("--create-namespace", self.create_namespace == Some(true))
+            .check_opt("--label-selector", &self.label_selector)
+            .check_opt("--redis-addr", &self.redis_addr)
+            .check_opt("--otlp-address", &self.otlp_address)
+            .check("--creds userpass", self.creds.starts_with("userpass:"));
+        u.finish("argocd-agent agent")?;
+        if self.server_address.is_empty() {
+            anyhow::bail!("argocd-agent agent: --server-address (ARGOCD_AGENT_REMOTE_SERVER) is required");
+        }
+        Ok(())
+    }
+}
+
+/// Parse a Go-style duration (`30s`, `1m`, `1m30s`, `500ms`, `0`).
+///
+/// # Errors
+/// The text is not such a duration.
+pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+    let t = text.trim();
+    if t == "0" || t.is_empty() {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(digits);
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let n: f64 = num.parse().with_context(|| format!("duration {text:?}: expected e.g. 30s, 1m30s or 500ms"))?;
+        let secs = match unit {
+            "ms" => n / 1000.0,
+            "s" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            _ => anyhow::bail!("duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"),
+        };
+        total += Duration::from_secs_f64(secs);
+        rest = next;
+    }
+    Ok(total)
+}
+
+/// Run the agent until SIGINT or SIGTERM.
+///
+/// # Errors
+/// Flags, key material or the spoke cannot be used.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    args.check_supported()?;
+    crate::logging::init(&args.log_level, args.log_format == "json");
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(serve(args))
+}
+
+/// Authenticate, retrying with backoff until it succeeds. Errors that retrying cannot fix
+/// (a refused certificate, a version mismatch) are logged each time with what to change.
+async fn authenticate(
+    client: &mut protocol::pb::authapi::authentication_client::AuthenticationClient<tonic::transport::Channel>,
+    creds: &auth::Credentials,
+    params: &auth::AuthParams,
+) {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match creds.authenticate(client, params).await {
+            Ok(info) => {
+                tracing::info!(agent = %info.agent_name, principal_version = %info.version, "authenticated to the principal");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "authentication failed"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Keep the session fresh for as long as the agent runs; when it ends (refresh refused,
+/// principal restarted with another key), authenticate again. The stream's own reconnect
+/// loop picks up the new tokens.
+async fn keep_session(channel: tonic::transport::Channel, creds: Arc<auth::Credentials>, params: auth::AuthParams) {
+    let mut client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel);
+    loop {
+        let e = creds.keep_fresh(&mut client).await;
+        tracing::warn!(error = %e, "session ended; authenticating again");
+        authenticate(&mut client, &creds, &params).await;
+    }
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let mode: agent::AgentMode = args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
+    let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
+    let secrets = Secrets::new(client.clone(), &args.namespace);
+    let scheme = if args.insecure_plaintext { "http" } else { "https" };
+    let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone()).with_context(|| format!("--server-address {addr:?}"))?;
+    let mut tls = None;
+    let mut name = args.agent_name.clone();
+    if !args.insecure_plaintext {
+        anyhow::ensure!(!args.insecure_tls, "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name");
+        let ca = pem_from(args.root_ca_path.as_deref(), "--root-ca-path", &secrets, &args.root_ca_secret_name, &["ca.crt", "tls.crt"], "--root-ca-secret-name").await?;
+        let cert = pem_from(args.tls_client_cert.as_deref(), "--tls-client-cert", &secrets, &args.tls_secret_name, &["tls.crt"], "--tls-secret-name").await?;
+        let key = pem_from(args.tls_client_key.as_deref(), "--tls-client-key", &secrets, &args.tls_secret_name, &["tls.key"], "--tls-secret-name").await?;
+        if name.is_none() {
+            name = Some(common_name(&cert)?);
+        }
+        let cfg = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
+            .identity(tonic::transport::Identity::from_pem(&cert, &key))
+            .domain_name(args.server_address.clone());
+        endpoint = endpoint.tls_config(cfg.clone()).context("TLS configuration")?;
+        tls = Some(cfg);
+    }
+    let name = name.context("--agent-name is required with --insecure-plaintext (there is no client certificate to read it from)")?;
+    let auth_mode: auth::AgentMode = args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
+
+    let creds = Arc::new(auth::Credentials::new());
+    let params = auth::AuthParams {
+        method: "mtls".into(),
+        credentials: Default::default(),
+        mode: auth_mode,
+        version: VERSION.to_string(),
+        agent_namespace: args.namespace.clone(),
+    };
+    let channel = endpoint.connect_lazy();
+    // The stream needs a token: authenticate before dialling it (or stop on a signal).
+    let mut auth_client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel.clone());
+    tokio::select! {
+        () = authenticate(&mut auth_client, &creds, &params) => {}
+        () = crate::signals::wait() => return Ok(()),
+    }
+    let session = tokio::spawn(keep_session(channel, creds.clone(), params));
+
+    let mut config = agent::AgentConfig::new(addr, name.clone(), mode);
+    config.tls = tls;
+    config.namespace = args.namespace.clone();
+    let token_source = creds.clone();
+    config.credentials = Some(agent::credentials::bearer_token(move || token_source.access_token()));
+    let heartbeat = parse_duration(&args.heartbeat_interval).context("--heartbeat-interval")?;
+    config.heartbeat_interval = (!heartbeat.is_zero()).then_some(heartbeat);
+    let agent = agent::Agent::new(config, client).context("cannot start the agent")?;
+    println!("agent {name} ({}) connecting to {}:{}", args.agent_mode, args.server_address, args.server_port);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let run = agent.run(cancel.clone());
+    tokio::pin!(run);
+    tokio::select! {
+        () = &mut run => {}
+        () = crate::signals::wait() => {
+            cancel.cancel();
+            run.await;
+        }
+    }
+    session.abort();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_duration("0").ok(), Some(Duration::ZERO));
+        assert_eq!(parse_duration("30s").ok(), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s").ok(), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms").ok(), Some(Duration::from_millis(500)));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+}

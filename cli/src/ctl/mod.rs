@@ -1,0 +1,136 @@
+//! `argocd-agentctl`: administration of principals and agents, with upstream's command and flag
+//! names (`cmd/ctl` of argocd-agent).
+//!
+//! Implemented: `pki init|issue principal|issue resource-proxy|issue agent|propagate|inspect|dump|delete`
+//! and `jwt create-key|inspect-key|delete-key`. Additions over upstream: `--kubeconfig`,
+//! `--out-dir` (PEM files beside the secrets) and the SPIFFE URI SAN of `pki issue agent`.
+
+pub(crate) mod certs;
+mod inspect;
+mod jwt;
+mod keys;
+pub(crate) mod kube;
+mod names;
+mod out;
+mod pki;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Upstream's default for `--principal-namespace` and `--agent-namespace`.
+pub const DEFAULT_NAMESPACE: &str = "argocd";
+
+/// The argocd-agentctl binary.
+#[derive(Debug, Parser)]
+#[command(
+    name = "argocd-agentctl",
+    version,
+    about = "Inspect and manipulate argocd-agent configuration",
+    long_about = "A CLI to manage configuration for argocd-agent: certificates (pki) and JWT signing keys (jwt), \
+                  stored as Kubernetes secrets in the principal's and the agents' clusters.\n\nThe PKI it creates is \
+                  for development and testing; do not use it in production."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalFlags,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every command takes (upstream's persistent flags, plus `--kubeconfig`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GlobalFlags {
+    /// Kubeconfig file to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The Kubernetes context of the principal (default: the current context).
+    #[arg(long, global = true, env = "ARGOCD_AGENT_PRINCIPAL_CONTEXT", value_name = "CONTEXT")]
+    principal_context: Option<String>,
+    /// The Kubernetes namespace the principal is installed in.
+    #[arg(long, global = true, env = "ARGOCD_AGENT_PRINCIPAL_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    principal_namespace: String,
+    /// The Kubernetes context of the agent (default: the current context).
+    #[arg(long, global = true, env = "ARGOCD_AGENT_AGENT_CONTEXT", value_name = "CONTEXT")]
+    agent_context: Option<String>,
+    /// The Kubernetes namespace the agent is installed in.
+    #[arg(long, global = true, env = "ARGOCD_AGENT_AGENT_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    agent_namespace: String,
+}
+
+impl GlobalFlags {
+    /// `--principal-context`, with an empty value meaning "not set" as in upstream.
+    fn principal_context(&self) -> Option<&str> {
+        self.principal_context.as_deref().filter(|c| !c.is_empty())
+    }
+
+    /// `--agent-context`, with an empty value meaning "not set".
+    fn agent_context(&self) -> Option<&str> {
+        self.agent_context.as_deref().filter(|c| !c.is_empty())
+    }
+
+    /// Whether agent and principal resolve to the same kube context (upstream's rule: equal, or no
+    /// agent context given, which means the current one).
+    fn same_context(&self) -> bool {
+        self.agent_context().is_none() || self.principal_context() == self.agent_context()
+    }
+
+    /// Secrets in the principal's namespace and cluster.
+    async fn principal_secrets(&self) -> anyhow::Result<kube::Secrets> {
+        let client = kube::client(self.kubeconfig.as_deref(), self.principal_context()).await?;
+        Ok(kube::Secrets::new(client, &self.principal_namespace))
+    }
+
+    /// Secrets in the agent's namespace and cluster.
+    async fn agent_secrets(&self) -> anyhow::Result<kube::Secrets> {
+        let client = kube::client(self.kubeconfig.as_deref(), self.agent_context()).await?;
+        Ok(kube::Secrets::new(client, &self.agent_namespace))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// !!NON-PROD!! Inspect and manage the principal's PKI.
+    #[command(subcommand)]
+    Pki(pki::PkiCommand),
+    /// Inspect and manage JWT signing keys.
+    #[command(subcommand)]
+    Jwt(jwt::JwtCommand),
+}
+
+/// Entry point of `argocd-agentctl`.
+#[must_use]
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("argocd-agentctl: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Pki(cmd) => pki::run(&cli.global, cmd).await,
+            Command::Jwt(cmd) => jwt::run(&cli.global, cmd).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("argocd-agentctl: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ask a question on the terminal and return the trimmed answer.
+fn ask(question: &str) -> anyhow::Result<String> {
+    use std::io::Write as _;
+    print!("{question} ");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(answer.trim().to_owned())
+}

@@ -1,0 +1,304 @@
+//! `argocd-agent principal`: flags and environment variables with upstream's names and defaults.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+
+use crate::ctl::kube::Secrets;
+use crate::material::{VERSION, pem_from, secret_field};
+use crate::unsupported::Unsupported;
+
+/// Flags of `argocd-agent principal` (upstream `cmd/argocd-agent/principal.go`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address to listen on (empty: all addresses).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_HOST", default_value = "")]
+    pub listen_host: String,
+    /// Port of the gRPC server.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_PORT", default_value_t = 8443)]
+    pub listen_port: u16,
+    /// Log level: `[<subsystem>=]level`, comma-separated.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format: text or json.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Namespace the principal keeps its own state in (required).
+    #[arg(short = 'n', long, env = "ARGOCD_PRINCIPAL_NAMESPACE", default_value = "")]
+    pub namespace: String,
+    /// Namespaces (globs) agents' Applications may live in on the hub.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    pub allowed_namespaces: Vec<String>,
+    /// Create an agent's namespace on the hub when it first connects.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE", default_value_t = false)]
+    pub namespace_create_enable: bool,
+    /// Secret holding the gRPC server certificate.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SECRET_NAME", default_value = "argocd-agent-principal-tls")]
+    pub tls_secret_name: String,
+    /// Server certificate file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SERVER_CERT_PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// Server key file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SERVER_KEY_PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// Generate a self-signed server certificate (testing only).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SERVER_ALLOW_GENERATE", default_value_t = false)]
+    pub insecure_tls_generate: bool,
+    /// Serve plaintext gRPC (behind a mesh sidecar on loopback, or tests).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_INSECURE_PLAINTEXT", default_value_t = false)]
+    pub insecure_plaintext: bool,
+    /// Secret holding the CA that issues agent client certificates.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME", default_value = "argocd-agent-ca")]
+    pub tls_ca_secret_name: String,
+    /// CA file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_PATH")]
+    pub root_ca_path: Option<PathBuf>,
+    /// Require a client certificate at the TLS layer.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CLIENT_CERT_REQUIRE", default_value_t = false)]
+    pub require_client_certs: bool,
+    /// Require the client certificate subject to match the agent name.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CLIENT_CERT_MATCH_SUBJECT", default_value_t = false)]
+    pub client_cert_subject_match: bool,
+    /// Lowest TLS version (tls1.2 or tls1.3).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_MIN_VERSION", default_value = "tls1.3")]
+    pub tls_min_version: String,
+    /// Secret holding the JWT signing key.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_SECRET_NAME", default_value = "argocd-agent-jwt")]
+    pub jwt_secret_name: String,
+    /// JWT signing key file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_KEY_PATH")]
+    pub jwt_key: Option<PathBuf>,
+    /// Generate a JWT signing key when none exists (testing only).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_ALLOW_GENERATE", default_value_t = false)]
+    pub insecure_jwt_generate: bool,
+    /// Authentication method(s), e.g. `mtls:subject:CN=([^,]+)`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH", default_value = "")]
+    pub auth: String,
+    /// Largest gRPC message in bytes.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
+    pub grpc_max_message_size: usize,
+    /// Port of the metrics endpoint.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
+    pub metrics_port: u16,
+    /// Port of the health endpoint.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_PORT", default_value_t = 8003)]
+    pub healthz_port: u16,
+    /// kubeconfig of the hub (default: in-cluster or $KUBECONFIG).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    #[arg(long)]
+    pub kubecontext: Option<String>,
+
+    // --- accepted for compatibility, not supported yet ---
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_FULL_DETAIL", hide = true)]
+    pub full_detail: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_PPROF_PORT", hide = true)]
+    pub pprof_port: Option<u16>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN", hide = true)]
+    pub namespace_create_pattern: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS", hide = true, value_delimiter = ',')]
+    pub namespace_create_labels: Vec<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_MAX_VERSION", hide = true)]
+    pub tls_max_version: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CIPHERSUITES", hide = true, value_delimiter = ',')]
+    pub tls_ciphersuites: Vec<String>,
+    /// Not supported yet (the resource proxy comes with live resources).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", hide = true)]
+    pub enable_resource_proxy: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", hide = true)]
+    pub enable_websocket: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS", hide = true)]
+    pub redis_server_address: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY", hide = true)]
+    pub disable_redis_proxy: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS", hide = true)]
+    pub otlp_address: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", hide = true)]
+    pub destination_based_mapping: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR", hide = true)]
+    pub label_selector: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", hide = true)]
+    pub enable_self_cluster_registration: Option<bool>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", hide = true)]
+    pub keepalive_min_interval: Option<String>,
+    /// Not supported yet.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS", hide = true)]
+    pub event_processors: Option<u32>,
+}
+
+impl Args {
+    /// Refuse flags whose feature is not implemented yet.
+    ///
+    /// # Errors
+    /// Names every such flag that was set.
+    pub fn check_supported(&self) -> anyhow::Result<()> {
+        let mut u = Unsupported::default();
+        u.check_opt("--full-detail", &self.full_detail)
+            .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
+            .check_opt("--namespace-create-pattern", &self.namespace_create_pattern)
+            .check_list("--namespace-create-labels", &self.namespace_create_labels)
+            .check_opt("--tls-max-version", &self.tls_max_version)
+            .check_list("--tls-ciphersuites", &self.tls_ciphersuites)
+            .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
+            .check("--enable-websocket", self.enable_websocket == Some(true))
+            .check_opt("--redis-server-address", &self.redis_server_address)
+            .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
+            .check_opt("--otlp-address", &self.otlp_address)
+            .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
+            .check_opt("--label-selector", &self.label_selector)
+            .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
+            .check_opt("--keepalive-min-interval", &self.keepalive_min_interval)
+            .check_opt("--event-processors", &self.event_processors);
+        u.finish("argocd-agent principal")?;
+        if self.namespace.is_empty() {
+            anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
+        }
+        if self.auth.is_empty() {
+            anyhow::bail!(
+                "argocd-agent principal: --auth (ARGOCD_PRINCIPAL_AUTH) is required, e.g. --auth 'mtls:subject:CN=([^,]+)'"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Run the principal until SIGINT or SIGTERM.
+///
+/// # Errors
+/// Flags, key material or the hub cannot be used, or the server fails.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    args.check_supported()?;
+    crate::logging::init(&args.log_level, args.log_format == "json");
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(serve(args))
+}
+
+async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::SigningKey> {
+    if let Some(path) = &args.jwt_key {
+        return auth::SigningKey::from_pem_file(path).with_context(|| format!("--jwt-key {}", path.display()));
+    }
+    match secrets.get(&args.jwt_secret_name).await? {
+        Some(_) => {
+            let pem = secret_field(secrets, &args.jwt_secret_name, &["jwt.key"], "--jwt-secret-name").await?;
+            auth::SigningKey::from_pem(&pem).with_context(|| format!("secret {}/{} field jwt.key", args.namespace, args.jwt_secret_name))
+        }
+        None if args.insecure_jwt_generate => {
+            tracing::warn!("generating an ephemeral JWT signing key (--insecure-jwt-generate): sessions end when the principal restarts");
+            auth::SigningKey::generate(2048).context("cannot generate a JWT signing key")
+        }
+        None => anyhow::bail!(
+            "no JWT signing key: secret {}/{} does not exist; create it with `argocd-agentctl jwt create-key`, pass --jwt-key, or --insecure-jwt-generate for tests",
+            args.namespace,
+            args.jwt_secret_name
+        ),
+    }
+}
+
+fn min_tls(v: &str) -> anyhow::Result<auth::tls::MinTlsVersion> {
+    match v {
+        "tls1.3" => Ok(auth::tls::MinTlsVersion::Tls13),
+        "tls1.2" => Ok(auth::tls::MinTlsVersion::Tls12),
+        other => anyhow::bail!("--tls-min-version {other:?}: use tls1.2 or tls1.3 (older versions are not offered)"),
+    }
+}
+
+async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::pem::PemObject as _;
+    let cert = pem_from(args.tls_cert.as_deref(), "--tls-cert", secrets, &args.tls_secret_name, &["tls.crt"], "--tls-secret-name").await?;
+    let key = pem_from(args.tls_key.as_deref(), "--tls-key", secrets, &args.tls_secret_name, &["tls.key"], "--tls-secret-name").await?;
+    let ca = pem_from(args.root_ca_path.as_deref(), "--root-ca-path", secrets, &args.tls_ca_secret_name, &["ca.crt", "tls.crt"], "--tls-ca-secret-name").await?;
+    let parse_certs = |pem: &str, what: &str| -> anyhow::Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+        let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("{what} is not PEM certificates"))?;
+        anyhow::ensure!(!certs.is_empty(), "{what} holds no certificate");
+        Ok(certs)
+    };
+    let settings = auth::tls::ServerTlsSettings {
+        cert_chain: parse_certs(&cert, "the server certificate")?,
+        key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).context("the server key is not a PEM private key")?,
+        client_ca: Some(parse_certs(&ca, "the CA certificate")?),
+        min_version: min_tls(&args.tls_min_version)?,
+    };
+    auth::tls::server_config(settings).context("cannot build the TLS server configuration")
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    use protocol::pb::authapi::authentication_server::AuthenticationServer;
+    let spec = auth::AuthMethodSpec::parse(&args.auth).with_context(|| format!("--auth {:?}", args.auth))?;
+    let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
+    let secrets = Secrets::new(client.clone(), &args.namespace);
+    let key = jwt_key(&args, &secrets).await?;
+    let sessions = auth::Sessions::new(auth::SessionIssuer::new(key), auth::AuthMethods::single(spec.authenticator()))
+        .with_principal_namespace(args.namespace.clone());
+
+    let mut config = principal::PrincipalConfig::new(&args.namespace);
+    config.allowed_namespaces = if args.allowed_namespaces.is_empty() { vec!["*".into()] } else { args.allowed_namespaces.clone() };
+    config.version = VERSION.to_string();
+    let identity: principal::IdentityFn = std::sync::Arc::new(|ext, _md| {
+        let s = ext.get::<auth::AgentSession>()?;
+        Some(principal::AgentIdent { name: s.identity.name().to_string(), mode: s.mode.as_str().parse().ok()? })
+    });
+    let principal = principal::Principal::new(config, client, identity).await.context("cannot start the principal")?;
+
+    let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
+    let listener = tokio::net::TcpListener::bind((host, args.listen_port))
+        .await
+        .with_context(|| format!("cannot listen on {host}:{} (--listen-host/--listen-port)", args.listen_port))?;
+    let addr = listener.local_addr().context("listener address")?;
+    println!("principal listening on {addr}");
+    tracing::info!(%addr, auth = %args.auth, plaintext = args.insecure_plaintext, "principal listening");
+
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let watchers = tokio::spawn({
+        let p = principal.clone();
+        let cancel = cancel.clone();
+        async move { p.run_watchers(cancel).await }
+    });
+    let auth_service = AuthenticationServer::new(auth::AuthService::new(
+        sessions.clone(),
+        auth::AuthServiceConfig {
+            principal_version: VERSION.to_string(),
+            principal_namespace: args.namespace.clone(),
+            version_check: auth::VersionCheck::Exact,
+        },
+        (),
+    ));
+    let router = tonic::transport::Server::builder()
+        .layer(auth::AuthLayer::new(sessions))
+        .add_service(auth_service)
+        .add_service(principal.event_stream_service())
+        .add_service(principal.version_service());
+    let shutdown = {
+        let cancel = cancel.clone();
+        async move {
+            crate::signals::wait().await;
+            cancel.cancel();
+        }
+    };
+    let served = if args.insecure_plaintext {
+        tracing::warn!("serving plaintext gRPC (--insecure-plaintext): only behind a mesh sidecar on loopback, or for tests");
+        router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown).await
+    } else {
+        let tls = server_tls(&args, &secrets).await?;
+        router.serve_with_incoming_shutdown(auth::tls::TlsIncoming::new(listener, tls), shutdown).await
+    };
+    cancel.cancel();
+    let _ = watchers.await;
+    served.context("the gRPC server failed")
+}
