@@ -7,6 +7,7 @@ pub mod ctl;
 mod logging;
 mod material;
 mod principal_cmd;
+mod quickstart;
 mod signals;
 mod unsupported;
 
@@ -30,6 +31,9 @@ enum Command {
     Agent(Box<agent_cmd::Args>),
     /// Run an embedded Kubernetes-compatible API server on loopback.
     Apiserver(apiserver_cmd::Args),
+    /// A hub and two workload clusters on this machine: API servers, PKI, principal, agents
+    /// and demo Applications, with a live table.
+    Quickstart(quickstart::Args),
 }
 
 /// Entry point of `argocd-agent`.
@@ -40,6 +44,7 @@ pub fn main() -> ExitCode {
         Command::Principal(args) => principal_cmd::run(*args),
         Command::Agent(args) => agent_cmd::run(*args),
         Command::Apiserver(args) => apiserver_cmd::run(args),
+        Command::Quickstart(args) => quickstart::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -125,6 +125,26 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Run `argocd-agentctl` in-process with `args` (the first is the program name), as the
+/// quickstart does. Must not be called from inside an async runtime (it starts its own).
+///
+/// # Errors
+/// The arguments do not parse or the command fails.
+pub fn run_from<I, T>(args: I) -> anyhow::Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Pki(cmd) => pki::run(&cli.global, cmd).await,
+            Command::Jwt(cmd) => jwt::run(&cli.global, cmd).await,
+        }
+    })
+}
+
 /// Ask a question on the terminal and return the trimmed answer.
 fn ask(question: &str) -> anyhow::Result<String> {
     use std::io::Write as _;

@@ -1,0 +1,139 @@
+//! The quickstart's child processes: started from this same binary, logged to files, stopped
+//! (SIGTERM, then SIGKILL) when the quickstart ends, however it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running child process of the quickstart.
+#[derive(Debug)]
+pub struct ChildProc {
+    /// Short name for messages (`hub apiserver`, `principal`, ...).
+    pub name: String,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl ChildProc {
+    /// Start `argocd-agent <args>` with output appended to `log`. When `first_line` is set, the
+    /// first stdout line starting with it is returned (how the principal reports its port).
+    ///
+    /// # Errors
+    /// The process cannot be started, or exits before printing the line within `timeout`.
+    pub async fn start(
+        name: &str,
+        args: &[String],
+        log: &Path,
+        first_line: Option<(&str, Duration)>,
+    ) -> anyhow::Result<(Self, Option<String>)> {
+        let exe = std::env::current_exe().context("cannot find the argocd-agent executable")?;
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open {}", log.display()))?;
+        let stderr = log_file.try_clone().context("log file")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::from(stderr)).env("NO_COLOR", "1").kill_on_drop(true);
+        if first_line.is_some() {
+            cmd.stdout(Stdio::piped());
+        } else {
+            cmd.stdout(Stdio::from(log_file));
+        }
+        let mut child = cmd.spawn().with_context(|| format!("cannot start the {name}"))?;
+        let mut line_found = None;
+        if let Some((prefix, timeout)) = first_line {
+            let stdout = child.stdout.take().context("stdout")?;
+            let mut lines = BufReader::new(stdout).lines();
+            let wait = async {
+                while let Some(line) = lines.next_line().await? {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return Ok::<_, std::io::Error>(Some(rest.trim().to_string()));
+                    }
+                }
+                Ok(None)
+            };
+            line_found = match tokio::time::timeout(timeout, wait).await {
+                Ok(Ok(Some(l))) => Some(l),
+                _ => {
+                    let tail = log_tail(log, 15);
+                    anyhow::bail!(
+                        "the {name} did not start (no {prefix:?} within {timeout:?}); its log {}:\n{tail}",
+                        log.display()
+                    );
+                }
+            };
+            // Keep draining stdout into the log so the child never blocks on a full pipe.
+            let log = log.to_path_buf();
+            tokio::spawn(async move {
+                if let Ok(mut f) = tokio::fs::OpenOptions::new().append(true).open(&log).await {
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let _ = f.write_all(format!("{line}\n").as_bytes()).await;
+                    }
+                }
+            });
+        }
+        Ok((Self { name: name.to_string(), log: log.to_path_buf(), child }, line_found))
+    }
+
+    /// Fail with the log tail if the process has exited.
+    ///
+    /// # Errors
+    /// It is no longer running.
+    pub fn ensure_running(&mut self) -> anyhow::Result<()> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            anyhow::bail!(
+                "the {} exited ({status}); its log {}:\n{}",
+                self.name,
+                self.log.display(),
+                log_tail(&self.log, 15)
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, wait up to `grace`, then SIGKILL; always reaps the process.
+    pub async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+            if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
+                return;
+            }
+        }
+        let _ = self.child.kill().await;
+    }
+}
+
+/// The last `n` lines of a log file.
+#[must_use]
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Wait until `path` exists (a kubeconfig written once its server listens).
+///
+/// # Errors
+/// The child exits first or the deadline passes.
+pub async fn wait_for_file(child: &mut ChildProc, path: &Path, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !path.exists() {
+        child.ensure_running()?;
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "the {} did not write {} within {timeout:?}; log:\n{}",
+                child.name,
+                path.display(),
+                log_tail(&child.log, 15)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}

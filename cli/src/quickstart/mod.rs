@@ -1,0 +1,462 @@
+//! `argocd-agent quickstart`: a hub and two workload clusters on this machine, in one command.
+//!
+//! Three embedded API servers (hub, a managed spoke, an autonomous spoke), the PKI written as
+//! upstream's secrets, a principal and two agents over mTLS, demo Applications created on the
+//! hub and on the autonomous spoke, and a live table until Ctrl-C. Every process is a child of
+//! this one and is stopped when it ends.
+
+mod children;
+mod controller;
+mod table;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::{Value, json};
+
+use children::{ChildProc, wait_for_file};
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const HUB: &str = "hub";
+const MANAGED: &str = "managed";
+const AUTONOMOUS: &str = "autonomous";
+const MANAGED_AGENT: &str = "agent-managed";
+const AUTONOMOUS_AGENT: &str = "agent-autonomous";
+/// Namespace of the principal on the hub and of Argo CD on the spokes (upstream's default).
+const ARGOCD_NS: &str = "argocd";
+
+/// Flags of `argocd-agent quickstart`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Working directory for data, PKI, kubeconfigs and logs (default: a new temporary one,
+    /// removed after a successful `--once`).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Exit 0 once every demo Application has reached the other side with status; non-zero
+    /// with a reason otherwise. No process is left behind either way.
+    #[arg(long)]
+    pub once: bool,
+    /// Seconds `--once` waits before giving up.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// Do not run the stand-in for Argo CD's application controller on the spokes (no status
+    /// will be reported then: there is no Argo CD here).
+    #[arg(long)]
+    pub no_simulate_controller: bool,
+    /// Log level of the quickstart itself (the children log to files).
+    #[arg(long, default_value = "warn")]
+    pub log_level: String,
+}
+
+/// Run the quickstart.
+///
+/// # Errors
+/// A component fails to start, or `--once` does not converge in time.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::logging::init(&args.log_level, false);
+    let (dir, _temp) = match &args.dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let t = tempfile_dir()?;
+            (t.clone(), Some(t))
+        }
+    };
+    std::fs::create_dir_all(dir.join("logs")).with_context(|| format!("cannot create {}", dir.display()))?;
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let result = rt.block_on(Quickstart::new(dir.clone(), args.clone()).run());
+    if result.is_ok() && args.once && args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("argocd-agent-quickstart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+struct Quickstart {
+    dir: PathBuf,
+    args: Args,
+    children: Vec<ChildProc>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn app_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
+}
+
+fn demo_app(name: &str, namespace: &str, path: &str) -> anyhow::Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "quickstart"}},
+        "spec": {
+            "project": "default",
+            "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git", "path": path, "targetRevision": "HEAD"},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": path},
+            "syncPolicy": {"automated": {"prune": true, "selfHeal": true}},
+        },
+    }))?)
+}
+
+/// Merge the three servers' kubeconfigs into one with contexts `hub`, `managed`, `autonomous`.
+fn merged_kubeconfig(parts: &[(&str, PathBuf)]) -> anyhow::Result<String> {
+    let mut clusters = Vec::new();
+    let mut users = Vec::new();
+    let mut contexts = Vec::new();
+    for (name, path) in parts {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let kc: Value = serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", path.display()))?;
+        clusters.push(json!({"name": name, "cluster": kc["clusters"][0]["cluster"]}));
+        users.push(json!({"name": name, "user": kc["users"][0]["user"]}));
+        contexts.push(json!({"name": name, "context": {"cluster": name, "user": name, "namespace": ARGOCD_NS}}));
+    }
+    let merged = json!({"apiVersion": "v1", "kind": "Config", "clusters": clusters, "users": users, "contexts": contexts, "current-context": HUB});
+    Ok(serde_yaml::to_string(&merged)?)
+}
+
+impl Quickstart {
+    fn new(dir: PathBuf, args: Args) -> Self {
+        Self { dir, args, children: Vec::new(), tasks: Vec::new() }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
+    }
+
+    async fn run(mut self) -> anyhow::Result<()> {
+        let result = self.run_inner().await;
+        // Stop in-process watchers before the servers they watch.
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        for child in self.children.drain(..).rev() {
+            child.stop(Duration::from_secs(5)).await;
+        }
+        if result.is_ok() && !self.args.once {
+            println!("stopped every process; data, kubeconfig and logs stay in {}", self.dir.display());
+        }
+        result
+    }
+
+    async fn start_apiserver(&mut self, name: &str) -> anyhow::Result<PathBuf> {
+        let data = self.dir.join(name);
+        let kc = data.join("kubeconfig");
+        let _ = std::fs::remove_file(&kc);
+        let args = vec![
+            "apiserver".to_string(),
+            "--data-dir".into(),
+            data.join("data").display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--kubeconfig-out".into(),
+            kc.display().to_string(),
+        ];
+        let (mut child, _) =
+            ChildProc::start(&format!("{name} API server"), &args, &self.log(&format!("apiserver-{name}")), None)
+                .await?;
+        wait_for_file(&mut child, &kc, START_TIMEOUT).await?;
+        self.children.push(child);
+        Ok(kc)
+    }
+
+    async fn client(&self, context: &str) -> anyhow::Result<kube::Client> {
+        crate::ctl::kube::client(Some(&self.kubeconfig()), Some(context)).await
+    }
+
+    async fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        let mut full =
+            vec!["argocd-agentctl".to_string(), "--kubeconfig".into(), self.kubeconfig().display().to_string()];
+        full.extend(args.iter().map(|s| (*s).to_string()));
+        let shown = args.join(" ");
+        tokio::task::spawn_blocking(move || crate::ctl::run_from(full))
+            .await
+            .context("argocd-agentctl task")?
+            .with_context(|| format!("argocd-agentctl {shown}"))
+    }
+
+    async fn run_inner(&mut self) -> anyhow::Result<()> {
+        println!("argocd-agent quickstart in {}", self.dir.display());
+        let hub = self.start_apiserver(HUB).await?;
+        let managed = self.start_apiserver(MANAGED).await?;
+        let autonomous = self.start_apiserver(AUTONOMOUS).await?;
+        let merged = merged_kubeconfig(&[(HUB, hub), (MANAGED, managed), (AUTONOMOUS, autonomous)])?;
+        std::fs::write(self.kubeconfig(), merged).context("cannot write the merged kubeconfig")?;
+        println!("  3 embedded API servers up (contexts hub, managed, autonomous in {})", self.kubeconfig().display());
+
+        let (hub_c, managed_c, autonomous_c) =
+            (self.client(HUB).await?, self.client(MANAGED).await?, self.client(AUTONOMOUS).await?);
+        for (client, namespaces) in [
+            (&hub_c, vec![ARGOCD_NS, MANAGED_AGENT, AUTONOMOUS_AGENT]),
+            (&managed_c, vec![ARGOCD_NS]),
+            (&autonomous_c, vec![ARGOCD_NS]),
+        ] {
+            for ns in namespaces {
+                ensure_namespace(client, ns).await?;
+            }
+        }
+
+        // The PKI, exactly as an operator would create it with argocd-agentctl.
+        // ECDSA P-256 keys keep startup fast; the JWT key is RSA, as upstream's RS512 requires.
+        self.ctl(&["--principal-context", HUB, "pki", "init", "--key-algorithm", "ecdsa-p256"]).await?;
+        self.ctl(&[
+            "--principal-context",
+            HUB,
+            "pki",
+            "issue",
+            "principal",
+            "--ip",
+            "127.0.0.1",
+            "--dns",
+            "localhost",
+            "--key-algorithm",
+            "ecdsa-p256",
+        ])
+        .await?;
+        self.ctl(&["--principal-context", HUB, "jwt", "create-key"]).await?;
+        for (agent, context) in [(MANAGED_AGENT, MANAGED), (AUTONOMOUS_AGENT, AUTONOMOUS)] {
+            self.ctl(&[
+                "--principal-context",
+                HUB,
+                "--agent-context",
+                context,
+                "pki",
+                "issue",
+                "agent",
+                agent,
+                "--key-algorithm",
+                "ecdsa-p256",
+            ])
+            .await?;
+            self.ctl(&["--principal-context", HUB, "--agent-context", context, "pki", "propagate"]).await?;
+        }
+        println!("  PKI: CA, principal and agent certificates and the JWT key stored as upstream's secrets");
+
+        let kc = self.kubeconfig().display().to_string();
+        let principal_args: Vec<String> = [
+            "principal",
+            "--namespace",
+            ARGOCD_NS,
+            "--auth",
+            "mtls:subject:CN=([^,]+)",
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            "0",
+            "--kubeconfig",
+            &kc,
+            "--kubecontext",
+            HUB,
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+        let (principal, addr) = ChildProc::start(
+            "principal",
+            &principal_args,
+            &self.log("principal"),
+            Some(("principal listening on ", START_TIMEOUT)),
+        )
+        .await?;
+        self.children.push(principal);
+        let addr = addr.context("the principal did not report its address")?;
+        let port = addr.rsplit(':').next().context("principal address")?.to_string();
+        println!("  principal listening on {addr} (mTLS, --auth mtls:subject:CN=([^,]+))");
+
+        for (agent, mode, context) in
+            [(MANAGED_AGENT, "managed", MANAGED), (AUTONOMOUS_AGENT, "autonomous", AUTONOMOUS)]
+        {
+            let agent_args: Vec<String> = [
+                "agent",
+                "--agent-mode",
+                mode,
+                "--server-address",
+                "127.0.0.1",
+                "--server-port",
+                &port,
+                "--namespace",
+                ARGOCD_NS,
+                "--kubeconfig",
+                &kc,
+                "--kubecontext",
+                context,
+            ]
+            .iter()
+            .map(|s| (*s).to_string())
+            .collect();
+            let (child, _) = ChildProc::start(
+                &format!("{agent} agent"),
+                &agent_args,
+                &self.log(agent),
+                Some(("agent ", START_TIMEOUT)),
+            )
+            .await?;
+            self.children.push(child);
+            println!("  agent {agent} ({mode}) started against the {context} cluster");
+        }
+
+        if !self.args.no_simulate_controller {
+            let ar = app_resource();
+            for (client, name) in [(&managed_c, MANAGED), (&autonomous_c, AUTONOMOUS)] {
+                let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ARGOCD_NS, &ar);
+                self.tasks.push(tokio::spawn(controller::run(apps, name.to_string())));
+            }
+            println!(
+                "  simulated application controller on both spokes (a stand-in for Argo CD; --no-simulate-controller turns it off)"
+            );
+        }
+
+        let ar = app_resource();
+        let hub_apps: Api<DynamicObject> = Api::namespaced_with(hub_c.clone(), MANAGED_AGENT, &ar);
+        create_if_absent(&hub_apps, demo_app("guestbook", MANAGED_AGENT, "guestbook")?).await?;
+        let auto_apps: Api<DynamicObject> = Api::namespaced_with(autonomous_c.clone(), ARGOCD_NS, &ar);
+        create_if_absent(&auto_apps, demo_app("helm-guestbook", ARGOCD_NS, "helm-guestbook")?).await?;
+        println!(
+            "  demo Applications: hub {MANAGED_AGENT}/guestbook (flows down), autonomous argocd/helm-guestbook (flows up)"
+        );
+        println!();
+        println!("Try: kubectl --kubeconfig {kc} --context hub apply -f <an Application in namespace {MANAGED_AGENT}>");
+        println!("     kubectl --kubeconfig {kc} --context managed get applications -n argocd --watch");
+        println!("Logs: {}", self.dir.join("logs").display());
+        println!();
+
+        let clients = Clusters { hub: hub_c, managed: managed_c, autonomous: autonomous_c };
+        if self.args.once { self.wait_converged(&clients).await } else { self.live_table(&clients).await }
+    }
+
+    fn check_children(&mut self) -> anyhow::Result<()> {
+        for c in &mut self.children {
+            c.ensure_running()?;
+        }
+        Ok(())
+    }
+
+    async fn snapshot(&self, c: &Clusters) -> anyhow::Result<Vec<table::Row>> {
+        let ar = app_resource();
+        let agent_of_hub = |ns: &str| match ns {
+            MANAGED_AGENT => (MANAGED_AGENT.to_string(), "managed".to_string()),
+            AUTONOMOUS_AGENT => (AUTONOMOUS_AGENT.to_string(), "autonomous".to_string()),
+            _ => ("-".to_string(), "-".to_string()),
+        };
+        let mut rows = table::rows(HUB, &Api::all_with(c.hub.clone(), &ar), agent_of_hub).await?;
+        rows.extend(
+            table::rows(MANAGED, &Api::all_with(c.managed.clone(), &ar), |_| (MANAGED_AGENT.into(), "managed".into()))
+                .await?,
+        );
+        rows.extend(
+            table::rows(AUTONOMOUS, &Api::all_with(c.autonomous.clone(), &ar), |_| {
+                (AUTONOMOUS_AGENT.into(), "autonomous".into())
+            })
+            .await?,
+        );
+        Ok(rows)
+    }
+
+    /// Whether each demo app is on the other side (with Synced/Healthy status when the simulated
+    /// controller runs). Returns what is still missing.
+    fn missing(&self, rows: &[table::Row]) -> Vec<String> {
+        let want_status = !self.args.no_simulate_controller;
+        let has = |cluster: &str, app: &str| {
+            rows.iter().any(|r| {
+                r.cluster == cluster
+                    && r.application == app
+                    && (!want_status || (r.sync == "Synced" && r.health == "Healthy"))
+            })
+        };
+        let mut missing = Vec::new();
+        if !has(MANAGED, "argocd/guestbook") {
+            missing.push("guestbook on the managed spoke".to_string());
+        }
+        if !has(HUB, &format!("{MANAGED_AGENT}/guestbook")) {
+            missing.push("guestbook's status back on the hub".to_string());
+        }
+        if !has(HUB, &format!("{AUTONOMOUS_AGENT}/helm-guestbook")) {
+            missing.push("helm-guestbook (autonomous) on the hub".to_string());
+        }
+        missing
+    }
+
+    async fn wait_converged(&mut self, c: &Clusters) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(self.args.timeout);
+        loop {
+            self.check_children()?;
+            let rows = self.snapshot(c).await.unwrap_or_default();
+            let missing = self.missing(&rows);
+            if missing.is_empty() {
+                println!("{}", table::render(&rows));
+                println!("\nquickstart: every demo Application reached the other side with status");
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                println!("{}", table::render(&rows));
+                anyhow::bail!(
+                    "quickstart --once: after {}s still missing: {}. Logs: {}",
+                    self.args.timeout,
+                    missing.join("; "),
+                    self.dir.join("logs").display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn live_table(&mut self, c: &Clusters) -> anyhow::Result<()> {
+        use std::io::IsTerminal as _;
+        let tty = std::io::stdout().is_terminal();
+        let mut shown = String::new();
+        let stop = crate::signals::wait();
+        tokio::pin!(stop);
+        loop {
+            self.check_children()?;
+            if let Ok(rows) = self.snapshot(c).await {
+                let text = table::render(&rows);
+                if text != shown {
+                    if tty {
+                        print!("\x1b[2J\x1b[H");
+                    }
+                    println!(
+                        "argocd-agent quickstart (Ctrl-C stops every process)   kubeconfig: {}\n",
+                        self.kubeconfig().display()
+                    );
+                    println!("{text}\n");
+                    shown = text;
+                }
+            }
+            tokio::select! {
+                () = &mut stop => return Ok(()),
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
+
+struct Clusters {
+    hub: kube::Client,
+    managed: kube::Client,
+    autonomous: kube::Client,
+}
+
+async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if api.get_opt(name).await?.is_none() {
+        let ns = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        api.create(&PostParams::default(), &ns).await.with_context(|| format!("cannot create namespace {name}"))?;
+    }
+    Ok(())
+}
+
+async fn create_if_absent(api: &Api<DynamicObject>, obj: DynamicObject) -> anyhow::Result<()> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    if api.get_opt(&name).await?.is_none() {
+        api.create(&PostParams::default(), &obj).await.with_context(|| format!("cannot create Application {name}"))?;
+    }
+    Ok(())
+}
