@@ -80,6 +80,8 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 
 struct Quickstart {
     dir: PathBuf,
+    /// Stamped on the demo Applications (see [`table::RUN_ANNOTATION`]).
+    run_id: String,
     args: Args,
     children: Vec<ChildProc>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -89,11 +91,16 @@ fn app_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
 }
 
-fn demo_app(name: &str, namespace: &str, path: &str) -> anyhow::Result<DynamicObject> {
+fn demo_app(name: &str, namespace: &str, path: &str, run: &str) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Application",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "quickstart"}},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "quickstart"},
+            "annotations": {table::RUN_ANNOTATION: run},
+        },
         "spec": {
             "project": "default",
             "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git", "path": path, "targetRevision": "HEAD"},
@@ -121,7 +128,8 @@ fn merged_kubeconfig(parts: &[(&str, PathBuf)]) -> anyhow::Result<String> {
 
 impl Quickstart {
     fn new(dir: PathBuf, args: Args) -> Self {
-        Self { dir, args, children: Vec::new(), tasks: Vec::new() }
+        let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ").to_string();
+        Self { dir, run_id, args, children: Vec::new(), tasks: Vec::new() }
     }
 
     fn kubeconfig(&self) -> PathBuf {
@@ -206,37 +214,28 @@ impl Quickstart {
 
         // The PKI, exactly as an operator would create it with argocd-agentctl.
         // ECDSA P-256 keys keep startup fast; the JWT key is RSA, as upstream's RS512 requires.
-        self.ctl(&["--principal-context", HUB, "pki", "init", "--key-algorithm", "ecdsa-p256"]).await?;
-        self.ctl(&[
-            "--principal-context",
-            HUB,
-            "pki",
-            "issue",
-            "principal",
-            "--ip",
-            "127.0.0.1",
-            "--dns",
-            "localhost",
-            "--key-algorithm",
-            "ecdsa-p256",
-        ])
-        .await?;
-        self.ctl(&["--principal-context", HUB, "jwt", "create-key"]).await?;
-        for (agent, context) in [(MANAGED_AGENT, MANAGED), (AUTONOMOUS_AGENT, AUTONOMOUS)] {
+        // Each step is skipped when its secret exists, so a second run on the same --dir reuses
+        // the PKI (and a run interrupted half-way completes it).
+        if !secret_exists(&hub_c, "argocd-agent-ca").await? {
+            self.ctl(&["--principal-context", HUB, "pki", "init", "--key-algorithm", "ecdsa-p256"]).await?;
+        }
+        if !secret_exists(&hub_c, "argocd-agent-principal-tls").await? {
             self.ctl(&[
-                "--principal-context",
-                HUB,
-                "--agent-context",
-                context,
-                "pki",
-                "issue",
-                "agent",
-                agent,
-                "--key-algorithm",
-                "ecdsa-p256",
+                "--principal-context", HUB, "pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost", "--key-algorithm", "ecdsa-p256",
             ])
             .await?;
-            self.ctl(&["--principal-context", HUB, "--agent-context", context, "pki", "propagate"]).await?;
+        }
+        if !secret_exists(&hub_c, "argocd-agent-jwt").await? {
+            self.ctl(&["--principal-context", HUB, "jwt", "create-key"]).await?;
+        }
+        for (agent, context, client) in [(MANAGED_AGENT, MANAGED, &managed_c), (AUTONOMOUS_AGENT, AUTONOMOUS, &autonomous_c)] {
+            if !secret_exists(client, "argocd-agent-client-tls").await? {
+                self.ctl(&["--principal-context", HUB, "--agent-context", context, "pki", "issue", "agent", agent, "--key-algorithm", "ecdsa-p256"])
+                    .await?;
+            }
+            if !secret_exists(client, "argocd-agent-ca").await? {
+                self.ctl(&["--principal-context", HUB, "--agent-context", context, "pki", "propagate"]).await?;
+            }
         }
         println!("  PKI: CA, principal and agent certificates and the JWT key stored as upstream's secrets");
 
@@ -316,9 +315,9 @@ impl Quickstart {
 
         let ar = app_resource();
         let hub_apps: Api<DynamicObject> = Api::namespaced_with(hub_c.clone(), MANAGED_AGENT, &ar);
-        create_if_absent(&hub_apps, demo_app("guestbook", MANAGED_AGENT, "guestbook")?).await?;
+        upsert_demo(&hub_apps, demo_app("guestbook", MANAGED_AGENT, "guestbook", &self.run_id)?).await?;
         let auto_apps: Api<DynamicObject> = Api::namespaced_with(autonomous_c.clone(), ARGOCD_NS, &ar);
-        create_if_absent(&auto_apps, demo_app("helm-guestbook", ARGOCD_NS, "helm-guestbook")?).await?;
+        upsert_demo(&auto_apps, demo_app("helm-guestbook", ARGOCD_NS, "helm-guestbook", &self.run_id)?).await?;
         println!(
             "  demo Applications: hub {MANAGED_AGENT}/guestbook (flows down), autonomous argocd/helm-guestbook (flows up)"
         );
@@ -392,7 +391,8 @@ impl Quickstart {
             let missing = self.missing(&rows);
             if missing.is_empty() {
                 println!("{}", table::render(&rows));
-                println!("\nquickstart: every demo Application reached the other side with status");
+                let what = if self.args.no_simulate_controller { "" } else { " with status" };
+                println!("\nquickstart: every demo Application reached the other side{what}");
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
@@ -453,10 +453,21 @@ async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
     Ok(())
 }
 
-async fn create_if_absent(api: &Api<DynamicObject>, obj: DynamicObject) -> anyhow::Result<()> {
+/// Create a demo Application, or stamp this run on the one an earlier run left.
+async fn upsert_demo(api: &Api<DynamicObject>, obj: DynamicObject) -> anyhow::Result<()> {
     let name = obj.metadata.name.clone().unwrap_or_default();
     if api.get_opt(&name).await?.is_none() {
         api.create(&PostParams::default(), &obj).await.with_context(|| format!("cannot create Application {name}"))?;
+    } else {
+        let patch = json!({"metadata": {"annotations": obj.metadata.annotations}});
+        api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("cannot update Application {name}"))?;
     }
     Ok(())
+}
+
+async fn secret_exists(client: &kube::Client, name: &str) -> anyhow::Result<bool> {
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ARGOCD_NS);
+    Ok(api.get_opt(name).await.with_context(|| format!("cannot read secret {ARGOCD_NS}/{name}"))?.is_some())
 }

@@ -21,7 +21,13 @@ pub struct Row {
     pub health: String,
     /// status.reconciledAt, else creationTimestamp.
     pub updated: String,
+    /// The quickstart run that last touched it (annotation [`RUN_ANNOTATION`]).
+    pub run: String,
 }
+
+/// Annotation the quickstart stamps on its demo Applications, so `--once` can tell an update
+/// delivered by this run from state left by an earlier one.
+pub const RUN_ANNOTATION: &str = "quickstart.argocd-agent.io/run";
 
 fn text(v: &Value) -> String {
     v.as_str().filter(|s| !s.is_empty()).unwrap_or("-").to_string()
@@ -56,6 +62,7 @@ pub async fn rows(
                 sync: text(&a.data["status"]["sync"]["status"]),
                 health: text(&a.data["status"]["health"]["status"]),
                 updated,
+                run: a.metadata.annotations.as_ref().and_then(|m| m.get(RUN_ANNOTATION)).cloned().unwrap_or_default(),
             }
         })
         .collect())
@@ -107,6 +114,7 @@ mod tests {
             sync: "Synced".into(),
             health: "Healthy".into(),
             updated: "2026-01-01T00:00:00Z".into(),
+            run: String::new(),
         };
         let text = render(&[row]);
         let lines: Vec<&str> = text.lines().collect();
