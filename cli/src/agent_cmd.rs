@@ -228,19 +228,48 @@ async fn keep_session(channel: tonic::transport::Channel, creds: Arc<auth::Crede
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
-    let mode: agent::AgentMode = args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
+    let mode: agent::AgentMode =
+        args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
     let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
     let secrets = Secrets::new(client.clone(), &args.namespace);
     let scheme = if args.insecure_plaintext { "http" } else { "https" };
     let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
-    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone()).with_context(|| format!("--server-address {addr:?}"))?;
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(addr.clone()).with_context(|| format!("--server-address {addr:?}"))?;
     let mut tls = None;
     let mut name = args.agent_name.clone();
     if !args.insecure_plaintext {
-        anyhow::ensure!(!args.insecure_tls, "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name");
-        let ca = pem_from(args.root_ca_path.as_deref(), "--root-ca-path", &secrets, &args.root_ca_secret_name, &["ca.crt", "tls.crt"], "--root-ca-secret-name").await?;
-        let cert = pem_from(args.tls_client_cert.as_deref(), "--tls-client-cert", &secrets, &args.tls_secret_name, &["tls.crt"], "--tls-secret-name").await?;
-        let key = pem_from(args.tls_client_key.as_deref(), "--tls-client-key", &secrets, &args.tls_secret_name, &["tls.key"], "--tls-secret-name").await?;
+        anyhow::ensure!(
+            !args.insecure_tls,
+            "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name"
+        );
+        let ca = pem_from(
+            args.root_ca_path.as_deref(),
+            "--root-ca-path",
+            &secrets,
+            &args.root_ca_secret_name,
+            &["ca.crt", "tls.crt"],
+            "--root-ca-secret-name",
+        )
+        .await?;
+        let cert = pem_from(
+            args.tls_client_cert.as_deref(),
+            "--tls-client-cert",
+            &secrets,
+            &args.tls_secret_name,
+            &["tls.crt"],
+            "--tls-secret-name",
+        )
+        .await?;
+        let key = pem_from(
+            args.tls_client_key.as_deref(),
+            "--tls-client-key",
+            &secrets,
+            &args.tls_secret_name,
+            &["tls.key"],
+            "--tls-secret-name",
+        )
+        .await?;
         if name.is_none() {
             name = Some(common_name(&cert)?);
         }
@@ -251,8 +280,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         endpoint = endpoint.tls_config(cfg.clone()).context("TLS configuration")?;
         tls = Some(cfg);
     }
-    let name = name.context("--agent-name is required with --insecure-plaintext (there is no client certificate to read it from)")?;
-    let auth_mode: auth::AgentMode = args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
+    let name = name.context(
+        "--agent-name is required with --insecure-plaintext (there is no client certificate to read it from)",
+    )?;
+    let auth_mode: auth::AgentMode =
+        args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
 
     let creds = Arc::new(auth::Credentials::new());
     let params = auth::AuthParams {

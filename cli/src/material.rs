@@ -24,7 +24,10 @@ pub fn read_pem(path: &Path, flag: &str) -> anyhow::Result<String> {
 /// The secret or the field does not exist.
 pub async fn secret_field(secrets: &Secrets, name: &str, fields: &[&str], flag: &str) -> anyhow::Result<String> {
     let secret = secrets.get(name).await?.with_context(|| {
-        format!("secret {}/{name} (from {flag}) does not exist: create it with argocd-agentctl pki, or pass the file flags", secrets.namespace())
+        format!(
+            "secret {}/{name} (from {flag}) does not exist: create it with argocd-agentctl pki, or pass the file flags",
+            secrets.namespace()
+        )
     })?;
     let mut last = None;
     for field in fields {
@@ -60,7 +63,8 @@ pub async fn pem_from(
 /// The PEM does not parse or has no CN.
 pub fn common_name(cert_pem: &str) -> anyhow::Result<String> {
     let der = crate::ctl::certs::first_cert_der(cert_pem)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| anyhow::anyhow!("client certificate does not parse: {e}"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| anyhow::anyhow!("client certificate does not parse: {e}"))?;
     let cn = cert
         .subject()
         .iter_common_name()

@@ -195,10 +195,13 @@ async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::Signing
     match secrets.get(&args.jwt_secret_name).await? {
         Some(_) => {
             let pem = secret_field(secrets, &args.jwt_secret_name, &["jwt.key"], "--jwt-secret-name").await?;
-            auth::SigningKey::from_pem(&pem).with_context(|| format!("secret {}/{} field jwt.key", args.namespace, args.jwt_secret_name))
+            auth::SigningKey::from_pem(&pem)
+                .with_context(|| format!("secret {}/{} field jwt.key", args.namespace, args.jwt_secret_name))
         }
         None if args.insecure_jwt_generate => {
-            tracing::warn!("generating an ephemeral JWT signing key (--insecure-jwt-generate): sessions end when the principal restarts");
+            tracing::warn!(
+                "generating an ephemeral JWT signing key (--insecure-jwt-generate): sessions end when the principal restarts"
+            );
             auth::SigningKey::generate(2048).context("cannot generate a JWT signing key")
         }
         None => anyhow::bail!(
@@ -219,9 +222,33 @@ fn min_tls(v: &str) -> anyhow::Result<auth::tls::MinTlsVersion> {
 
 async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
     use rustls_pki_types::pem::PemObject as _;
-    let cert = pem_from(args.tls_cert.as_deref(), "--tls-cert", secrets, &args.tls_secret_name, &["tls.crt"], "--tls-secret-name").await?;
-    let key = pem_from(args.tls_key.as_deref(), "--tls-key", secrets, &args.tls_secret_name, &["tls.key"], "--tls-secret-name").await?;
-    let ca = pem_from(args.root_ca_path.as_deref(), "--root-ca-path", secrets, &args.tls_ca_secret_name, &["ca.crt", "tls.crt"], "--tls-ca-secret-name").await?;
+    let cert = pem_from(
+        args.tls_cert.as_deref(),
+        "--tls-cert",
+        secrets,
+        &args.tls_secret_name,
+        &["tls.crt"],
+        "--tls-secret-name",
+    )
+    .await?;
+    let key = pem_from(
+        args.tls_key.as_deref(),
+        "--tls-key",
+        secrets,
+        &args.tls_secret_name,
+        &["tls.key"],
+        "--tls-secret-name",
+    )
+    .await?;
+    let ca = pem_from(
+        args.root_ca_path.as_deref(),
+        "--root-ca-path",
+        secrets,
+        &args.tls_ca_secret_name,
+        &["ca.crt", "tls.crt"],
+        "--tls-ca-secret-name",
+    )
+    .await?;
     let parse_certs = |pem: &str, what: &str| -> anyhow::Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
         let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
@@ -231,7 +258,8 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
     };
     let settings = auth::tls::ServerTlsSettings {
         cert_chain: parse_certs(&cert, "the server certificate")?,
-        key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).context("the server key is not a PEM private key")?,
+        key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
+            .context("the server key is not a PEM private key")?,
         client_ca: Some(parse_certs(&ca, "the CA certificate")?),
         min_version: min_tls(&args.tls_min_version)?,
     };
@@ -248,7 +276,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_principal_namespace(args.namespace.clone());
 
     let mut config = principal::PrincipalConfig::new(&args.namespace);
-    config.allowed_namespaces = if args.allowed_namespaces.is_empty() { vec!["*".into()] } else { args.allowed_namespaces.clone() };
+    config.allowed_namespaces =
+        if args.allowed_namespaces.is_empty() { vec!["*".into()] } else { args.allowed_namespaces.clone() };
     config.version = VERSION.to_string();
     let identity: principal::IdentityFn = std::sync::Arc::new(|ext, _md| {
         let s = ext.get::<auth::AgentSession>()?;
@@ -292,7 +321,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     };
     let served = if args.insecure_plaintext {
-        tracing::warn!("serving plaintext gRPC (--insecure-plaintext): only behind a mesh sidecar on loopback, or for tests");
+        tracing::warn!(
+            "serving plaintext gRPC (--insecure-plaintext): only behind a mesh sidecar on loopback, or for tests"
+        );
         router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown).await
     } else {
         let tls = server_tls(&args, &secrets).await?;

@@ -1,2 +1,158 @@
 //! The hub side: gRPC services, agent sessions, event routing, hub watchers, resync.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> Result<(), principal::PrincipalError> {
+//! let mut config = principal::PrincipalConfig::new("argocd");
+//! config.allowed_namespaces = vec!["*".into()];
+//! let principal = principal::Principal::new(config, client, principal::insecure_metadata_identity()).await?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8443").await.map_err(principal::PrincipalError::Listen)?;
+//! principal.serve(listener, tokio_util::sync::CancellationToken::new()).await
+//! # }
+//! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod hub;
+pub mod ident;
+pub mod inbound;
+pub mod resync;
+pub mod route;
+pub mod service;
+pub mod session;
+pub mod state;
+
+use std::sync::Arc;
+
+use protocol::pb::MAX_MESSAGE_BYTES;
+use protocol::pb::eventstreamapi::event_stream_server::EventStreamServer;
+use protocol::pb::versionapi::version_server::VersionServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{AgentMode, PrincipalConfig};
+pub use ident::{AgentIdent, IdentityFn, insecure_metadata_identity};
+pub use service::eventstream::EventStreamService;
+pub use service::version::VersionService;
+
+use hub::Hub;
+
+/// The principal could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum PrincipalError {
+    /// `namespace` is empty.
+    #[error("the principal namespace is empty: set --namespace (ARGOCD_PRINCIPAL_NAMESPACE)")]
+    NoNamespace,
+    /// The principal UID could not be read or created.
+    #[error(transparent)]
+    Identity(#[from] state::IdentityError),
+    /// The listener could not be created.
+    #[error("cannot listen for agents: {0} (check --listen-host/--listen-port)")]
+    Listen(#[source] std::io::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+/// The principal: hub watchers, agent sessions and the gRPC services, sharing one state.
+#[derive(Clone)]
+pub struct Principal {
+    hub: Arc<Hub>,
+    identity: IdentityFn,
+}
+
+impl std::fmt::Debug for Principal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Principal").field("namespace", &self.hub.config.namespace).finish_non_exhaustive()
+    }
+}
+
+impl Principal {
+    /// Prepares a principal on the hub reached through `client`: reads (or creates once) the
+    /// principal UID in ConfigMap `argocd-agent-principal-identity`. `identity` tells the
+    /// services which agent is calling.
+    ///
+    /// # Errors
+    ///
+    /// [`PrincipalError::NoNamespace`], or [`PrincipalError::Identity`] when the hub cannot
+    /// be read or written.
+    pub async fn new(
+        config: PrincipalConfig,
+        client: kube::Client,
+        identity: IdentityFn,
+    ) -> Result<Self, PrincipalError> {
+        if config.namespace.is_empty() {
+            return Err(PrincipalError::NoNamespace);
+        }
+        let uid = state::ensure_principal_uid(&client, &config.namespace).await?;
+        tracing::info!(namespace = %config.namespace, principal_uid = %uid, "principal ready");
+        Ok(Self { hub: Arc::new(Hub::new(config, uid, client)), identity })
+    }
+
+    /// The persistent principal UID (extension `principaluid` on events to agents).
+    #[must_use]
+    pub fn principal_uid(&self) -> &str {
+        &self.hub.principal_uid
+    }
+
+    /// The `EventStream` service, for a tonic server (wrap it in the auth layer).
+    #[must_use]
+    pub fn event_stream_service(&self) -> EventStreamServer<EventStreamService> {
+        EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.identity.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The `Version` service.
+    #[must_use]
+    pub fn version_service(&self) -> VersionServer<VersionService> {
+        VersionServer::new(VersionService::new(self.hub.config.version.clone()))
+    }
+
+    /// Runs the hub watchers (Applications, AppProjects) until `cancel` fires.
+    pub async fn run_watchers(&self, cancel: CancellationToken) {
+        tokio::join!(
+            hub::watch::run_applications(self.hub.clone(), cancel.clone()),
+            hub::watch::run_projects(self.hub.clone(), cancel),
+        );
+    }
+
+    /// Ends every agent stream (they reconnect with backoff). Call it when shutting down a
+    /// server that carries [`Self::event_stream_service`], before waiting for it to drain.
+    pub fn disconnect_all(&self) {
+        self.hub.sessions.disconnect_all();
+    }
+
+    /// Runs the watchers and serves `EventStream` and `Version` in plaintext (h2c) on
+    /// `listener` until `cancel` fires. Behind a mesh sidecar this is the whole server; the
+    /// CLI builds its own server when it adds TLS or the auth layer.
+    ///
+    /// # Errors
+    ///
+    /// [`PrincipalError::Serve`] when the gRPC server fails.
+    pub async fn serve(self, listener: TcpListener, cancel: CancellationToken) -> Result<(), PrincipalError> {
+        let watchers = tokio::spawn({
+            let this = self.clone();
+            let cancel = cancel.clone();
+            async move { this.run_watchers(cancel).await }
+        });
+        let disconnect = {
+            let this = self.clone();
+            let cancel = cancel.clone();
+            async move {
+                cancel.cancelled().await;
+                this.disconnect_all();
+            }
+        };
+        let serving = tonic::transport::Server::builder()
+            .add_service(self.event_stream_service())
+            .add_service(self.version_service())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.clone().cancelled_owned());
+        let (result, ()) = tokio::join!(serving, disconnect);
+        let result = result.map_err(PrincipalError::Serve);
+        cancel.cancel();
+        let _ = watchers.await;
+        result
+    }
+}

@@ -1,5 +1,4 @@
-//! `argocd-agentctl`: administration of principals and agents.
-fn main() {
-    eprintln!("argocd-agentctl: no commands yet");
-    std::process::exit(2);
+//! `argocd-agentctl`: administration of principals and agents (pki, jwt).
+fn main() -> std::process::ExitCode {
+    cli::ctl::main()
 }

@@ -1,0 +1,245 @@
+//! Events from the principal: apply them to the spoke, then ACK.
+
+use protocol::argocd::annotations::{LAST_APPLIED_CONFIGURATION, PRINCIPAL_UID, REFRESH, SOURCE_UID};
+use protocol::argocd::{AppProject, Application, ApplicationDestination, OperationState};
+use protocol::{Event, EventError, EventType, Payload, Target};
+
+use crate::config::AgentMode;
+use crate::outbound::lock;
+use crate::resync;
+use crate::spoke::store::StoreError;
+use crate::spoke::{Spoke, clear_server_fields};
+
+/// The destination name agent copies point at.
+pub const IN_CLUSTER_NAME: &str = "in-cluster";
+
+/// An event from the principal could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum InboundError {
+    /// The payload does not fit its type and target.
+    #[error("event payload does not decode: {0}")]
+    Payload(#[from] EventError),
+    /// Writing the spoke failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The event does not make sense in this agent's mode.
+    #[error(
+        "{event_type} for target {target} is not valid for a {mode} agent (do agent --agent-mode and the principal agree?)"
+    )]
+    WrongMode {
+        /// The type.
+        event_type: EventType,
+        /// The target.
+        target: Target,
+        /// This agent's mode.
+        mode: AgentMode,
+    },
+    /// The Application the event refers to does not exist here.
+    #[error("Application {name:?} does not exist in namespace {namespace}")]
+    Missing {
+        /// The name.
+        name: String,
+        /// The agent namespace.
+        namespace: String,
+    },
+}
+
+impl InboundError {
+    /// Whether the principal should resend (the event is then not ACKed).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Store(e) if e.is_retryable())
+    }
+}
+
+/// The spoke copy of a hub Application (managed mode, upstream §4.2).
+pub(crate) fn to_spoke(incoming: &Application, ns: &str, principal_uid: Option<&str>) -> Application {
+    let mut app = incoming.clone();
+    let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
+    clear_server_fields(&mut app.metadata);
+    app.metadata.namespace = Some(ns.to_owned());
+    app.metadata.remove_annotation(LAST_APPLIED_CONFIGURATION);
+    app.metadata.set_annotation(SOURCE_UID, source_uid);
+    if let Some(uid) = principal_uid {
+        app.metadata.set_annotation(PRINCIPAL_UID, uid);
+    }
+    let dest = incoming.spec.destination.clone().unwrap_or_default();
+    app.spec.destination = Some(ApplicationDestination { name: Some(IN_CLUSTER_NAME.into()), server: None, ..dest });
+    app.status = None;
+    app
+}
+
+/// Applies one event from the principal.
+pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundError> {
+    if let Some(uid) = &ev.principal_uid {
+        *lock(&spoke.principal_uid) = Some(uid.clone());
+    }
+    let mode = spoke.config.mode;
+    let payload = ev.payload()?;
+    let wrong = || InboundError::WrongMode { event_type: ev.event_type.clone(), target: ev.target.clone(), mode };
+    match (mode, &ev.event_type, payload) {
+        (_, _, Payload::Empty) => Ok(()),
+        (AgentMode::Managed, EventType::Create | EventType::SpecUpdate, Payload::Application(app)) => {
+            upsert_managed(spoke, &app, ev.principal_uid.as_deref(), ev.event_type == EventType::Create).await
+        }
+        (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
+            let name = app.metadata.name.clone().unwrap_or_default();
+            spoke.expect_delete(&name);
+            if !spoke.apps.delete(spoke.ns(), &name).await? {
+                lock(&spoke.expected_deletes).remove(&name);
+                lock(&spoke.source).remove(&name);
+            }
+            Ok(())
+        }
+        (AgentMode::Autonomous, EventType::SpecUpdate, Payload::Application(app)) => {
+            // The principal may only request a refresh or an operation here (upstream
+            // `UpdateOperation`); the agent owns the rest.
+            set_operation(spoke, &app, true).await
+        }
+        (_, EventType::SetOperation, Payload::Application(app)) => set_operation(spoke, &app, false).await,
+        (_, EventType::TerminateOperation, Payload::Application(app)) => terminate(spoke, &app).await,
+        (AgentMode::Managed, EventType::Create | EventType::SpecUpdate, Payload::AppProject(p)) => {
+            upsert_project(spoke, &p).await
+        }
+        (AgentMode::Managed, EventType::Delete, Payload::AppProject(p)) => {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            lock(&spoke.expected_project_deletes).insert(name.clone());
+            lock(&spoke.project_source).remove(&name);
+            if !spoke.projects.delete(spoke.ns(), &name).await? {
+                lock(&spoke.expected_project_deletes).remove(&name);
+            }
+            Ok(())
+        }
+        (
+            _,
+            _,
+            p @ (Payload::RequestSyncedResourceList(_)
+            | Payload::SyncedResource(_)
+            | Payload::RequestUpdate(_)
+            | Payload::RequestResourceResync(_)),
+        ) => resync::handle(spoke, ev, p).await,
+        (_, _, Payload::Unrecognised(_)) => {
+            tracing::warn!(event_type = %ev.event_type, target = %ev.target,
+                "unknown event type or target (a newer principal?); acknowledged and ignored");
+            Ok(())
+        }
+        _ => Err(wrong()),
+    }
+}
+
+async fn upsert_managed(
+    spoke: &Spoke,
+    incoming: &Application,
+    principal_uid: Option<&str>,
+    create: bool,
+) -> Result<(), InboundError> {
+    let ns = spoke.ns();
+    let name = incoming.metadata.name.clone().unwrap_or_default();
+    if incoming.is_being_deleted() {
+        // The hub is deleting it (finalizers pending there): delete here; our `delete` goes
+        // up once the local object is gone, and the principal then completes its deletion.
+        spoke.expect_delete(&name);
+        if !spoke.apps.delete(ns, &name).await? {
+            lock(&spoke.expected_deletes).remove(&name);
+            spoke.send_object(EventType::Delete, Target::Application, &incoming.metadata, incoming);
+        }
+        return Ok(());
+    }
+    let local = to_spoke(incoming, ns, principal_uid);
+    lock(&spoke.source).insert(name.clone(), local.clone());
+    if spoke.apps.create(ns, &name, &local).await? {
+        return Ok(());
+    }
+    spoke
+        .apps
+        .update::<Application, _>(ns, &name, |cur| {
+            let before = cur.clone();
+            cur.spec.clone_from(&local.spec);
+            cur.metadata.labels.clone_from(&local.metadata.labels);
+            let refresh = cur.metadata.annotation(REFRESH).map(str::to_owned);
+            cur.metadata.annotations.clone_from(&local.metadata.annotations);
+            if let Some(r) = refresh.filter(|_| local.metadata.annotation(REFRESH).is_none()) {
+                cur.metadata.set_annotation(REFRESH, r);
+            }
+            cur.metadata.finalizers.clone_from(&local.metadata.finalizers);
+            if create && local.operation.is_some() {
+                cur.operation.clone_from(&local.operation);
+            }
+            *cur != before
+        })
+        .await?;
+    Ok(())
+}
+
+async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool) -> Result<(), InboundError> {
+    let name = incoming.metadata.name.clone().unwrap_or_default();
+    if let Some(src) = lock(&spoke.source).get_mut(&name) {
+        src.operation.clone_from(&incoming.operation);
+    }
+    let written = spoke
+        .apps
+        .update::<Application, _>(spoke.ns(), &name, |cur| {
+            let before = cur.clone();
+            if cur.is_terminating() && incoming.operation.is_some() {
+                return false; // upstream ignores a new operation while terminating
+            }
+            if incoming.operation.is_some() || !refresh_only {
+                cur.operation.clone_from(&incoming.operation);
+            }
+            if let Some(r) = incoming.metadata.annotation(REFRESH) {
+                cur.metadata.set_annotation(REFRESH, r);
+            }
+            *cur != before
+        })
+        .await?;
+    match written {
+        Some(_) => Ok(()),
+        None => Err(InboundError::Missing { name, namespace: spoke.ns().to_owned() }),
+    }
+}
+
+async fn terminate(spoke: &Spoke, incoming: &Application) -> Result<(), InboundError> {
+    let name = incoming.metadata.name.clone().unwrap_or_default();
+    let written = spoke
+        .apps
+        .update::<Application, _>(spoke.ns(), &name, |cur| {
+            if cur.is_terminating() {
+                return false;
+            }
+            let status = cur.status.get_or_insert_with(Default::default);
+            status.operation_state.get_or_insert_with(Default::default).phase =
+                Some(OperationState::PHASE_TERMINATING.to_owned());
+            true
+        })
+        .await?;
+    match written {
+        Some(_) => Ok(()),
+        None => Err(InboundError::Missing { name, namespace: spoke.ns().to_owned() }),
+    }
+}
+
+async fn upsert_project(spoke: &Spoke, incoming: &AppProject) -> Result<(), InboundError> {
+    let ns = spoke.ns();
+    let name = incoming.metadata.name.clone().unwrap_or_default();
+    let mut local = incoming.clone();
+    let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
+    clear_server_fields(&mut local.metadata);
+    local.metadata.namespace = Some(ns.to_owned());
+    local.metadata.set_annotation(SOURCE_UID, source_uid);
+    lock(&spoke.project_source).insert(name.clone(), local.clone());
+    if spoke.projects.create(ns, &name, &local).await? {
+        return Ok(());
+    }
+    spoke
+        .projects
+        .update::<AppProject, _>(ns, &name, |cur| {
+            let before = cur.clone();
+            cur.spec.clone_from(&local.spec);
+            cur.metadata.labels.clone_from(&local.metadata.labels);
+            cur.metadata.annotations.clone_from(&local.metadata.annotations);
+            cur.metadata.finalizers.clone_from(&local.metadata.finalizers);
+            *cur != before
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! The agent's single outbox (surviving reconnects) and the task that drains it onto the
+//! current stream.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use protocol::Event;
+use protocol::outbox::{Outbox, RetryPolicy};
+use protocol::pb::eventstreamapi::Event as WireEvent;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Events for the principal, delivered per resource with ACKs and retries.
+#[derive(Debug)]
+pub struct Mailbox {
+    outbox: Mutex<Outbox<Event>>,
+    notify: Notify,
+}
+
+impl Mailbox {
+    /// An empty mailbox with `retry` timing.
+    #[must_use]
+    pub fn new(retry: RetryPolicy) -> Self {
+        Self { outbox: Mutex::new(Outbox::new(retry)), notify: Notify::new() }
+    }
+
+    /// Queues an event and wakes the sender.
+    pub fn push(&self, event: Event) {
+        tracing::debug!(event_type = %event.event_type, target = %event.target, resource_id = %event.resource_id,
+            event_id = %event.event_id, "queued for principal");
+        lock(&self.outbox).push(event, Instant::now());
+        self.notify.notify_one();
+    }
+
+    /// Settles the in-flight event an ACK refers to.
+    pub fn ack(&self, resource_id: &str, event_id: &str) {
+        let outcome = lock(&self.outbox).ack(resource_id, event_id);
+        tracing::trace!(%resource_id, %event_id, ?outcome, "ack from principal");
+        self.notify.notify_one();
+    }
+
+    /// The stream ended: in-flight events are due again on the next one.
+    pub fn on_disconnect(&self) {
+        lock(&self.outbox).on_disconnect();
+    }
+
+    fn take_ready(&self) -> (Vec<Event>, Option<Instant>) {
+        let mut outbox = lock(&self.outbox);
+        let now = Instant::now();
+        let mut ready = Vec::new();
+        while let Some(ev) = outbox.next_ready(now) {
+            ready.push(ev);
+        }
+        for parked in outbox.take_parked() {
+            tracing::warn!(resource_id = %parked.item.resource_id, event_id = %parked.item.event_id,
+                attempts = parked.attempts, reason = ?parked.reason, "gave up delivering an event; resync will repair");
+        }
+        (ready, outbox.next_deadline())
+    }
+
+    /// Drains the outbox onto `tx` until `cancel` fires or the stream closes; pushes a
+    /// heartbeat every `heartbeat` if set.
+    pub(crate) async fn send_loop(
+        &self,
+        tx: mpsc::Sender<WireEvent>,
+        cancel: CancellationToken,
+        heartbeat: Option<std::time::Duration>,
+    ) {
+        let mut ticker = heartbeat.map(tokio::time::interval);
+        loop {
+            let (ready, deadline) = self.take_ready();
+            for mut ev in ready {
+                ev.stamp_sent_at(chrono::Utc::now());
+                if tx.send(ev.to_wire()).await.is_err() {
+                    return;
+                }
+            }
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let tick = async {
+                match ticker.as_mut() {
+                    Some(t) => {
+                        t.tick().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tx.closed() => return,
+                () = self.notify.notified() => {}
+                () = sleep => {}
+                () = tick => self.push(Event::heartbeat()),
+            }
+        }
+    }
+}

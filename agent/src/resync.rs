@@ -1,0 +1,158 @@
+//! Checksum resync (upstream §4.13), agent side.
+//!
+//! What happens, when, why: after **every** (re)connect (upstream: once per process), so
+//! changes missed while the stream was down converge:
+//!
+//! * managed (principal = source of truth): the agent sends a `request-update` with the spec
+//!   checksum of every principal-owned Application and AppProject it holds (the principal
+//!   answers `spec-update` on mismatch, `delete` if the hub no longer has it) and a
+//!   `request-synced-resource-list` with its resource-set checksum (on mismatch the principal
+//!   lists its resources and the agent asks for those it lacks);
+//! * autonomous (agent = source of truth): the agent sends `request-resource-resync`; the
+//!   principal then sends `request-update`s and a `request-synced-resource-list`, which the
+//!   agent answers with `spec-update`s, `delete`s and `response-synced-resource`s.
+
+use protocol::argocd::{AppProject, Application, ObjectMeta};
+use protocol::checksum::{
+    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
+};
+use protocol::event::new_uuid;
+use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
+use protocol::{Event, EventType, Payload, Target};
+use serde::Serialize;
+
+use crate::config::AgentMode;
+use crate::inbound::InboundError;
+use crate::spoke::Spoke;
+use crate::spoke::store::StoreError;
+
+fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
+    let value = serde_json::to_value(obj).ok()?;
+    spec_checksum(&value).ok().map(|c| c.to_vec())
+}
+
+fn send<T: Serialize>(spoke: &Spoke, ty: EventType, payload: &T) {
+    match Event::request(ty, Target::ResourceResync, &new_uuid()).with_json(payload) {
+        Ok(ev) => spoke.mailbox.push(ev),
+        Err(e) => tracing::error!(error = %e, "cannot encode a resync event"),
+    }
+}
+
+fn request_update(kind: &str, meta: &ObjectMeta, checksum: Option<Vec<u8>>) -> RequestUpdate {
+    RequestUpdate {
+        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        uid: meta.source_uid().or(meta.uid.as_deref()).unwrap_or_default().to_owned(),
+        kind: kind.to_owned(),
+        checksum,
+    }
+}
+
+/// Principal-owned Applications and AppProjects on the spoke (managed mode).
+async fn managed_resources(spoke: &Spoke) -> Result<(Vec<Application>, Vec<AppProject>), StoreError> {
+    let apps = spoke.apps.list::<Application>(spoke.ns()).await?;
+    let projects = spoke.projects.list::<AppProject>(spoke.ns()).await?;
+    Ok((
+        apps.into_iter().filter(|a| a.metadata.source_uid().is_some()).collect(),
+        projects.into_iter().filter(|p| p.metadata.source_uid().is_some()).collect(),
+    ))
+}
+
+async fn send_request_updates(spoke: &Spoke) -> Result<Vec<ResourceKey>, StoreError> {
+    let (apps, projects) = managed_resources(spoke).await?;
+    let mut keys = Vec::new();
+    for a in &apps {
+        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_APPLICATION, &a.metadata, checksum_of(a)));
+        keys.push(ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata));
+    }
+    for p in &projects {
+        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_APP_PROJECT, &p.metadata, checksum_of(p)));
+        keys.push(ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata));
+    }
+    Ok(keys)
+}
+
+/// Starts the resync after a (re)connect.
+pub(crate) async fn on_connect(spoke: &Spoke) -> Result<(), StoreError> {
+    match spoke.config.mode {
+        AgentMode::Managed => {
+            let keys = send_request_updates(spoke).await?;
+            let checksum = resource_set_checksum(&keys).map(|c| c.to_vec());
+            send(spoke, EventType::RequestSyncedResourceList, &RequestSyncedResourceList { checksum });
+        }
+        AgentMode::Autonomous => send(spoke, EventType::RequestResourceResync, &RequestResourceResync {}),
+    }
+    tracing::info!(mode = %spoke.config.mode, "resync started");
+    Ok(())
+}
+
+/// Handles a `resourceResync` event from the principal.
+pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Result<(), InboundError> {
+    let ns = spoke.ns();
+    match (spoke.config.mode, payload) {
+        (AgentMode::Managed, Payload::RequestResourceResync(_)) => {
+            send_request_updates(spoke).await?;
+            Ok(())
+        }
+        (AgentMode::Managed, Payload::SyncedResource(res)) => {
+            let (meta, checksum) = if res.kind == RESYNC_KIND_APPLICATION {
+                match spoke.apps.get::<Application>(ns, &res.name).await? {
+                    Some(a) => (Some(a.metadata.clone()), checksum_of(&a)),
+                    None => (None, None),
+                }
+            } else if res.kind == RESYNC_KIND_APP_PROJECT {
+                match spoke.projects.get::<AppProject>(ns, &res.name).await? {
+                    Some(p) => (Some(p.metadata.clone()), checksum_of(&p)),
+                    None => (None, None),
+                }
+            } else {
+                return Ok(());
+            };
+            let req = match meta {
+                Some(m) => request_update(&res.kind, &m, checksum),
+                None => {
+                    RequestUpdate { name: res.name, namespace: ns.to_owned(), kind: res.kind, ..Default::default() }
+                }
+            };
+            send(spoke, EventType::RequestUpdate, &req);
+            Ok(())
+        }
+        (AgentMode::Autonomous, Payload::RequestSyncedResourceList(req)) => {
+            let apps = spoke.apps.list::<Application>(ns).await?;
+            let keys: Vec<ResourceKey> =
+                apps.iter().map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata)).collect();
+            if resource_set_checksum(&keys).map(|c| c.to_vec()) != req.checksum {
+                for k in &keys {
+                    send(spoke, EventType::ResponseSyncedResource, &SyncedResource::from(k));
+                }
+            }
+            Ok(())
+        }
+        (AgentMode::Autonomous, Payload::RequestUpdate(req)) => {
+            if req.kind != RESYNC_KIND_APPLICATION {
+                return Ok(());
+            }
+            match spoke.apps.get::<Application>(ns, &req.name).await? {
+                Some(app) => {
+                    if checksum_of(&app) != req.checksum || req.uid.is_empty() {
+                        spoke.send_object(EventType::SpecUpdate, Target::Application, &app.metadata, &app);
+                    }
+                }
+                None => {
+                    let meta = ObjectMeta {
+                        name: Some(req.name.clone()),
+                        namespace: Some(ns.to_owned()),
+                        uid: Some(req.uid.clone()),
+                        ..Default::default()
+                    };
+                    let stub = Application { metadata: meta, ..Default::default() };
+                    spoke.send_object(EventType::Delete, Target::Application, &stub.metadata, &stub);
+                }
+            }
+            Ok(())
+        }
+        (mode, _) => {
+            Err(InboundError::WrongMode { event_type: ev.event_type.clone(), target: ev.target.clone(), mode })
+        }
+    }
+}

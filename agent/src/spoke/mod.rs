@@ -1,0 +1,101 @@
+//! The spoke side's shared state: the Kubernetes stores, the outbox, and the caches the
+//! watchers and inbound handlers keep.
+
+pub mod projects;
+pub mod store;
+pub mod watch;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use protocol::argocd::Application;
+use protocol::{Event, EventType, Target};
+
+use crate::config::AgentConfig;
+use crate::outbound::{Mailbox, lock};
+use store::ObjectStore;
+
+/// The status-related parts of an Application last reported to the principal.
+pub(crate) type Reported = (Option<protocol::argocd::ApplicationStatus>, Option<serde_json::Value>);
+
+/// Everything the agent's tasks share.
+#[derive(Debug)]
+pub(crate) struct Spoke {
+    pub(crate) config: AgentConfig,
+    pub(crate) apps: ObjectStore,
+    pub(crate) projects: ObjectStore,
+    pub(crate) mailbox: Mailbox,
+    /// Managed: each Application as last received from the principal (spoke form), by name:
+    /// the source for reverting local edits and deletions. Rebuilt from the spoke at startup.
+    pub(crate) source: Mutex<HashMap<String, Application>>,
+    /// Managed: status and operation last reported per Application.
+    pub(crate) reported: Mutex<HashMap<String, Reported>>,
+    /// Autonomous: each Application as last sent up.
+    pub(crate) sent: Mutex<HashMap<String, Application>>,
+    /// Managed: each AppProject as last received from the principal, by name.
+    pub(crate) project_source: Mutex<HashMap<String, protocol::argocd::AppProject>>,
+    /// Autonomous: each AppProject as last sent up.
+    pub(crate) sent_projects: Mutex<HashMap<String, protocol::argocd::AppProject>>,
+    /// AppProjects whose deletion the principal asked for.
+    pub(crate) expected_project_deletes: Mutex<HashSet<String>>,
+    /// Applications whose deletion the source of truth asked for.
+    pub(crate) expected_deletes: Mutex<HashSet<String>>,
+    /// The principal UID seen on the latest event.
+    pub(crate) principal_uid: Mutex<Option<String>>,
+    /// Whether a stream is up.
+    pub(crate) connected: std::sync::atomic::AtomicBool,
+}
+
+impl Spoke {
+    pub(crate) fn new(config: AgentConfig, client: kube::Client) -> Self {
+        Self {
+            mailbox: Mailbox::new(config.retry.clone()),
+            config,
+            apps: ObjectStore::applications(client.clone()),
+            projects: ObjectStore::app_projects(client),
+            source: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashMap::new()),
+            sent: Mutex::new(HashMap::new()),
+            project_source: Mutex::new(HashMap::new()),
+            expected_project_deletes: Mutex::new(HashSet::new()),
+            sent_projects: Mutex::new(HashMap::new()),
+            expected_deletes: Mutex::new(HashSet::new()),
+            principal_uid: Mutex::new(None),
+            connected: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn ns(&self) -> &str {
+        &self.config.namespace
+    }
+
+    /// Queues an object event for the principal.
+    pub(crate) fn send_object<T: serde::Serialize>(
+        &self,
+        ty: EventType,
+        target: Target,
+        meta: &protocol::argocd::ObjectMeta,
+        obj: &T,
+    ) {
+        match Event::for_object(ty, target, meta, obj) {
+            Ok(ev) => self.mailbox.push(ev.with_source(format!("agent://{}", self.config.name))),
+            Err(e) => tracing::error!(error = %e, name = ?meta.name, "cannot encode event"),
+        }
+    }
+
+    pub(crate) fn expect_delete(&self, name: &str) {
+        lock(&self.expected_deletes).insert(name.to_owned());
+    }
+}
+
+/// Clears the fields a new copy must not carry over from the object it was made from.
+pub(crate) fn clear_server_fields(meta: &mut protocol::argocd::ObjectMeta) {
+    meta.uid = None;
+    meta.resource_version = None;
+    meta.generation = None;
+    meta.creation_timestamp = None;
+    meta.deletion_timestamp = None;
+    meta.owner_references = None;
+    meta.extra.remove("managedFields");
+    meta.extra.remove("deletionGracePeriodSeconds");
+}

@@ -1,0 +1,175 @@
+//! The spoke watcher on Applications in the agent's namespace.
+//!
+//! * managed: local spec edits of principal-owned Applications are reverted, unexpected
+//!   deletions recreated, and status/operation changes reported (`status-update`);
+//! * autonomous: every change goes up (`create`, `spec-update` with the full object,
+//!   `delete`).
+//!
+//! Recovery: on a re-list (`Init`..`InitDone`), Applications known before and not listed
+//! again were deleted during the gap and are handled as deletions.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::DynamicObject;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event as WatchEvent};
+use protocol::argocd::Application;
+use protocol::{EventType, Target};
+use tokio_util::sync::CancellationToken;
+
+use super::{Spoke, clear_server_fields};
+use crate::config::AgentMode;
+use crate::outbound::lock;
+
+/// Watches the spoke's Applications until `cancel` fires.
+pub(crate) async fn run_applications(spoke: Arc<Spoke>, cancel: CancellationToken) {
+    let stream = watcher::watcher(spoke.apps.api(Some(spoke.ns())), watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut relisted: Option<HashSet<String>> = None;
+    loop {
+        let next = tokio::select! {
+            () = cancel.cancelled() => return,
+            next = stream.next() => next,
+        };
+        let event = match next {
+            None => return,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "spoke Application watch failed; retrying with backoff");
+                continue;
+            }
+            Some(Ok(ev)) => ev,
+        };
+        let decode = |obj: &DynamicObject| match spoke.apps.decode::<Application>(obj) {
+            Ok(app) => Some(app),
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a spoke Application that does not decode");
+                None
+            }
+        };
+        match event {
+            WatchEvent::Init => relisted = Some(HashSet::new()),
+            WatchEvent::InitApply(obj) | WatchEvent::Apply(obj) => {
+                let Some(app) = decode(&obj) else { continue };
+                if let Some(seen) = relisted.as_mut() {
+                    seen.insert(app.metadata.name.clone().unwrap_or_default());
+                }
+                applied(&spoke, app).await;
+            }
+            WatchEvent::InitDone => {
+                let Some(seen) = relisted.take() else { continue };
+                for app in
+                    known(&spoke).into_iter().filter(|a| !seen.contains(a.metadata.name.as_deref().unwrap_or_default()))
+                {
+                    deleted(&spoke, app).await;
+                }
+            }
+            WatchEvent::Delete(obj) => {
+                if let Some(app) = decode(&obj) {
+                    deleted(&spoke, app).await;
+                }
+            }
+        }
+    }
+}
+
+fn known(spoke: &Spoke) -> Vec<Application> {
+    match spoke.config.mode {
+        AgentMode::Managed => lock(&spoke.source).values().cloned().collect(),
+        AgentMode::Autonomous => lock(&spoke.sent).values().cloned().collect(),
+    }
+}
+
+async fn applied(spoke: &Spoke, app: Application) {
+    let name = app.metadata.name.clone().unwrap_or_default();
+    match spoke.config.mode {
+        AgentMode::Managed => {
+            if app.metadata.source_uid().is_none() {
+                return; // not from the principal: none of our business
+            }
+            managed_applied(spoke, &name, app).await;
+        }
+        AgentMode::Autonomous => {
+            let prev = lock(&spoke.sent).insert(name, app.clone());
+            let ty = match prev {
+                None => EventType::Create,
+                Some(p) if changed_for_principal(&p, &app) => EventType::SpecUpdate,
+                Some(_) => return,
+            };
+            spoke.send_object(ty, Target::Application, &app.metadata, &app);
+        }
+    }
+}
+
+/// Whether anything the principal mirrors differs (everything but server bookkeeping).
+fn changed_for_principal(a: &Application, b: &Application) -> bool {
+    let strip = |app: &Application| {
+        let mut c = app.clone();
+        c.metadata.resource_version = None;
+        c.metadata.generation = None;
+        c.metadata.extra.remove("managedFields");
+        c
+    };
+    strip(a) != strip(b)
+}
+
+async fn managed_applied(spoke: &Spoke, name: &str, app: Application) {
+    if app.is_being_deleted() {
+        return;
+    }
+    let source = lock(&spoke.source).get(name).cloned();
+    match source {
+        Some(src) if src.spec != app.spec => {
+            tracing::info!(app = %name, "reverting a local spec edit of a principal-owned Application");
+            let result = spoke
+                .apps
+                .update::<Application, _>(spoke.ns(), name, |cur| {
+                    let changed = cur.spec != src.spec;
+                    cur.spec.clone_from(&src.spec);
+                    changed
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::warn!(app = %name, error = %e, "cannot revert local edit");
+            }
+        }
+        Some(_) => {}
+        None => {
+            lock(&spoke.source).insert(name.to_owned(), app.clone());
+        }
+    }
+    let now = (app.status.clone(), app.operation.clone());
+    let before = lock(&spoke.reported).insert(name.to_owned(), now.clone());
+    if before.as_ref() != Some(&now) {
+        spoke.send_object(EventType::StatusUpdate, Target::Application, &app.metadata, &app);
+    }
+}
+
+async fn deleted(spoke: &Spoke, app: Application) {
+    let name = app.metadata.name.clone().unwrap_or_default();
+    match spoke.config.mode {
+        AgentMode::Managed => {
+            if app.metadata.source_uid().is_none() {
+                return;
+            }
+            lock(&spoke.reported).remove(&name);
+            if lock(&spoke.expected_deletes).remove(&name) {
+                lock(&spoke.source).remove(&name);
+                spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+                return;
+            }
+            let Some(mut src) = lock(&spoke.source).get(&name).cloned() else { return };
+            tracing::info!(app = %name, "recreating a principal-owned Application deleted locally");
+            clear_server_fields(&mut src.metadata);
+            src.status = None;
+            if let Err(e) = spoke.apps.create(spoke.ns(), &name, &src).await {
+                tracing::warn!(app = %name, error = %e, "cannot recreate deleted Application");
+            }
+        }
+        AgentMode::Autonomous => {
+            lock(&spoke.sent).remove(&name);
+            spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Autonomous mode end to end: the spoke owns Applications; the hub keeps copies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use agent::AgentMode;
+use common::*;
+use serde_json::{Value, json};
+
+fn path(v: &Value) -> Option<&str> {
+    v.pointer("/spec/source/path").and_then(Value::as_str)
+}
+
+fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str)
+}
+
+#[tokio::test]
+async fn autonomous_app_lifecycle_create_update_status_operation_delete() {
+    let env = Env::new(AgentMode::Autonomous).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    let created = create(&spoke, app_json("guestbook", SPOKE_NS, "guestbook")).await;
+    let spoke_uid = created.metadata.uid.clone().unwrap();
+
+    let copy = wait_obj(&hub, "guestbook", "hub copy created", |_| true).await;
+    assert_eq!(annotation(&copy, "argocd.argoproj.io/source-uid"), Some(spoke_uid.as_str()));
+    assert_eq!(copy.pointer("/spec/project").and_then(Value::as_str), Some("agent-1-default"));
+    assert_eq!(copy.pointer("/spec/destination/name").and_then(Value::as_str), Some(AGENT));
+
+    merge(&spoke, "guestbook", json!({"spec": {"source": {"path": "v2"}}})).await;
+    wait_obj(&hub, "guestbook", "spec update up", |v| path(v) == Some("v2")).await;
+
+    merge(&spoke, "guestbook", json!({"status": {"health": {"status": "Healthy"}}})).await;
+    wait_obj(&hub, "guestbook", "status up", |v| {
+        v.pointer("/status/health/status").and_then(Value::as_str) == Some("Healthy")
+    })
+    .await;
+
+    // A sync requested on the hub goes down as set-operation.
+    merge(&hub, "guestbook", json!({"operation": {"sync": {"revision": "HEAD"}}})).await;
+    wait_obj(&spoke, "guestbook", "operation on the spoke", |v| v.pointer("/operation/sync/revision").is_some()).await;
+
+    delete(&spoke, "guestbook").await;
+    wait_gone(&hub, "guestbook", "hub copy deleted").await;
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn autonomous_delete_with_finalizers_follows_the_spoke() {
+    let env = Env::new(AgentMode::Autonomous).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    let mut app = app_json("fin", SPOKE_NS, "guestbook");
+    app["metadata"]["finalizers"] = json!(["resources-finalizer.argocd.argoproj.io"]);
+    create(&spoke, app).await;
+    wait_obj(&hub, "fin", "hub copy with finalizer", |v| v.pointer("/metadata/finalizers/0").is_some()).await;
+
+    delete(&spoke, "fin").await;
+    wait_obj(&hub, "fin", "hub copy being deleted too", |v| v.pointer("/metadata/deletionTimestamp").is_some()).await;
+    merge(&spoke, "fin", json!({"metadata": {"finalizers": null}})).await;
+    wait_gone(&spoke, "fin", "spoke app gone").await;
+    wait_gone(&hub, "fin", "hub copy gone").await;
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn autonomous_non_owner_edit_and_delete_on_the_hub_are_reverted() {
+    let env = Env::new(AgentMode::Autonomous).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    create(&spoke, app_json("owned", SPOKE_NS, "guestbook")).await;
+    let first = wait_obj(&hub, "owned", "hub copy", |_| true).await;
+
+    merge(&hub, "owned", json!({"spec": {"source": {"path": "hacked"}}})).await;
+    wait_obj(&hub, "owned", "hub edit reverted", |v| path(v) == Some("guestbook")).await;
+
+    delete(&hub, "owned").await;
+    let uid = first.pointer("/metadata/uid").cloned();
+    wait_obj(&hub, "owned", "hub delete reverted", |v| v.pointer("/metadata/uid").cloned() != uid).await;
+    assert_eq!(path(&get(&spoke, "owned").await.unwrap()), Some("guestbook"));
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn autonomous_agent_and_principal_restarts_converge() {
+    let mut env = Env::new(AgentMode::Autonomous).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    for name in ["a", "b", "c"] {
+        create(&spoke, app_json(name, SPOKE_NS, "guestbook")).await;
+    }
+    for name in ["a", "b", "c"] {
+        wait_obj(&hub, name, "initial hub copy", |_| true).await;
+    }
+
+    env.stop_agent().await;
+    merge(&spoke, "a", json!({"spec": {"source": {"path": "v2"}}})).await;
+    delete(&spoke, "b").await;
+    create(&spoke, app_json("d", SPOKE_NS, "guestbook")).await;
+    env.start_agent().await;
+    wait_obj(&hub, "a", "update while the agent was down", |v| path(v) == Some("v2")).await;
+    wait_gone(&hub, "b", "delete while the agent was down").await;
+    wait_obj(&hub, "d", "create while the agent was down", |_| true).await;
+
+    env.stop_principal().await;
+    merge(&spoke, "a", json!({"spec": {"source": {"path": "v3"}}})).await;
+    delete(&spoke, "c").await;
+    create(&spoke, app_json("e", SPOKE_NS, "guestbook")).await;
+    env.start_principal().await;
+    wait_obj(&hub, "a", "update while the principal was down", |v| path(v) == Some("v3")).await;
+    wait_gone(&hub, "c", "delete while the principal was down").await;
+    wait_obj(&hub, "e", "create while the principal was down", |_| true).await;
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn autonomous_appprojects_flow_up_as_renamed_copies() {
+    let env = Env::new(AgentMode::Autonomous).await;
+    let spoke = projects(&env.spoke.client, SPOKE_NS);
+    let hub = projects(&env.hub.client, PRINCIPAL_NS);
+    let project = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": "dev", "namespace": SPOKE_NS},
+        "spec": {
+            "description": "one",
+            "destinations": [{"server": "https://kubernetes.default.svc", "namespace": "guestbook"}],
+            "roles": [{"name": "admin", "policies": ["p, proj:dev:admin, applications, get, dev/*, allow"]}],
+        },
+    });
+    let created = create(&spoke, project).await;
+    let copy = wait_obj(&hub, "agent-1-dev", "renamed project copy on the hub", |_| true).await;
+    assert_eq!(annotation(&copy, "argocd.argoproj.io/source-uid"), created.metadata.uid.as_deref());
+    assert_eq!(copy.pointer("/spec/sourceNamespaces/0").and_then(Value::as_str), Some(AGENT));
+    assert_eq!(copy.pointer("/spec/destinations/0/name").and_then(Value::as_str), Some(AGENT));
+    assert_eq!(
+        copy.pointer("/spec/roles/0/policies/0").and_then(Value::as_str),
+        Some("p, proj:agent-1-dev:admin, applications, get, agent-1-dev/agent-1/*, allow")
+    );
+    merge(&spoke, "dev", json!({"spec": {"description": "two"}})).await;
+    wait_obj(&hub, "agent-1-dev", "project update up", |v| v.pointer("/spec/description") == Some(&json!("two"))).await;
+    delete(&spoke, "dev").await;
+    wait_gone(&hub, "agent-1-dev", "project delete up").await;
+    env.shutdown().await;
+}

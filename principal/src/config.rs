@@ -1,0 +1,153 @@
+//! The principal's configuration, with upstream's defaults (docs/upstream-argocd-agent.md §7.1).
+
+use std::fmt;
+use std::str::FromStr;
+
+use protocol::outbox::RetryPolicy;
+
+/// The version string `versionapi.Version` reports (upstream: `argocd-agent-<version>`).
+pub const DEFAULT_VERSION: &str = concat!("argocd-agent-", env!("CARGO_PKG_VERSION"));
+
+/// How an agent relates to the hub (upstream `--agent-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AgentMode {
+    /// The hub is the source of truth for Application specs; the agent reports status.
+    Managed,
+    /// The agent is the source of truth; the hub holds read-mostly copies.
+    Autonomous,
+}
+
+impl AgentMode {
+    /// The wire and flag spelling (`managed`, `autonomous`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Managed => "managed",
+            Self::Autonomous => "autonomous",
+        }
+    }
+}
+
+impl fmt::Display for AgentMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An agent mode string was neither `managed` nor `autonomous`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("agent mode {0:?} is invalid: use \"managed\" or \"autonomous\"")]
+pub struct BadMode(pub String);
+
+impl FromStr for AgentMode {
+    type Err = BadMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "managed" => Ok(Self::Managed),
+            "autonomous" => Ok(Self::Autonomous),
+            other => Err(BadMode(other.to_owned())),
+        }
+    }
+}
+
+/// What the principal needs to run. Agent mapping is namespace-based (§4.9): an agent's name
+/// is the hub namespace holding its Applications.
+#[derive(Debug, Clone)]
+pub struct PrincipalConfig {
+    /// Namespace of the principal's own state (`-n/--namespace`, required): the identity
+    /// ConfigMap and the AppProjects it distributes.
+    pub namespace: String,
+    /// Globs (`*`, `?`) of agent namespaces the principal serves (`--allowed-namespaces`); an
+    /// empty list admits no agent, as upstream.
+    pub allowed_namespaces: Vec<String>,
+    /// The version reported by `versionapi.Version`.
+    pub version: String,
+    /// Retry timing for un-ACKed events sent to agents.
+    pub retry: RetryPolicy,
+}
+
+impl PrincipalConfig {
+    /// A configuration for principal namespace `namespace` with upstream defaults.
+    #[must_use]
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            allowed_namespaces: Vec::new(),
+            version: DEFAULT_VERSION.to_owned(),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Whether `agent` may connect: an RFC 1123 DNS label (as upstream requires of agent
+    /// names), covered by `allowed_namespaces`, and not the principal's own namespace.
+    #[must_use]
+    pub fn admits(&self, agent: &str) -> bool {
+        is_dns_label(agent) && agent != self.namespace && self.allowed_namespaces.iter().any(|g| glob_match(g, agent))
+    }
+}
+
+/// Whether `s` is an RFC 1123 DNS label: 1-63 characters of `[a-z0-9-]`, alphanumeric at
+/// both ends.
+#[must_use]
+pub fn is_dns_label(s: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            bytes.len() <= 63 && ok(first) && ok(last) && bytes.iter().all(|&b| ok(b) || b == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// Matches `text` against a glob with `*` (any run) and `?` (one character).
+#[must_use]
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*", "agent-1"));
+        assert!(glob_match("agent-?", "agent-1"));
+        assert!(glob_match("ag*-1", "agent-1"));
+        assert!(!glob_match("agent-?", "agent-12"));
+        assert!(!glob_match("", "a"));
+    }
+
+    #[test]
+    fn admission() {
+        let mut c = PrincipalConfig::new("argocd");
+        assert!(!c.admits("agent-1"), "empty allow list admits nothing");
+        c.allowed_namespaces = vec!["*".into()];
+        assert!(c.admits("agent-1"));
+        assert!(!c.admits("argocd"));
+        assert!(!c.admits("Agent_1"));
+        assert!(!c.admits("-agent"));
+        assert_eq!("managed".parse::<AgentMode>(), Ok(AgentMode::Managed));
+        assert!("x".parse::<AgentMode>().is_err());
+    }
+}

@@ -1,0 +1,84 @@
+//! The hub side's shared state: the Kubernetes stores, the agent sessions, and the caches the
+//! watchers and routers keep.
+
+pub mod store;
+pub mod watch;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use protocol::argocd::{AppProject, Application, ObjectMeta};
+use protocol::{Event, EventType, Target};
+
+use crate::config::PrincipalConfig;
+use crate::session::{Sessions, lock};
+use store::ObjectStore;
+
+/// `(namespace, name)` of an object on the hub.
+pub(crate) type Key = (String, String);
+
+/// The key of an object's metadata.
+pub(crate) fn key_of(meta: &ObjectMeta) -> Key {
+    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
+/// Everything the principal's tasks share.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    pub(crate) config: PrincipalConfig,
+    pub(crate) principal_uid: String,
+    pub(crate) sessions: Sessions,
+    pub(crate) apps: ObjectStore,
+    pub(crate) projects: ObjectStore,
+    /// The last version of every hub Application the watcher saw (to tell what changed).
+    pub(crate) seen_apps: Mutex<HashMap<Key, Application>>,
+    /// The last version of every hub AppProject in the principal namespace.
+    pub(crate) seen_projects: Mutex<HashMap<String, AppProject>>,
+    /// Autonomous agents' Applications as last received (hub form): the source for reverting
+    /// edits and deletions made on the hub. Rebuilt from the hub at startup.
+    pub(crate) auto_source: Mutex<HashMap<Key, Application>>,
+    /// Hub copies whose deletion the owning agent asked for.
+    pub(crate) expected_deletes: Mutex<HashSet<Key>>,
+}
+
+impl Hub {
+    pub(crate) fn new(config: PrincipalConfig, principal_uid: String, client: kube::Client) -> Self {
+        Self {
+            sessions: Sessions::new(config.retry.clone()),
+            config,
+            principal_uid,
+            apps: ObjectStore::applications(client.clone()),
+            projects: ObjectStore::app_projects(client),
+            seen_apps: Mutex::new(HashMap::new()),
+            seen_projects: Mutex::new(HashMap::new()),
+            auto_source: Mutex::new(HashMap::new()),
+            expected_deletes: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// An Application event for an agent, stamped with the principal UID.
+    pub(crate) fn app_event(&self, ty: EventType, app: &Application) -> Option<Event> {
+        self.object_event(ty, Target::Application, &app.metadata, app)
+    }
+
+    /// An object event stamped with the principal UID; `None` (logged) if it cannot be built.
+    pub(crate) fn object_event<T: serde::Serialize>(
+        &self,
+        ty: EventType,
+        target: Target,
+        meta: &ObjectMeta,
+        obj: &T,
+    ) -> Option<Event> {
+        match Event::for_object(ty, target, meta, obj) {
+            Ok(ev) => Some(ev.with_principal_uid(&self.principal_uid)),
+            Err(e) => {
+                tracing::error!(error = %e, name = ?meta.name, "cannot encode event");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn expect_delete(&self, key: Key) {
+        lock(&self.expected_deletes).insert(key);
+    }
+}

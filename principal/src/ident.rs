@@ -1,0 +1,40 @@
+//! Who is calling: the seam through which the auth layer hands the principal an agent's
+//! authenticated name and mode.
+
+use std::sync::Arc;
+
+use tonic::metadata::MetadataMap;
+
+use crate::config::AgentMode;
+
+/// An authenticated agent, as the auth layer establishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentIdent {
+    /// The agent's name (= its namespace on the hub).
+    pub name: String,
+    /// The mode the agent announced when it authenticated (upstream carries it in the access
+    /// token's `sub` claim, §3.3-3.6).
+    pub mode: AgentMode,
+}
+
+/// Reads the caller's identity from a request: the auth layer puts its identity type into the
+/// request extensions; this function turns it into an [`AgentIdent`]. `None` rejects the call
+/// with `Unauthenticated`.
+pub type IdentityFn = Arc<dyn Fn(&http::Extensions, &MetadataMap) -> Option<AgentIdent> + Send + Sync>;
+
+/// Metadata key read by [`insecure_metadata_identity`] for the agent name.
+pub const INSECURE_AGENT_NAME_HEADER: &str = "x-argocd-agent-name";
+/// Metadata key read by [`insecure_metadata_identity`] for the agent mode.
+pub const INSECURE_AGENT_MODE_HEADER: &str = "x-argocd-agent-mode";
+
+/// An identity taken verbatim from request metadata (`x-argocd-agent-name`,
+/// `x-argocd-agent-mode`). **Anyone can claim any agent**: for tests and trusted loopback
+/// setups only; production uses the auth crate's layer.
+#[must_use]
+pub fn insecure_metadata_identity() -> IdentityFn {
+    Arc::new(|_ext, md| {
+        let name = md.get(INSECURE_AGENT_NAME_HEADER)?.to_str().ok()?.to_owned();
+        let mode = md.get(INSECURE_AGENT_MODE_HEADER)?.to_str().ok()?.parse().ok()?;
+        Some(AgentIdent { name, mode })
+    })
+}

@@ -1,0 +1,89 @@
+//! Events from an agent: decode, route by mode and target, decide whether to ACK.
+
+use protocol::{Event, EventError, EventType, Payload, Target};
+
+use crate::config::AgentMode;
+use crate::hub::Hub;
+use crate::hub::store::StoreError;
+use crate::resync;
+use crate::route::{autonomous, managed, project};
+use crate::session::AgentSession;
+
+/// An event from an agent could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum InboundError {
+    /// The payload does not fit its type and target.
+    #[error("event payload does not decode: {0}")]
+    Payload(#[from] EventError),
+    /// Writing the hub failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The event is not valid for the agent's mode.
+    #[error("{event_type} for target {target} is not valid from a {mode} agent (is the agent's --agent-mode right?)")]
+    WrongMode {
+        /// The event type.
+        event_type: EventType,
+        /// The target.
+        target: Target,
+        /// The agent's mode.
+        mode: AgentMode,
+    },
+}
+
+impl InboundError {
+    /// Whether the sender should retry (the event is then not ACKed).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Store(e) if e.is_retryable())
+    }
+}
+
+/// Applies one event from `session`'s agent to the hub.
+pub(crate) async fn process(hub: &Hub, session: &AgentSession, ev: &Event) -> Result<(), InboundError> {
+    let agent = session.name();
+    let mode = session.mode();
+    let payload = ev.payload()?;
+    match (mode, &ev.event_type, payload) {
+        (_, _, Payload::Empty) => Ok(()),
+        (AgentMode::Managed, EventType::StatusUpdate, Payload::Application(app)) => {
+            Ok(managed::status_update(hub, agent, &app).await?)
+        }
+        (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
+            Ok(managed::agent_deleted(hub, agent, &app).await?)
+        }
+        (AgentMode::Autonomous, EventType::Create | EventType::SpecUpdate, Payload::Application(app)) => {
+            Ok(autonomous::agent_upsert(hub, agent, &app).await?)
+        }
+        (AgentMode::Autonomous, EventType::Delete, Payload::Application(app)) => {
+            Ok(autonomous::agent_deleted(hub, agent, &app).await?)
+        }
+        (AgentMode::Autonomous, EventType::Create | EventType::SpecUpdate, Payload::AppProject(p)) => {
+            Ok(project::agent_project_upsert(hub, agent, &p).await?)
+        }
+        (AgentMode::Autonomous, EventType::Delete, Payload::AppProject(p)) => {
+            Ok(project::agent_project_deleted(hub, agent, &p).await?)
+        }
+        (AgentMode::Managed, EventType::Error, Payload::AgentError(err)) => {
+            tracing::warn!(%agent, app = %err.resource_name, message = %err.message, "agent reports an error");
+            Ok(managed::agent_error(hub, agent, &err).await?)
+        }
+        (_, _, Payload::ClusterCacheInfo(info)) => {
+            tracing::debug!(%agent, ?info, "cluster cache info");
+            Ok(())
+        }
+        (
+            _,
+            _,
+            p @ (Payload::RequestSyncedResourceList(_)
+            | Payload::SyncedResource(_)
+            | Payload::RequestUpdate(_)
+            | Payload::RequestResourceResync(_)),
+        ) => resync::handle(hub, session, ev, p).await,
+        (_, _, Payload::Unrecognised(_)) => {
+            tracing::warn!(%agent, event_type = %ev.event_type, target = %ev.target,
+                "unknown event type or target (a newer peer?); acknowledged and ignored");
+            Ok(())
+        }
+        _ => Err(InboundError::WrongMode { event_type: ev.event_type.clone(), target: ev.target.clone(), mode }),
+    }
+}

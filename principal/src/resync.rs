@@ -1,0 +1,201 @@
+//! Checksum resync (upstream §4.13), principal side.
+//!
+//! What happens, when, why: on **every** connect (upstream: the first per principal process;
+//! doing it every time costs one round of checksums and repairs anything lost while the
+//! stream was down):
+//!
+//! * managed agent (hub = source of truth): the principal pushes every AppProject the agent
+//!   matches, then asks for `request-resource-resync`; the agent answers with a
+//!   `request-update` per resource it holds (the principal answers `delete` for what the hub
+//!   no longer has, `spec-update` where the spec checksum differs) and a
+//!   `request-synced-resource-list` (on checksum mismatch the principal lists what it has,
+//!   and the agent asks for what it is missing);
+//! * autonomous agent (agent = source of truth): the principal sends a `request-update` per
+//!   hub copy it holds and a `request-synced-resource-list`; the agent answers the same way.
+
+use protocol::argocd::{AppProject, Application, ObjectMeta};
+use protocol::checksum::{
+    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
+};
+use protocol::event::new_uuid;
+use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
+use protocol::{Event, EventType, Payload, Target};
+use serde::Serialize;
+
+use crate::config::AgentMode;
+use crate::hub::Hub;
+use crate::hub::store::StoreError;
+use crate::inbound::InboundError;
+use crate::route::{autonomous, is_autonomous_copy, managed, project};
+use crate::session::AgentSession;
+
+/// The spec checksum of an object, `None` if it has no spec.
+pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
+    let value = serde_json::to_value(obj).ok()?;
+    spec_checksum(&value).ok().map(|c| c.to_vec())
+}
+
+fn resync_event<T: Serialize>(ty: EventType, payload: &T) -> Option<Event> {
+    match Event::request(ty, Target::ResourceResync, &new_uuid()).with_json(payload) {
+        Ok(ev) => Some(ev),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode a resync event");
+            None
+        }
+    }
+}
+
+fn push(session: &AgentSession, ev: Option<Event>) {
+    if let Some(ev) = ev {
+        session.push(ev);
+    }
+}
+
+async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
+    Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(|a| !is_autonomous_copy(a)).collect())
+}
+
+async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, StoreError> {
+    Ok(hub
+        .projects
+        .list::<AppProject>(&hub.config.namespace)
+        .await?
+        .into_iter()
+        .filter(|p| project::matches_agent(p, agent))
+        .collect())
+}
+
+async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
+    Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(is_autonomous_copy).collect())
+}
+
+/// Starts the resync for a freshly connected agent.
+pub(crate) async fn on_connect(hub: &Hub, session: &AgentSession) -> Result<(), StoreError> {
+    let agent = session.name();
+    match session.mode() {
+        AgentMode::Managed => {
+            for p in matching_projects(hub, agent).await? {
+                push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
+            }
+            push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
+        }
+        AgentMode::Autonomous => {
+            let copies = autonomous_copies(hub, agent).await?;
+            for app in &copies {
+                push(session, resync_event(EventType::RequestUpdate, &autonomous_request_update(agent, app)));
+            }
+            let keys: Vec<ResourceKey> =
+                copies.iter().map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata)).collect();
+            let checksum = resource_set_checksum(&keys).map(|c| c.to_vec());
+            push(session, resync_event(EventType::RequestSyncedResourceList, &RequestSyncedResourceList { checksum }));
+        }
+    }
+    tracing::info!(%agent, mode = %session.mode(), "resync started");
+    Ok(())
+}
+
+fn autonomous_request_update(agent: &str, app: &Application) -> RequestUpdate {
+    RequestUpdate {
+        name: app.metadata.name.clone().unwrap_or_default(),
+        namespace: agent.to_owned(),
+        uid: app.metadata.source_uid().unwrap_or_default().to_owned(),
+        kind: RESYNC_KIND_APPLICATION.to_owned(),
+        checksum: checksum_of(&autonomous::agent_side_spec(agent, app)),
+    }
+}
+
+/// Handles a `resourceResync` event from an agent.
+pub(crate) async fn handle(
+    hub: &Hub,
+    session: &AgentSession,
+    ev: &Event,
+    payload: Payload,
+) -> Result<(), InboundError> {
+    let agent = session.name();
+    match (session.mode(), payload) {
+        (AgentMode::Managed, Payload::RequestSyncedResourceList(req)) => {
+            let apps = managed_apps(hub, agent).await?;
+            let projects = matching_projects(hub, agent).await?;
+            let keys: Vec<ResourceKey> = apps
+                .iter()
+                .map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata))
+                .chain(projects.iter().map(|p| ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata)))
+                .collect();
+            let ours = resource_set_checksum(&keys).map(|c| c.to_vec());
+            if ours != req.checksum {
+                tracing::info!(%agent, resources = keys.len(), "resource sets differ; listing the hub's resources");
+                for k in &keys {
+                    push(session, resync_event(EventType::ResponseSyncedResource, &SyncedResource::from(k)));
+                }
+            }
+            Ok(())
+        }
+        (AgentMode::Managed, Payload::RequestUpdate(req)) => managed_request_update(hub, session, &req).await,
+        (AgentMode::Autonomous, Payload::SyncedResource(res)) => {
+            if res.kind == RESYNC_KIND_APPLICATION {
+                let req = match hub.apps.get::<Application>(agent, &res.name).await? {
+                    Some(app) => autonomous_request_update(agent, &app),
+                    None => RequestUpdate {
+                        name: res.name.clone(),
+                        namespace: agent.to_owned(),
+                        kind: res.kind.clone(),
+                        ..Default::default()
+                    },
+                };
+                push(session, resync_event(EventType::RequestUpdate, &req));
+            }
+            Ok(())
+        }
+        (AgentMode::Autonomous, Payload::RequestResourceResync(_)) => {
+            for app in autonomous_copies(hub, agent).await? {
+                push(session, resync_event(EventType::RequestUpdate, &autonomous_request_update(agent, &app)));
+            }
+            Ok(())
+        }
+        (mode, _) => {
+            Err(InboundError::WrongMode { event_type: ev.event_type.clone(), target: ev.target.clone(), mode })
+        }
+    }
+}
+
+fn stub_meta(name: &str, namespace: &str, uid: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        uid: Some(uid.to_owned()),
+        ..Default::default()
+    }
+}
+
+async fn managed_request_update(hub: &Hub, session: &AgentSession, req: &RequestUpdate) -> Result<(), InboundError> {
+    let agent = session.name();
+    if req.kind == RESYNC_KIND_APPLICATION {
+        match hub.apps.get::<Application>(agent, &req.name).await? {
+            Some(app) if is_autonomous_copy(&app) => {}
+            Some(app) => {
+                if checksum_of(&app) != req.checksum || req.uid.is_empty() {
+                    push(session, managed::event_for(hub, EventType::SpecUpdate, &app));
+                }
+            }
+            None => {
+                let stub = Application { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
+                push(session, hub.app_event(EventType::Delete, &stub));
+            }
+        }
+    } else if req.kind == RESYNC_KIND_APP_PROJECT {
+        match hub.projects.get::<AppProject>(&hub.config.namespace, &req.name).await? {
+            Some(p) if project::matches_agent(&p, agent) => {
+                if checksum_of(&project::agent_copy(&p, agent)) != req.checksum || req.uid.is_empty() {
+                    push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
+                }
+            }
+            _ => {
+                let stub = AppProject { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
+                push(session, hub.object_event(EventType::Delete, Target::AppProject, &stub.metadata, &stub));
+            }
+        }
+    } else {
+        tracing::debug!(%agent, kind = %req.kind, name = %req.name, "request-update for a kind not synced here");
+    }
+    Ok(())
+}

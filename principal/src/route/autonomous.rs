@@ -1,0 +1,146 @@
+//! Autonomous mode (upstream §4.3): the agent owns its Applications; the hub keeps copies in
+//! namespace `<agent>` and reverts edits and deletions made to them on the hub.
+
+use protocol::EventType;
+use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
+use protocol::argocd::{Application, ApplicationDestination};
+
+use super::{clear_server_fields, operation_appeared, termination_requested};
+use crate::hub::store::StoreError;
+use crate::hub::{Hub, Key, key_of};
+use crate::session::lock;
+
+/// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
+/// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.
+pub(crate) fn to_hub_copy(agent: &str, incoming: &Application) -> Application {
+    let mut app = incoming.clone();
+    let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
+    clear_server_fields(&mut app.metadata);
+    app.metadata.deletion_timestamp.clone_from(&incoming.metadata.deletion_timestamp);
+    app.metadata.namespace = Some(agent.to_owned());
+    app.metadata.set_annotation(SOURCE_UID, source_uid);
+    if let Some(project) = app.spec.project.as_mut() {
+        *project = format!("{agent}-{project}");
+    }
+    app.spec.destination = Some(ApplicationDestination { name: Some(agent.to_owned()), ..Default::default() });
+    app
+}
+
+/// The spec of a hub copy as the agent has it, for checksums: project prefix removed.
+/// (The destination is left out of checksums anyway.)
+pub(crate) fn agent_side_spec(agent: &str, hub_copy: &Application) -> Application {
+    let mut app = hub_copy.clone();
+    if let Some(project) = app.spec.project.as_mut()
+        && let Some(rest) = project.strip_prefix(&format!("{agent}-"))
+    {
+        *project = rest.to_owned();
+    }
+    app
+}
+
+/// `create` / `spec-update` from an autonomous agent: create or update the hub copy.
+pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
+    let copy = to_hub_copy(agent, incoming);
+    let key = key_of(&copy.metadata);
+    let name = key.1.clone();
+    lock(&hub.auto_source).insert(key.clone(), copy.clone());
+    let mut create = copy.clone();
+    create.metadata.deletion_timestamp = None;
+    if !hub.apps.create(agent, &name, &create).await? {
+        hub.apps
+            .update::<Application, _>(agent, &name, |cur| {
+                let notified = cur.metadata.annotation(NOTIFIED).map(str::to_owned);
+                let mut next = copy.clone();
+                next.metadata.uid.clone_from(&cur.metadata.uid);
+                next.metadata.resource_version.clone_from(&cur.metadata.resource_version);
+                next.metadata.creation_timestamp.clone_from(&cur.metadata.creation_timestamp);
+                next.metadata.deletion_timestamp.clone_from(&cur.metadata.deletion_timestamp);
+                if let Some(n) = notified {
+                    next.metadata.set_annotation(NOTIFIED, n);
+                }
+                let changed = next != *cur;
+                *cur = next;
+                changed
+            })
+            .await?;
+    }
+    if incoming.is_being_deleted() {
+        hub.expect_delete(key);
+        hub.apps.delete(agent, &name).await?;
+    }
+    Ok(())
+}
+
+/// `delete` from an autonomous agent: remove the hub copy, finalizers first.
+pub(crate) async fn agent_deleted(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
+    let name = incoming.metadata.name.clone().unwrap_or_default();
+    let key: Key = (agent.to_owned(), name.clone());
+    hub.expect_delete(key.clone());
+    lock(&hub.auto_source).remove(&key);
+    hub.apps.strip_finalizers(agent, &name).await?;
+    hub.apps.delete(agent, &name).await?;
+    Ok(())
+}
+
+/// A hub copy changed: revert spec edits made on the hub, let a hub deletion through to the
+/// revert-by-recreate path, and forward sync requests (`.operation`) to the agent.
+pub(crate) async fn hub_copy_changed(
+    hub: &Hub,
+    prev: Option<&Application>,
+    cur: &Application,
+) -> Result<(), StoreError> {
+    let key = key_of(&cur.metadata);
+    let (agent, name) = (key.0.clone(), key.1.clone());
+    if cur.is_being_deleted() {
+        if !lock(&hub.expected_deletes).contains(&key) {
+            tracing::info!(%agent, %name, "hub copy of an autonomous Application is being deleted on the hub; it will be recreated");
+            hub.apps.strip_finalizers(&agent, &name).await?;
+        }
+        return Ok(());
+    }
+    let source = lock(&hub.auto_source).get(&key).cloned();
+    match source {
+        Some(src) if src.spec != cur.spec => {
+            tracing::info!(%agent, %name, "reverting a spec edit made on the hub to an autonomous agent's Application");
+            hub.apps
+                .update::<Application, _>(&agent, &name, |c| {
+                    let changed = c.spec != src.spec;
+                    c.spec.clone_from(&src.spec);
+                    changed
+                })
+                .await?;
+        }
+        Some(_) => {}
+        None => {
+            lock(&hub.auto_source).insert(key.clone(), cur.clone());
+        }
+    }
+    let Some(session) = hub.sessions.get(&agent) else { return Ok(()) };
+    let src_op = lock(&hub.auto_source).get(&key).and_then(|s| s.operation.clone());
+    if operation_appeared(prev, cur)
+        && src_op != cur.operation
+        && let Some(ev) = hub.app_event(EventType::SetOperation, &agent_side_spec(&agent, cur))
+    {
+        session.push(ev);
+    }
+    if termination_requested(prev, cur)
+        && let Some(ev) = hub.app_event(EventType::TerminateOperation, &agent_side_spec(&agent, cur))
+    {
+        session.push(ev);
+    }
+    Ok(())
+}
+
+/// A hub copy disappeared: expected (the agent deleted it) or reverted by recreating it.
+pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(), StoreError> {
+    let key = key_of(&app.metadata);
+    if lock(&hub.expected_deletes).remove(&key) {
+        lock(&hub.auto_source).remove(&key);
+        return Ok(());
+    }
+    let Some(mut src) = lock(&hub.auto_source).get(&key).cloned() else { return Ok(()) };
+    tracing::info!(agent = %key.0, name = %key.1, "recreating an autonomous agent's Application deleted on the hub");
+    clear_server_fields(&mut src.metadata);
+    hub.apps.create(&key.0, &key.1, &src).await?;
+    Ok(())
+}

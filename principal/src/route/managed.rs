@@ -1,0 +1,129 @@
+//! Managed mode (upstream §4.2): the hub owns Applications; specs flow down, status flows up.
+
+use protocol::argocd::Application;
+use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
+use protocol::{EventType, Target};
+
+use super::{operation_appeared, owned_parts_differ, termination_requested};
+use crate::config::AgentMode;
+use crate::hub::Hub;
+use crate::hub::store::StoreError;
+
+/// The events a hub change of a managed Application sends to its agent.
+pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {
+    let Some(prev) = prev else { return vec![EventType::Create] };
+    let mut out = Vec::new();
+    if termination_requested(Some(prev), cur) {
+        out.push(EventType::TerminateOperation);
+    } else if owned_parts_differ(prev, cur) {
+        out.push(EventType::SpecUpdate);
+    }
+    if operation_appeared(Some(prev), cur) {
+        out.push(EventType::SetOperation);
+    }
+    out
+}
+
+/// Builds the event of type `ty` for `app` (spec-updates go without `.operation`, as
+/// upstream `callbacks.go:196-203`).
+pub(crate) fn event_for(hub: &Hub, ty: EventType, app: &Application) -> Option<protocol::Event> {
+    if ty == EventType::SpecUpdate {
+        let mut stripped = app.clone();
+        stripped.operation = None;
+        hub.app_event(ty, &stripped)
+    } else {
+        hub.app_event(ty, app)
+    }
+}
+
+/// A hub Application of a managed agent was added or changed.
+pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Application) {
+    let agent = cur.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(session) = hub.sessions.get(agent) else { return };
+    if session.mode() != AgentMode::Managed {
+        return;
+    }
+    for ty in changes(prev, cur) {
+        if let Some(ev) = event_for(hub, ty, cur) {
+            session.push(ev);
+        }
+    }
+}
+
+/// A hub Application of a managed agent was deleted.
+pub(crate) fn hub_app_deleted(hub: &Hub, app: &Application) {
+    let agent = app.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(session) = hub.sessions.get(agent) else { return };
+    if session.mode() == AgentMode::Managed
+        && let Some(ev) = hub.object_event(EventType::Delete, Target::Application, &app.metadata, app)
+    {
+        session.push(ev);
+    }
+}
+
+/// `status-update` from a managed agent: writes `.status` and `.operation` onto the hub
+/// Application through the main resource (Argo CD's Application has no status subresource),
+/// mirrors the refresh annotation and stamps `last-updated`.
+pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
+    let name = incoming.metadata.name.as_deref().unwrap_or_default();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let written = hub
+        .apps
+        .update::<Application, _>(agent, name, |hub_app| {
+            if hub_app.status == incoming.status && hub_app.operation == incoming.operation {
+                return false;
+            }
+            hub_app.status.clone_from(&incoming.status);
+            hub_app.operation.clone_from(&incoming.operation);
+            match incoming.metadata.annotation(REFRESH) {
+                Some(v) => hub_app.metadata.set_annotation(REFRESH, v),
+                None => {
+                    hub_app.metadata.remove_annotation(REFRESH);
+                }
+            }
+            hub_app.metadata.set_annotation(LAST_UPDATED, now.clone());
+            true
+        })
+        .await?;
+    if written.is_none() {
+        tracing::debug!(%agent, %name, "status-update for an Application the hub does not have; ignored");
+    }
+    Ok(())
+}
+
+/// `delete` from a managed agent: completes a hub deletion that waits on the agent (the hub
+/// Application has a deletion timestamp); otherwise ignored, the hub stays the source of truth.
+pub(crate) async fn agent_deleted(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
+    let name = incoming.metadata.name.as_deref().unwrap_or_default();
+    match hub.apps.get::<Application>(agent, name).await? {
+        Some(app) if app.is_being_deleted() => {
+            tracing::info!(%agent, %name, "agent finished deleting; removing finalizers on the hub");
+            hub.apps.strip_finalizers(agent, name).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `.error` from a managed agent: the hub Application gets health `Degraded` and a condition
+/// of type `AgentError` with the agent's message (upstream `principal/event.go:388-421`).
+pub(crate) async fn agent_error(hub: &Hub, agent: &str, err: &protocol::payload::ErrorData) -> Result<(), StoreError> {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    hub.apps
+        .update::<Application, _>(agent, &err.resource_name, |app| {
+            let status = app.status.get_or_insert_with(Default::default);
+            status.extra.insert("health".into(), serde_json::json!({"status": "Degraded", "message": err.message}));
+            let condition =
+                serde_json::json!({"type": "AgentError", "message": err.message, "lastTransitionTime": now});
+            let conditions = status.extra.entry("conditions").or_insert_with(|| serde_json::json!([]));
+            match conditions.as_array_mut() {
+                Some(list) => {
+                    list.retain(|c| c.get("type").and_then(serde_json::Value::as_str) != Some("AgentError"));
+                    list.push(condition.clone());
+                }
+                None => *conditions = serde_json::json!([condition]),
+            }
+            true
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! The gRPC services the principal serves.
+
+pub mod eventstream;
+pub mod version;

@@ -1,0 +1,164 @@
+//! A raw tonic peer (no agent library) sends malformed and unknown events: each is answered
+//! with an ACK and the stream stays up.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use principal::{Principal, PrincipalConfig, insecure_metadata_identity};
+use protocol::pb::cloudevents::CloudEvent;
+use protocol::pb::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
+use protocol::pb::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
+use protocol::pb::eventstreamapi::Event as WireEvent;
+use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
+use protocol::pb::versionapi::VersionRequest;
+use protocol::pb::versionapi::version_client::VersionClient;
+use protocol::{Event, EventType, Target};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+fn attr(s: &str) -> CloudEventAttributeValue {
+    CloudEventAttributeValue { attr: Some(Attr::CeString(s.to_owned())) }
+}
+
+fn raw(spec_version: &str, ty: &str, schema: &str, resource_id: &str, data: &str) -> WireEvent {
+    let attributes = HashMap::from([
+        ("dataschema".to_owned(), attr(schema)),
+        ("resourceid".to_owned(), attr(resource_id)),
+        ("eventid".to_owned(), attr(&format!("{resource_id}-1"))),
+        ("datacontenttype".to_owned(), attr("application/json")),
+    ]);
+    WireEvent {
+        event: Some(CloudEvent {
+            id: "x".into(),
+            source: "raw".into(),
+            spec_version: spec_version.into(),
+            r#type: ty.into(),
+            attributes,
+            data: Some(Data::BinaryData(data.as_bytes().to_vec())),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn malformed_and_unknown_events_are_acked_and_the_stream_stays_up() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let hub = apiserver::ApiServer::start(apiserver::Config::new(dir.path())).await?;
+    let client = hub.client().await?;
+    for ns in ["argocd", "agent-raw"] {
+        let mut n = Namespace::default();
+        n.metadata.name = Some(ns.into());
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &n).await?;
+    }
+    let mut config = PrincipalConfig::new("argocd");
+    config.allowed_namespaces = vec!["agent-*".into()];
+    let principal = Principal::new(config, client, insecure_metadata_identity()).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(principal.serve(listener, cancel.clone()));
+
+    let url = format!("http://{addr}");
+    let version = VersionClient::connect(url.clone()).await?.version(VersionRequest {}).await?.into_inner();
+    assert!(version.version.starts_with("argocd-agent-"));
+
+    // No identity: refused.
+    let (_tx0, rx0) = mpsc::channel::<WireEvent>(1);
+    let refused = EventStreamClient::connect(url.clone()).await?.subscribe(ReceiverStream::new(rx0)).await;
+    assert_eq!(refused.err().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+
+    let (tx, rx) = mpsc::channel(16);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    request.metadata_mut().insert("x-argocd-agent-name", "agent-raw".parse()?);
+    request.metadata_mut().insert("x-argocd-agent-mode", "autonomous".parse()?);
+    let mut inbound = EventStreamClient::connect(url).await?.subscribe(request).await?.into_inner();
+
+    let app_type = EventType::Create.as_str();
+    tx.send(raw("0.3", app_type, "application", "bad-version", "{}")).await?;
+    tx.send(raw("1.0", app_type, "frobnicate", "unknown-schema", "{}")).await?;
+    tx.send(raw("1.0", "io.argoproj.argocd-agent.event.frobnicate", "application", "unknown-type", "{}")).await?;
+    tx.send(raw("1.0", app_type, "application", "bad-payload", "[1, 2, 3]")).await?;
+    tx.send(raw("1.0", app_type, "application", "not-json", "{{{")).await?;
+    tx.send(Event::heartbeat().to_wire()).await?;
+
+    let mut acked = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while acked.len() < 6 {
+        let msg = tokio::time::timeout_at(deadline, inbound.message()).await??;
+        let ev = Event::from_wire(msg.ok_or_else(|| anyhow::anyhow!("stream ended"))?)?;
+        if ev.event_type == EventType::Processed && ev.target == Target::EventProcessed {
+            acked.push(ev.resource_id);
+        }
+    }
+    for id in ["bad-version", "unknown-schema", "unknown-type", "bad-payload", "not-json"] {
+        assert!(acked.iter().any(|a| a == id), "{id} was not acknowledged: {acked:?}");
+    }
+    cancel.cancel();
+    drop(tx);
+    server.await??;
+    hub.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn principal_uid_is_created_once_and_survives_restarts() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let hub = apiserver::ApiServer::start(apiserver::Config::new(dir.path())).await?;
+    let client = hub.client().await?;
+    let mut n = Namespace::default();
+    n.metadata.name = Some("argocd".into());
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &n).await?;
+    let first = Principal::new(PrincipalConfig::new("argocd"), client.clone(), insecure_metadata_identity()).await?;
+    let second = Principal::new(PrincipalConfig::new("argocd"), client, insecure_metadata_identity()).await?;
+    assert!(!first.principal_uid().is_empty());
+    assert_eq!(first.principal_uid(), second.principal_uid());
+    hub.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_second_stream_of_the_same_agent_replaces_the_first() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let hub = apiserver::ApiServer::start(apiserver::Config::new(dir.path())).await?;
+    let client = hub.client().await?;
+    for ns in ["argocd", "agent-dup"] {
+        let mut n = Namespace::default();
+        n.metadata.name = Some(ns.into());
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &n).await?;
+    }
+    let mut config = PrincipalConfig::new("argocd");
+    config.allowed_namespaces = vec!["agent-*".into()];
+    let principal = Principal::new(config, client, insecure_metadata_identity()).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(principal.serve(listener, cancel.clone()));
+
+    let open = |url: String| async move {
+        let (tx, rx) = mpsc::channel::<WireEvent>(4);
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        request.metadata_mut().insert("x-argocd-agent-name", "agent-dup".parse()?);
+        request.metadata_mut().insert("x-argocd-agent-mode", "managed".parse()?);
+        let inbound = EventStreamClient::connect(url).await?.subscribe(request).await?.into_inner();
+        anyhow::Ok((tx, inbound))
+    };
+    let (_tx1, mut first) = open(url.clone()).await?;
+    let (_tx2, _second) = open(url).await?;
+    // The first stream ends (after whatever resync events were already queued for it).
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match first.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the first stream must end once the second attaches");
+    cancel.cancel();
+    server.await??;
+    hub.shutdown().await;
+    Ok(())
+}
