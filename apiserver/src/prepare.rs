@@ -196,6 +196,9 @@ pub fn create(t: Target<'_>, mut obj: Value) -> ApiResult<(Value, String)> {
     }
     if t.rtype.group.is_empty() && t.rtype.plural == "secrets" {
         fold_string_data(&mut obj);
+        if obj.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+            obj["type"] = json!("Opaque");
+        }
     }
     t.validate(&obj)?;
     if !t.rtype.is_namespace() && !matches!(t.rtype.plural.as_str(), "secrets" | "configmaps" | "events" | "leases") {
