@@ -14,6 +14,7 @@ pub mod bin_path;
 pub mod fixtures;
 pub mod kubectl;
 pub mod process;
+pub mod topology;
 pub mod wait;
 
 pub use apiserver::ApiServerProcess;

@@ -1,0 +1,236 @@
+//! A hub and its spokes as real processes: one embedded API server per cluster, the PKI made
+//! with `argocd-agentctl` (as upstream's secrets), a principal over mTLS and one agent per
+//! spoke, each of which can be stopped, killed and started again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use crate::apiserver::ApiServerProcess;
+use crate::bin_path::workspace_binary;
+use crate::process::ChildProcess;
+use crate::wait::wait_for;
+
+/// Namespace of the principal on the hub and of Argo CD on the spokes.
+pub const ARGOCD_NS: &str = "argocd";
+
+/// How long process start-ups may take on a busy machine.
+const START: Duration = Duration::from_secs(60);
+
+/// An agent's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The hub owns the Applications.
+    Managed,
+    /// The spoke owns the Applications.
+    Autonomous,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Managed => "managed",
+            Self::Autonomous => "autonomous",
+        }
+    }
+}
+
+struct AgentSlot {
+    mode: Mode,
+    spoke: ApiServerProcess,
+    process: Option<ChildProcess>,
+}
+
+/// The running topology. Dropping it stops every process.
+pub struct Topology {
+    dir: tempfile::TempDir,
+    hub: ApiServerProcess,
+    agents: BTreeMap<String, AgentSlot>,
+    principal: Option<ChildProcess>,
+    principal_port: Option<u16>,
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Topology").field("dir", &self.dir.path()).field("agents", &self.agents.keys()).finish_non_exhaustive()
+    }
+}
+
+fn merged_kubeconfig(parts: &[(String, &Path)]) -> anyhow::Result<String> {
+    let (mut clusters, mut users, mut contexts) = (vec![], vec![], vec![]);
+    for (name, path) in parts {
+        let kc: Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
+        clusters.push(json!({"name": name, "cluster": kc["clusters"][0]["cluster"]}));
+        users.push(json!({"name": name, "user": kc["users"][0]["user"]}));
+        contexts.push(json!({"name": name, "context": {"cluster": name, "user": name, "namespace": ARGOCD_NS}}));
+    }
+    Ok(serde_yaml::to_string(&json!({
+        "apiVersion": "v1", "kind": "Config", "clusters": clusters, "users": users, "contexts": contexts, "current-context": "hub",
+    }))?)
+}
+
+async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    use kube::api::{Api, PostParams};
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if api.get_opt(name).await?.is_none() {
+        api.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}}))?).await?;
+    }
+    Ok(())
+}
+
+impl Topology {
+    /// Start the hub, one spoke per agent, the PKI, the principal and every agent, and wait
+    /// until every agent is connected.
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("topology-").tempdir()?;
+        let hub = ApiServerProcess::start_on(dir.path().join("hub")).await?;
+        let mut slots = BTreeMap::new();
+        for (name, mode) in agents {
+            let spoke = ApiServerProcess::start_on(dir.path().join(format!("spoke-{name}"))).await?;
+            slots.insert((*name).to_string(), AgentSlot { mode: *mode, spoke, process: None });
+        }
+        let mut parts = vec![("hub".to_string(), hub.kubeconfig_path())];
+        parts.extend(slots.iter().map(|(n, s)| (n.clone(), s.spoke.kubeconfig_path())));
+        std::fs::write(dir.path().join("kubeconfig"), merged_kubeconfig(&parts)?)?;
+        let mut t = Self { dir, hub, agents: slots, principal: None, principal_port: None };
+
+        ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;
+        for (name, slot) in &t.agents {
+            ensure_namespace(&t.hub.client(), name).await?;
+            ensure_namespace(&slot.spoke.client(), ARGOCD_NS).await?;
+        }
+        t.ctl(&["pki", "init", "--key-algorithm", "ecdsa-p256"])?;
+        t.ctl(&["pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost", "--key-algorithm", "ecdsa-p256"])?;
+        t.ctl(&["jwt", "create-key"])?;
+        let names: Vec<String> = t.agents.keys().cloned().collect();
+        for name in &names {
+            t.ctl(&["--agent-context", name, "pki", "issue", "agent", name, "--key-algorithm", "ecdsa-p256"])?;
+            t.ctl(&["--agent-context", name, "pki", "propagate"])?;
+        }
+        t.start_principal().await?;
+        for name in &names {
+            t.start_agent(name).await?;
+        }
+        Ok(t)
+    }
+
+    /// The merged kubeconfig (contexts `hub` and one per agent name).
+    #[must_use]
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        let out = Command::new(workspace_binary("argocd-agentctl")?)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["--principal-context", "hub"])
+            .args(args)
+            .output()
+            .context("cannot run argocd-agentctl")?;
+        if !out.status.success() {
+            bail!("argocd-agentctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// The hub's kube client.
+    #[must_use]
+    pub fn hub(&self) -> kube::Client {
+        self.hub.client()
+    }
+
+    /// An agent's spoke kube client.
+    ///
+    /// # Errors
+    /// No such agent.
+    pub fn spoke(&self, agent: &str) -> anyhow::Result<kube::Client> {
+        Ok(self.agents.get(agent).with_context(|| format!("no agent {agent}"))?.spoke.client())
+    }
+
+    /// Start (or restart) the principal; after the first start it keeps its port, so agents
+    /// reconnect to the same address.
+    ///
+    /// # Errors
+    /// It does not report listening in time.
+    pub async fn start_principal(&mut self) -> anyhow::Result<()> {
+        let port = self.principal_port.unwrap_or(0).to_string();
+        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        cmd.args(["principal", "--namespace", ARGOCD_NS, "--auth", "mtls:subject:CN=([^,]+)", "--listen-host", "127.0.0.1"])
+            .args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .env("NO_COLOR", "1");
+        let mut child = ChildProcess::spawn("principal", cmd)?;
+        let addr = wait_for(START, "the principal to listen", || {
+            child.ensure_running()?;
+            Ok(child.stdout().lines().find_map(|l| l.strip_prefix("principal listening on ").map(|a| a.trim().to_string())))
+        })?;
+        let port: u16 = addr.rsplit(':').next().and_then(|p| p.parse().ok()).context("principal address")?;
+        self.principal_port = Some(port);
+        self.principal = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL the principal.
+    ///
+    /// # Errors
+    /// It is not running.
+    pub fn kill_principal(&mut self) -> anyhow::Result<()> {
+        let mut p = self.principal.take().context("the principal is not running")?;
+        p.sigkill()?;
+        Ok(())
+    }
+
+    /// Start (or restart) an agent and wait until the principal has it connected.
+    ///
+    /// # Errors
+    /// No such agent, or it does not connect in time.
+    pub async fn start_agent(&mut self, name: &str) -> anyhow::Result<()> {
+        let port = self.principal_port.context("start the principal first")?.to_string();
+        let kubeconfig = self.kubeconfig();
+        let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
+        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        cmd.args(["agent", "--agent-mode", slot.mode.as_str(), "--server-address", "127.0.0.1", "--server-port", &port])
+            .args(["--namespace", ARGOCD_NS, "--kubecontext", name, "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env("NO_COLOR", "1");
+        let child = ChildProcess::spawn(&format!("agent-{name}"), cmd)?;
+        slot.process = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL an agent.
+    ///
+    /// # Errors
+    /// No such agent or it is not running.
+    pub fn kill_agent(&mut self, name: &str) -> anyhow::Result<()> {
+        let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
+        let mut p = slot.process.take().with_context(|| format!("agent {name} is not running"))?;
+        p.sigkill()?;
+        Ok(())
+    }
+
+    /// The recent logs of every process, for failure messages.
+    #[must_use]
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Some(p) = &self.principal {
+            out.push_str(&format!("--- principal\n{}\n", p.log_tail(40)));
+        }
+        for (name, slot) in &self.agents {
+            if let Some(p) = &slot.process {
+                out.push_str(&format!("--- agent {name}\n{}\n", p.log_tail(40)));
+            }
+        }
+        out
+    }
+}

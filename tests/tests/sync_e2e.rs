@@ -1,0 +1,158 @@
+//! Principal and agents as spawned binaries on embedded API servers, over mTLS: Applications in
+//! managed and autonomous mode, non-owner edits and deletes reverted, and convergence after an
+//! agent or the principal was down while things changed.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tests::fixtures::{application_resource, dynamic};
+use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::wait_until_async;
+
+const CONVERGE: Duration = Duration::from_secs(45);
+
+fn apps(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &application_resource())
+}
+
+fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
+    dynamic(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "project": "default",
+            "source": {"repoURL": "https://example.com/repo.git", "path": path, "targetRevision": "HEAD"},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": name},
+        },
+    }))
+}
+
+/// Wait until `check` holds for the object (`None` when it does not exist).
+async fn wait_app(t: &Topology, api: &Api<DynamicObject>, name: &str, what: &str, check: impl Fn(Option<&Value>) -> bool) -> Result<()> {
+    let r = wait_until_async(CONVERGE, what, || async {
+        match api.get_opt(name).await {
+            Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
+            Err(_) => false,
+        }
+    })
+    .await;
+    r.with_context(|| t.logs())
+}
+
+fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
+    move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)
+}
+
+fn gone(o: Option<&Value>) -> bool {
+    o.is_none()
+}
+
+async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> Result<()> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": path}}}))).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()> {
+    let t = Topology::start(&[("m1", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "m1");
+    let spoke = apps(&t.spoke("m1")?, ARGOCD_NS);
+
+    hub.create(&PostParams::default(), &app("web", "m1", "v1")?).await?;
+    wait_app(&t, &spoke, "web", "create reaches the spoke", path_is("v1")).await?;
+
+    set_path(&hub, "web", "v2").await?;
+    wait_app(&t, &spoke, "web", "spec update reaches the spoke", path_is("v2")).await?;
+
+    spoke.patch("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}}))).await?;
+    wait_app(&t, &hub, "web", "status comes back to the hub", |o| o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")).await?;
+
+    // The spoke does not own a managed Application: edits and deletes there are reverted.
+    set_path(&spoke, "web", "edited-on-spoke").await?;
+    wait_app(&t, &spoke, "web", "a spoke edit is reverted", path_is("v2")).await?;
+    spoke.delete("web", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "web", "a spoke delete is reverted", path_is("v2")).await?;
+
+    hub.delete("web", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "web", "delete reaches the spoke", gone).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autonomous_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()> {
+    let t = Topology::start(&[("a1", Mode::Autonomous)]).await?;
+    let hub = apps(&t.hub(), "a1");
+    let spoke = apps(&t.spoke("a1")?, ARGOCD_NS);
+
+    spoke.create(&PostParams::default(), &app("svc", ARGOCD_NS, "v1")?).await?;
+    wait_app(&t, &hub, "svc", "create reaches the hub", path_is("v1")).await?;
+
+    set_path(&spoke, "svc", "v2").await?;
+    spoke.patch("svc", &PatchParams::default(), &Patch::Merge(json!({"status": {"sync": {"status": "OutOfSync"}}}))).await?;
+    wait_app(&t, &hub, "svc", "spec and status reach the hub", |o| {
+        o.is_some_and(|o| o["spec"]["source"]["path"] == "v2" && o["status"]["sync"]["status"] == "OutOfSync")
+    })
+    .await?;
+
+    // The hub does not own an autonomous Application: edits and deletes there are reverted.
+    set_path(&hub, "svc", "edited-on-hub").await?;
+    wait_app(&t, &hub, "svc", "a hub edit is reverted", path_is("v2")).await?;
+    hub.delete("svc", &DeleteParams::default()).await?;
+    wait_app(&t, &hub, "svc", "a hub delete is reverted", path_is("v2")).await?;
+
+    spoke.delete("svc", &DeleteParams::default()).await?;
+    wait_app(&t, &hub, "svc", "delete reaches the hub", gone).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_down_while_the_hub_changes_converges_after_restart() -> Result<()> {
+    let mut t = Topology::start(&[("m2", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "m2");
+    let spoke = apps(&t.spoke("m2")?, ARGOCD_NS);
+    for (name, path) in [("keep", "v1"), ("change", "v1"), ("remove", "v1")] {
+        hub.create(&PostParams::default(), &app(name, "m2", path)?).await?;
+    }
+    for name in ["keep", "change", "remove"] {
+        wait_app(&t, &spoke, name, "initial sync", path_is("v1")).await?;
+    }
+
+    t.kill_agent("m2")?;
+    hub.create(&PostParams::default(), &app("added", "m2", "v1")?).await?;
+    set_path(&hub, "change", "v2").await?;
+    hub.delete("remove", &DeleteParams::default()).await?;
+    t.start_agent("m2").await?;
+
+    wait_app(&t, &spoke, "added", "created while the agent was down", path_is("v1")).await?;
+    wait_app(&t, &spoke, "change", "changed while the agent was down", path_is("v2")).await?;
+    wait_app(&t, &spoke, "remove", "deleted while the agent was down", gone).await?;
+    wait_app(&t, &spoke, "keep", "untouched", path_is("v1")).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_restart_converges_both_modes() -> Result<()> {
+    let mut t = Topology::start(&[("m3", Mode::Managed), ("a3", Mode::Autonomous)]).await?;
+    let hub_m = apps(&t.hub(), "m3");
+    let spoke_m = apps(&t.spoke("m3")?, ARGOCD_NS);
+    let hub_a = apps(&t.hub(), "a3");
+    let spoke_a = apps(&t.spoke("a3")?, ARGOCD_NS);
+    hub_m.create(&PostParams::default(), &app("one", "m3", "v1")?).await?;
+    wait_app(&t, &spoke_m, "one", "initial managed sync", path_is("v1")).await?;
+
+    t.kill_principal()?;
+    // Changes on both sides while the principal is down...
+    set_path(&hub_m, "one", "v2").await?;
+    hub_m.create(&PostParams::default(), &app("two", "m3", "v1")?).await?;
+    spoke_a.create(&PostParams::default(), &app("auto", ARGOCD_NS, "v1")?).await?;
+    t.start_principal().await?;
+
+    // ...converge once it is back.
+    wait_app(&t, &spoke_m, "one", "hub update after restart", path_is("v2")).await?;
+    wait_app(&t, &spoke_m, "two", "hub create after restart", path_is("v1")).await?;
+    wait_app(&t, &hub_a, "auto", "spoke create after restart", path_is("v1")).await?;
+    Ok(())
+}
