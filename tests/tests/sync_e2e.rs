@@ -156,3 +156,61 @@ async fn principal_restart_converges_both_modes() -> Result<()> {
     wait_app(&t, &hub_a, "auto", "spoke create after restart", path_is("v1")).await?;
     Ok(())
 }
+
+fn projects(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
+        "appprojects",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_cascade_delete_waits_for_the_spoke_finalizer() -> Result<()> {
+    const FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
+    let t = Topology::start(&[("m4", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "m4");
+    let spoke = apps(&t.spoke("m4")?, ARGOCD_NS);
+    let mut a = app("cascade", "m4", "v1")?;
+    a.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    hub.create(&PostParams::default(), &a).await?;
+    wait_app(&t, &spoke, "cascade", "create reaches the spoke", path_is("v1")).await?;
+
+    hub.delete("cascade", &DeleteParams::default()).await?;
+    // The spoke copy is being deleted, and the hub keeps its copy while the spoke's Argo CD
+    // (played here by the test) prunes resources.
+    wait_app(&t, &spoke, "cascade", "deletion reaches the spoke", |o| o.is_some_and(|o| !o["metadata"]["deletionTimestamp"].is_null())).await?;
+    assert!(hub.get_opt("cascade").await?.is_some(), "the hub keeps its copy until the spoke is done");
+    spoke.patch("cascade", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await?;
+    wait_app(&t, &spoke, "cascade", "the spoke copy goes once its finalizer is removed", gone).await?;
+    wait_app(&t, &hub, "cascade", "then the hub copy goes", gone).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appprojects_reach_matching_managed_agents() -> Result<()> {
+    let t = Topology::start(&[("m5", Mode::Managed)]).await?;
+    let hub = projects(&t.hub(), ARGOCD_NS);
+    let spoke = projects(&t.spoke("m5")?, ARGOCD_NS);
+    let project = |name: &str, dest: &str, description: &str| {
+        dynamic(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+            "metadata": {"name": name, "namespace": ARGOCD_NS},
+            "spec": {
+                "description": description,
+                "sourceRepos": ["*"],
+                "sourceNamespaces": [dest],
+                "destinations": [{"name": dest, "namespace": "*", "server": "*"}],
+            },
+        }))
+    };
+    hub.create(&PostParams::default(), &project("team", "m*", "first")?).await?;
+    hub.create(&PostParams::default(), &project("other", "elsewhere", "not for m5")?).await?;
+    wait_app(&t, &spoke, "team", "a matching project reaches the agent", |o| o.is_some_and(|o| o["spec"]["description"] == "first")).await?;
+    hub.patch("team", &PatchParams::default(), &Patch::Merge(json!({"spec": {"description": "second"}}))).await?;
+    wait_app(&t, &spoke, "team", "a project update reaches the agent", |o| o.is_some_and(|o| o["spec"]["description"] == "second")).await?;
+    assert!(spoke.get_opt("other").await?.is_none(), "a project that does not match the agent stays on the hub");
+    hub.delete("team", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "team", "a project delete reaches the agent", gone).await?;
+    Ok(())
+}
