@@ -64,7 +64,10 @@ struct Sink(Arc<Mutex<HashMap<String, Instant>>>);
 impl EventStream for Sink {
     type SubscribeStream = futures::stream::BoxStream<'static, Result<WireEvent, tonic::Status>>;
 
-    async fn subscribe(&self, request: tonic::Request<tonic::Streaming<WireEvent>>) -> Result<tonic::Response<Self::SubscribeStream>, tonic::Status> {
+    async fn subscribe(
+        &self,
+        request: tonic::Request<tonic::Streaming<WireEvent>>,
+    ) -> Result<tonic::Response<Self::SubscribeStream>, tonic::Status> {
         let mut inbound = request.into_inner();
         let arrivals = self.0.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -83,7 +86,10 @@ impl EventStream for Sink {
         Ok(tonic::Response::new(tokio_stream::wrappers::ReceiverStream::new(rx).boxed()))
     }
 
-    async fn push(&self, _r: tonic::Request<tonic::Streaming<WireEvent>>) -> Result<tonic::Response<PushSummary>, tonic::Status> {
+    async fn push(
+        &self,
+        _r: tonic::Request<tonic::Streaming<WireEvent>>,
+    ) -> Result<tonic::Response<PushSummary>, tonic::Status> {
         Err(tonic::Status::unimplemented("push"))
     }
 
@@ -128,7 +134,8 @@ async fn baseline(latency_n: usize, throughput_n: usize) -> Res<(Vec<Duration>, 
         let sent = Instant::now();
         tx.send(ev).await?;
         echoes.next().await.ok_or_else(|| anyhow::anyhow!("stream ended"))??;
-        let arrived = sink.0.lock().map_err(|_| anyhow::anyhow!("lock"))?.get(&format!("ev-{i}")).copied().unwrap_or(sent);
+        let arrived =
+            sink.0.lock().map_err(|_| anyhow::anyhow!("lock"))?.get(&format!("ev-{i}")).copied().unwrap_or(sent);
         lat.push(arrived.saturating_duration_since(sent));
     }
     // Pipelined: everything in flight at once.
@@ -159,10 +166,10 @@ fn spoke_arrivals(spoke: Api<DynamicObject>) -> (Arc<Mutex<HashMap<String, Insta
     let task = tokio::spawn(async move {
         let mut w = watcher(spoke, watcher::Config::default()).boxed();
         while let Some(ev) = w.next().await {
-            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
-                if let (Some(name), Ok(mut m)) = (o.metadata.name, s.lock()) {
-                    m.entry(name).or_insert_with(Instant::now);
-                }
+            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev
+                && let (Some(name), Ok(mut m)) = (o.metadata.name, s.lock())
+            {
+                m.entry(name).or_insert_with(Instant::now);
             }
         }
     });
@@ -196,7 +203,12 @@ async fn end_to_end(latency_n: usize, throughput_n: usize) -> Res<(Vec<Duration>
     futures::stream::iter(0..throughput_n)
         .map(|i| {
             let hub = hub.clone();
-            async move { hub.create(&PostParams::default(), &dynamic(app_json(&format!("tp-{i}"), "bench"))?).await.map(|_| ()).map_err(anyhow::Error::from) }
+            async move {
+                hub.create(&PostParams::default(), &dynamic(app_json(&format!("tp-{i}"), "bench"))?)
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from)
+            }
         })
         .buffer_unordered(16)
         .collect::<Vec<_>>()
@@ -226,7 +238,11 @@ async fn main() -> Res<()> {
     let (e2e_lat, e2e_rate) = end_to_end(latency_n, throughput_n).await?;
     println!("message: one CloudEvent carrying an Application, {size} bytes on the wire");
     println!("latency, one at a time ({latency_n} events):");
-    println!("  baseline raw tonic bidi stream (h2c, one way)   p50 {:>10}   p99 {:>10}", ms(percentile(&base_lat, 0.5)), ms(percentile(&base_lat, 0.99)));
+    println!(
+        "  baseline raw tonic bidi stream (h2c, one way)   p50 {:>10}   p99 {:>10}",
+        ms(percentile(&base_lat, 0.5)),
+        ms(percentile(&base_lat, 0.99))
+    );
     println!(
         "  hub write -> spoke write (mTLS, 2 API servers)  p50 {:>10}   p99 {:>10}   ({:.1}x baseline p50)",
         ms(percentile(&e2e_lat, 0.5)),
@@ -235,6 +251,9 @@ async fn main() -> Res<()> {
     );
     println!("throughput:");
     println!("  baseline raw tonic bidi stream, pipelined ({stream_n} events)   {base_rate:>9.0} events/s");
-    println!("  end to end, 16 hub writers ({throughput_n} Applications)         {e2e_rate:>9.0} events/s   ({:.3}x baseline)", e2e_rate / base_rate);
+    println!(
+        "  end to end, 16 hub writers ({throughput_n} Applications)         {e2e_rate:>9.0} events/s   ({:.3}x baseline)",
+        e2e_rate / base_rate
+    );
     Ok(())
 }

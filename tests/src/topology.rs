@@ -56,7 +56,10 @@ pub struct Topology {
 
 impl std::fmt::Debug for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Topology").field("dir", &self.dir.path()).field("agents", &self.agents.keys()).finish_non_exhaustive()
+        f.debug_struct("Topology")
+            .field("dir", &self.dir.path())
+            .field("agents", &self.agents.keys())
+            .finish_non_exhaustive()
     }
 }
 
@@ -107,7 +110,17 @@ impl Topology {
             ensure_namespace(&slot.spoke.client(), ARGOCD_NS).await?;
         }
         t.ctl(&["pki", "init", "--key-algorithm", "ecdsa-p256"])?;
-        t.ctl(&["pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost", "--key-algorithm", "ecdsa-p256"])?;
+        t.ctl(&[
+            "pki",
+            "issue",
+            "principal",
+            "--ip",
+            "127.0.0.1",
+            "--dns",
+            "localhost",
+            "--key-algorithm",
+            "ecdsa-p256",
+        ])?;
         t.ctl(&["jwt", "create-key"])?;
         let names: Vec<String> = t.agents.keys().cloned().collect();
         for name in &names {
@@ -163,15 +176,26 @@ impl Topology {
     pub async fn start_principal(&mut self) -> anyhow::Result<()> {
         let port = self.principal_port.unwrap_or(0).to_string();
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
-        cmd.args(["principal", "--namespace", ARGOCD_NS, "--auth", "mtls:subject:CN=([^,]+)", "--listen-host", "127.0.0.1"])
-            .args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .env("NO_COLOR", "1");
+        cmd.args([
+            "principal",
+            "--namespace",
+            ARGOCD_NS,
+            "--auth",
+            "mtls:subject:CN=([^,]+)",
+            "--listen-host",
+            "127.0.0.1",
+        ])
+        .args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
+        .arg("--kubeconfig")
+        .arg(self.kubeconfig())
+        .env("NO_COLOR", "1");
         let mut child = ChildProcess::spawn("principal", cmd)?;
         let addr = wait_for(START, "the principal to listen", || {
             child.ensure_running()?;
-            Ok(child.stdout().lines().find_map(|l| l.strip_prefix("principal listening on ").map(|a| a.trim().to_string())))
+            Ok(child
+                .stdout()
+                .lines()
+                .find_map(|l| l.strip_prefix("principal listening on ").map(|a| a.trim().to_string())))
         })?;
         let port: u16 = addr.rsplit(':').next().and_then(|p| p.parse().ok()).context("principal address")?;
         self.principal_port = Some(port);
@@ -198,11 +222,19 @@ impl Topology {
         let kubeconfig = self.kubeconfig();
         let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
-        cmd.args(["agent", "--agent-mode", slot.mode.as_str(), "--server-address", "127.0.0.1", "--server-port", &port])
-            .args(["--namespace", ARGOCD_NS, "--kubecontext", name, "--log-level", "debug"])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .env("NO_COLOR", "1");
+        cmd.args([
+            "agent",
+            "--agent-mode",
+            slot.mode.as_str(),
+            "--server-address",
+            "127.0.0.1",
+            "--server-port",
+            &port,
+        ])
+        .args(["--namespace", ARGOCD_NS, "--kubecontext", name, "--log-level", "debug"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("NO_COLOR", "1");
         let child = ChildProcess::spawn(&format!("agent-{name}"), cmd)?;
         slot.process = Some(child);
         Ok(())

@@ -30,8 +30,13 @@ fn once_converges_and_leaves_no_process_behind() -> Result<()> {
     ensure!(status.success(), "quickstart --once failed ({status}):\n{}", qs.log_tail(60));
     let out = qs.stdout();
     assert!(out.contains("every demo Application reached the other side with status"), "{out}");
-    for row in ["agent-managed/guestbook", "agent-autonomous/helm-guestbook", "argocd/guestbook", "argocd/helm-guestbook"] {
-        assert!(out.lines().any(|l| l.contains(row) && l.contains("Synced") && l.contains("Healthy")), "{row} Synced/Healthy in:\n{out}");
+    for row in
+        ["agent-managed/guestbook", "agent-autonomous/helm-guestbook", "argocd/guestbook", "argocd/helm-guestbook"]
+    {
+        assert!(
+            out.lines().any(|l| l.contains(row) && l.contains("Synced") && l.contains("Healthy")),
+            "{row} Synced/Healthy in:\n{out}"
+        );
     }
     let left = processes_using(&qs_dir);
     assert!(left.is_empty(), "processes left behind: {left:?}");
@@ -65,7 +70,17 @@ async fn interactive_run_carries_a_users_application_and_ctrl_c_stops_everything
     let arrived = wait_until_async(DEADLINE, "mine on the managed spoke and Synced on the hub", || async {
         let spoke = kubectl.run(&["--context", "managed", "get", "application", "mine", "-n", "argocd"]).await;
         let hub = kubectl
-            .run(&["--context", "hub", "get", "application", "mine", "-n", "agent-managed", "-o", "jsonpath={.status.sync.status}"])
+            .run(&[
+                "--context",
+                "hub",
+                "get",
+                "application",
+                "mine",
+                "-n",
+                "agent-managed",
+                "-o",
+                "jsonpath={.status.sync.status}",
+            ])
             .await;
         matches!((spoke, hub), (Ok(s), Ok(h)) if s.success() && h.success() && h.stdout.trim() == "Synced")
     })

@@ -31,7 +31,13 @@ fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
 }
 
 /// Wait until `check` holds for the object (`None` when it does not exist).
-async fn wait_app(t: &Topology, api: &Api<DynamicObject>, name: &str, what: &str, check: impl Fn(Option<&Value>) -> bool) -> Result<()> {
+async fn wait_app(
+    t: &Topology,
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&Value>) -> bool,
+) -> Result<()> {
     let r = wait_until_async(CONVERGE, what, || async {
         match api.get_opt(name).await {
             Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
@@ -67,8 +73,17 @@ async fn managed_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()> {
     set_path(&hub, "web", "v2").await?;
     wait_app(&t, &spoke, "web", "spec update reaches the spoke", path_is("v2")).await?;
 
-    spoke.patch("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}}))).await?;
-    wait_app(&t, &hub, "web", "status comes back to the hub", |o| o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")).await?;
+    spoke
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}})),
+        )
+        .await?;
+    wait_app(&t, &hub, "web", "status comes back to the hub", |o| {
+        o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")
+    })
+    .await?;
 
     // The spoke does not own a managed Application: edits and deletes there are reverted.
     set_path(&spoke, "web", "edited-on-spoke").await?;
@@ -91,7 +106,9 @@ async fn autonomous_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()
     wait_app(&t, &hub, "svc", "create reaches the hub", path_is("v1")).await?;
 
     set_path(&spoke, "svc", "v2").await?;
-    spoke.patch("svc", &PatchParams::default(), &Patch::Merge(json!({"status": {"sync": {"status": "OutOfSync"}}}))).await?;
+    spoke
+        .patch("svc", &PatchParams::default(), &Patch::Merge(json!({"status": {"sync": {"status": "OutOfSync"}}})))
+        .await?;
     wait_app(&t, &hub, "svc", "spec and status reach the hub", |o| {
         o.is_some_and(|o| o["spec"]["source"]["path"] == "v2" && o["status"]["sync"]["status"] == "OutOfSync")
     })
@@ -179,7 +196,10 @@ async fn managed_cascade_delete_waits_for_the_spoke_finalizer() -> Result<()> {
     hub.delete("cascade", &DeleteParams::default()).await?;
     // The spoke copy is being deleted, and the hub keeps its copy while the spoke's Argo CD
     // (played here by the test) prunes resources.
-    wait_app(&t, &spoke, "cascade", "deletion reaches the spoke", |o| o.is_some_and(|o| !o["metadata"]["deletionTimestamp"].is_null())).await?;
+    wait_app(&t, &spoke, "cascade", "deletion reaches the spoke", |o| {
+        o.is_some_and(|o| !o["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await?;
     assert!(hub.get_opt("cascade").await?.is_some(), "the hub keeps its copy until the spoke is done");
     spoke.patch("cascade", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await?;
     wait_app(&t, &spoke, "cascade", "the spoke copy goes once its finalizer is removed", gone).await?;
@@ -206,9 +226,15 @@ async fn appprojects_reach_matching_managed_agents() -> Result<()> {
     };
     hub.create(&PostParams::default(), &project("team", "m*", "first")?).await?;
     hub.create(&PostParams::default(), &project("other", "elsewhere", "not for m5")?).await?;
-    wait_app(&t, &spoke, "team", "a matching project reaches the agent", |o| o.is_some_and(|o| o["spec"]["description"] == "first")).await?;
+    wait_app(&t, &spoke, "team", "a matching project reaches the agent", |o| {
+        o.is_some_and(|o| o["spec"]["description"] == "first")
+    })
+    .await?;
     hub.patch("team", &PatchParams::default(), &Patch::Merge(json!({"spec": {"description": "second"}}))).await?;
-    wait_app(&t, &spoke, "team", "a project update reaches the agent", |o| o.is_some_and(|o| o["spec"]["description"] == "second")).await?;
+    wait_app(&t, &spoke, "team", "a project update reaches the agent", |o| {
+        o.is_some_and(|o| o["spec"]["description"] == "second")
+    })
+    .await?;
     assert!(spoke.get_opt("other").await?.is_none(), "a project that does not match the agent stays on the hub");
     hub.delete("team", &DeleteParams::default()).await?;
     wait_app(&t, &spoke, "team", "a project delete reaches the agent", gone).await?;

@@ -221,17 +221,40 @@ impl Quickstart {
         }
         if !secret_exists(&hub_c, "argocd-agent-principal-tls").await? {
             self.ctl(&[
-                "--principal-context", HUB, "pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost", "--key-algorithm", "ecdsa-p256",
+                "--principal-context",
+                HUB,
+                "pki",
+                "issue",
+                "principal",
+                "--ip",
+                "127.0.0.1",
+                "--dns",
+                "localhost",
+                "--key-algorithm",
+                "ecdsa-p256",
             ])
             .await?;
         }
         if !secret_exists(&hub_c, "argocd-agent-jwt").await? {
             self.ctl(&["--principal-context", HUB, "jwt", "create-key"]).await?;
         }
-        for (agent, context, client) in [(MANAGED_AGENT, MANAGED, &managed_c), (AUTONOMOUS_AGENT, AUTONOMOUS, &autonomous_c)] {
+        for (agent, context, client) in
+            [(MANAGED_AGENT, MANAGED, &managed_c), (AUTONOMOUS_AGENT, AUTONOMOUS, &autonomous_c)]
+        {
             if !secret_exists(client, "argocd-agent-client-tls").await? {
-                self.ctl(&["--principal-context", HUB, "--agent-context", context, "pki", "issue", "agent", agent, "--key-algorithm", "ecdsa-p256"])
-                    .await?;
+                self.ctl(&[
+                    "--principal-context",
+                    HUB,
+                    "--agent-context",
+                    context,
+                    "pki",
+                    "issue",
+                    "agent",
+                    agent,
+                    "--key-algorithm",
+                    "ecdsa-p256",
+                ])
+                .await?;
             }
             if !secret_exists(client, "argocd-agent-ca").await? {
                 self.ctl(&["--principal-context", HUB, "--agent-context", context, "pki", "propagate"]).await?;
