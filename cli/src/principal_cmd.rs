@@ -276,8 +276,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_principal_namespace(args.namespace.clone());
 
     let mut config = principal::PrincipalConfig::new(&args.namespace);
-    config.allowed_namespaces =
-        if args.allowed_namespaces.is_empty() { vec!["*".into()] } else { args.allowed_namespaces.clone() };
+    config.allowed_namespaces = args.allowed_namespaces.clone();
+    if config.allowed_namespaces.is_empty() {
+        // Upstream's semantics: no pattern admits no agent. Say so, since it is rarely intended.
+        tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");
+    }
     config.version = VERSION.to_string();
     let identity: principal::IdentityFn = std::sync::Arc::new(|ext, _md| {
         let s = ext.get::<auth::AgentSession>()?;

@@ -178,6 +178,8 @@ impl Topology {
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         cmd.args([
             "principal",
+            "--allowed-namespaces",
+            "*",
             "--namespace",
             ARGOCD_NS,
             "--auth",

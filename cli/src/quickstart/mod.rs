@@ -265,6 +265,8 @@ impl Quickstart {
         let kc = self.kubeconfig().display().to_string();
         let principal_args: Vec<String> = [
             "principal",
+            "--allowed-namespaces",
+            "agent-*",
             "--namespace",
             ARGOCD_NS,
             "--auth",
