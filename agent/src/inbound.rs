@@ -84,6 +84,16 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
         }
         (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
             let name = app.metadata.name.clone().unwrap_or_default();
+            // Events of different resources are not ordered: a delete of an older hub
+            // incarnation (other UID) must not remove the copy of a newer one.
+            let incoming_uid = app.metadata.uid.as_deref().filter(|u| !u.is_empty());
+            if let Some(local) = spoke.apps.get::<Application>(spoke.ns(), &name).await?
+                && let (Some(local_uid), Some(uid)) = (local.metadata.source_uid(), incoming_uid)
+                && local_uid != uid
+            {
+                tracing::info!(app = %name, "delete for an older incarnation of this Application; ignored");
+                return Ok(());
+            }
             spoke.expect_delete(&name);
             if !spoke.apps.delete(spoke.ns(), &name).await? {
                 lock(&spoke.expected_deletes).remove(&name);
@@ -242,4 +252,29 @@ async fn upsert_project(spoke: &Spoke, incoming: &AppProject) -> Result<(), Inbo
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spoke_copy_is_stamped_and_rewritten_as_upstream() {
+        let hub: Application = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "agent-1", "uid": "hub-uid", "resourceVersion": "3",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "spec": {"destination": {"server": "https://remote", "namespace": "guestbook"}},
+            "status": {"health": {"status": "Healthy"}},
+        }))
+        .unwrap_or_default();
+        let local = to_spoke(&hub, "argocd", Some("principal-uid"));
+        assert_eq!(local.metadata.namespace.as_deref(), Some("argocd"));
+        assert_eq!(local.metadata.source_uid(), Some("hub-uid"));
+        assert_eq!(local.metadata.annotation(PRINCIPAL_UID), Some("principal-uid"));
+        assert!(local.metadata.annotation(LAST_APPLIED_CONFIGURATION).is_none());
+        assert!(local.metadata.uid.is_none() && local.status.is_none());
+        let dest = local.spec.destination.unwrap_or_default();
+        assert_eq!((dest.name.as_deref(), dest.server.as_deref()), (Some(IN_CLUSTER_NAME), None));
+        assert_eq!(dest.namespace.as_deref(), Some("guestbook"));
+    }
 }

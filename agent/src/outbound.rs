@@ -73,6 +73,9 @@ impl Mailbox {
     ) {
         let mut ticker = heartbeat.map(tokio::time::interval);
         loop {
+            if cancel.is_cancelled() {
+                return;
+            }
             let (ready, deadline) = self.take_ready();
             for mut ev in ready {
                 ev.stamp_sent_at(chrono::Utc::now());
@@ -95,6 +98,7 @@ impl Mailbox {
                 }
             };
             tokio::select! {
+                biased;
                 () = cancel.cancelled() => return,
                 () = tx.closed() => return,
                 () = self.notify.notified() => {}

@@ -23,8 +23,8 @@ use serde::Serialize;
 
 use crate::config::AgentMode;
 use crate::inbound::InboundError;
-use crate::spoke::Spoke;
 use crate::spoke::store::StoreError;
+use crate::spoke::{Spoke, is_ignored};
 
 fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
     let value = serde_json::to_value(obj).ok()?;
@@ -118,7 +118,8 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             Ok(())
         }
         (AgentMode::Autonomous, Payload::RequestSyncedResourceList(req)) => {
-            let apps = spoke.apps.list::<Application>(ns).await?;
+            let apps: Vec<Application> =
+                spoke.apps.list::<Application>(ns).await?.into_iter().filter(|a| !is_ignored(&a.metadata)).collect();
             let keys: Vec<ResourceKey> =
                 apps.iter().map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata)).collect();
             if resource_set_checksum(&keys).map(|c| c.to_vec()) != req.checksum {
@@ -133,12 +134,13 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
                 return Ok(());
             }
             match spoke.apps.get::<Application>(ns, &req.name).await? {
-                Some(app) => {
-                    if checksum_of(&app) != req.checksum || req.uid.is_empty() {
+                Some(app) if !is_ignored(&app.metadata) => {
+                    // A pending deletion does not change the checksum; send it anyway.
+                    if checksum_of(&app) != req.checksum || req.uid.is_empty() || app.is_being_deleted() {
                         spoke.send_object(EventType::SpecUpdate, Target::Application, &app.metadata, &app);
                     }
                 }
-                None => {
+                _ => {
                     let meta = ObjectMeta {
                         name: Some(req.name.clone()),
                         namespace: Some(ns.to_owned()),

@@ -41,6 +41,13 @@ async fn autonomous_app_lifecycle_create_update_status_operation_delete() {
     merge(&hub, "guestbook", json!({"operation": {"sync": {"revision": "HEAD"}}})).await;
     wait_obj(&spoke, "guestbook", "operation on the spoke", |v| v.pointer("/operation/sync/revision").is_some()).await;
 
+    let refresh = json!({"metadata": {"annotations": {"argocd.argoproj.io/refresh": "normal"}}});
+    merge(&hub, "guestbook", refresh).await;
+    wait_obj(&spoke, "guestbook", "refresh request on the spoke", |v| {
+        annotation(v, "argocd.argoproj.io/refresh") == Some("normal")
+    })
+    .await;
+
     delete(&spoke, "guestbook").await;
     wait_gone(&hub, "guestbook", "hub copy deleted").await;
     env.shutdown().await;
@@ -138,5 +145,26 @@ async fn autonomous_appprojects_flow_up_as_renamed_copies() {
     wait_obj(&hub, "agent-1-dev", "project update up", |v| v.pointer("/spec/description") == Some(&json!("two"))).await;
     delete(&spoke, "dev").await;
     wait_gone(&hub, "agent-1-dev", "project delete up").await;
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn autonomous_agent_namespace_is_created_on_the_hub_when_enabled() {
+    let env = Env::with_hub_namespaces(AgentMode::Autonomous, &[PRINCIPAL_NS], true).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    create(&spoke, app_json("first", SPOKE_NS, "guestbook")).await;
+    wait_obj(&hub, "first", "hub copy in the created namespace", |_| true).await;
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn autonomous_ignore_sync_label_removes_the_hub_copy() {
+    let env = Env::new(AgentMode::Autonomous).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    create(&spoke, app_json("skip", SPOKE_NS, "guestbook")).await;
+    wait_obj(&hub, "skip", "hub copy", |_| true).await;
+    merge(&spoke, "skip", json!({"metadata": {"labels": {"argocd-agent.argoproj-labs.io/ignore-sync": "true"}}})).await;
+    wait_gone(&hub, "skip", "hub copy of an ignored app removed").await;
+    assert!(get(&spoke, "skip").await.is_some());
     env.shutdown().await;
 }

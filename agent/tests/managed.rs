@@ -44,6 +44,13 @@ async fn managed_app_lifecycle_create_update_status_operation_delete() {
     merge(&hub, "guestbook", json!({"operation": {"sync": {"revision": "HEAD"}}})).await;
     wait_obj(&spoke, "guestbook", "operation on the spoke", |v| v.pointer("/operation/sync/revision").is_some()).await;
 
+    let refresh = json!({"metadata": {"annotations": {"argocd.argoproj.io/refresh": "hard"}}});
+    merge(&hub, "guestbook", refresh).await;
+    wait_obj(&spoke, "guestbook", "refresh request on the spoke", |v| {
+        annotation(v, "argocd.argoproj.io/refresh") == Some("hard")
+    })
+    .await;
+
     delete(&hub, "guestbook").await;
     wait_gone(&spoke, "guestbook", "app deleted on the spoke").await;
     env.shutdown().await;
@@ -234,5 +241,34 @@ async fn managed_appproject_edit_and_delete_on_the_spoke_are_reverted() {
     delete(&spoke, "team-b").await;
     let uid = first.pointer("/metadata/uid").cloned();
     wait_obj(&spoke, "team-b", "local project delete reverted", |v| v.pointer("/metadata/uid").cloned() != uid).await;
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn managed_ignore_sync_label_removes_the_app_from_the_agent() {
+    let env = Env::new(AgentMode::Managed).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    create(&hub, app_json("skip", AGENT, "guestbook")).await;
+    wait_obj(&spoke, "skip", "app on the spoke", |_| true).await;
+    merge(&hub, "skip", json!({"metadata": {"labels": {"argocd-agent.argoproj-labs.io/ignore-sync": "true"}}})).await;
+    wait_gone(&spoke, "skip", "ignored app removed from the spoke").await;
+    assert!(get(&hub, "skip").await.is_some());
+    env.shutdown().await;
+}
+
+#[tokio::test]
+async fn managed_hub_delete_with_finalizers_while_principal_down_completes_after_restart() {
+    let mut env = Env::new(AgentMode::Managed).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    let mut app = app_json("fin", AGENT, "guestbook");
+    app["metadata"]["finalizers"] = json!(["resources-finalizer.argocd.argoproj.io"]);
+    create(&hub, app).await;
+    wait_obj(&spoke, "fin", "app on the spoke", |_| true).await;
+    env.stop_principal().await;
+    delete(&hub, "fin").await;
+    env.start_principal().await;
+    wait_obj(&spoke, "fin", "spoke copy being deleted", |v| v.pointer("/metadata/deletionTimestamp").is_some()).await;
+    merge(&spoke, "fin", json!({"metadata": {"finalizers": null}})).await;
+    wait_gone(&hub, "fin", "hub deletion completed").await;
     env.shutdown().await;
 }

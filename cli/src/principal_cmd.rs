@@ -318,9 +318,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .add_service(principal.version_service());
     let shutdown = {
         let cancel = cancel.clone();
+        let principal = principal.clone();
         async move {
             crate::signals::wait().await;
+            tracing::info!("shutting down: closing agent streams");
             cancel.cancel();
+            // Open agent streams would otherwise keep the graceful shutdown waiting forever.
+            principal.disconnect_all();
         }
     };
     let served = if args.insecure_plaintext {

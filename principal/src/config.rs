@@ -8,6 +8,9 @@ use protocol::outbox::RetryPolicy;
 /// The version string `versionapi.Version` reports (upstream: `argocd-agent-<version>`).
 pub const DEFAULT_VERSION: &str = concat!("argocd-agent-", env!("CARGO_PKG_VERSION"));
 
+/// Upstream's default gRPC port (`--listen-port`).
+pub const DEFAULT_LISTEN_PORT: u16 = 8443;
+
 /// How an agent relates to the hub (upstream `--agent-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AgentMode {
@@ -61,6 +64,11 @@ pub struct PrincipalConfig {
     /// Globs (`*`, `?`) of agent namespaces the principal serves (`--allowed-namespaces`); an
     /// empty list admits no agent, as upstream.
     pub allowed_namespaces: Vec<String>,
+    /// Create the hub namespace `<agent>` when an autonomous agent connects and it is missing
+    /// (`--namespace-create-enable`, default off).
+    pub namespace_create_enable: bool,
+    /// Labels put on namespaces created that way (`--namespace-create-labels`).
+    pub namespace_create_labels: std::collections::BTreeMap<String, String>,
     /// The version reported by `versionapi.Version`.
     pub version: String,
     /// Retry timing for un-ACKed events sent to agents.
@@ -74,6 +82,8 @@ impl PrincipalConfig {
         Self {
             namespace: namespace.into(),
             allowed_namespaces: Vec::new(),
+            namespace_create_enable: false,
+            namespace_create_labels: std::collections::BTreeMap::new(),
             version: DEFAULT_VERSION.to_owned(),
             retry: RetryPolicy::default(),
         }

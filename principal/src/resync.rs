@@ -26,7 +26,7 @@ use crate::config::AgentMode;
 use crate::hub::Hub;
 use crate::hub::store::StoreError;
 use crate::inbound::InboundError;
-use crate::route::{autonomous, is_autonomous_copy, managed, project};
+use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
 use crate::session::AgentSession;
 
 /// The spec checksum of an object, `None` if it has no spec.
@@ -52,7 +52,13 @@ fn push(session: &AgentSession, ev: Option<Event>) {
 }
 
 async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(|a| !is_autonomous_copy(a)).collect())
+    Ok(hub
+        .apps
+        .list::<Application>(agent)
+        .await?
+        .into_iter()
+        .filter(|a| !is_autonomous_copy(a) && !is_ignored(a))
+        .collect())
 }
 
 async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, StoreError> {
@@ -172,12 +178,14 @@ async fn managed_request_update(hub: &Hub, session: &AgentSession, req: &Request
     if req.kind == RESYNC_KIND_APPLICATION {
         match hub.apps.get::<Application>(agent, &req.name).await? {
             Some(app) if is_autonomous_copy(&app) => {}
-            Some(app) => {
-                if checksum_of(&app) != req.checksum || req.uid.is_empty() {
+            Some(app) if !is_ignored(&app) => {
+                // A deletion pending on the hub does not change the spec checksum; send it
+                // anyway, or a hub deletion made while the agent was away would wait forever.
+                if checksum_of(&app) != req.checksum || req.uid.is_empty() || app.is_being_deleted() {
                     push(session, managed::event_for(hub, EventType::SpecUpdate, &app));
                 }
             }
-            None => {
+            _ => {
                 let stub = Application { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
                 push(session, hub.app_event(EventType::Delete, &stub));
             }

@@ -162,3 +162,64 @@ async fn a_second_stream_of_the_same_agent_replaces_the_first() -> anyhow::Resul
     hub.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_agent_error_marks_the_hub_application_degraded() -> anyhow::Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let dir = tempfile::tempdir()?;
+    let hub = apiserver::ApiServer::start(apiserver::Config::new(dir.path())).await?;
+    let client = hub.client().await?;
+    for ns in ["argocd", "agent-err"] {
+        let mut n = Namespace::default();
+        n.metadata.name = Some(ns.into());
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &n).await?;
+    }
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    );
+    let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), "agent-err", &ar);
+    let app: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": "broken", "namespace": "agent-err"},
+        "spec": {"project": "default"},
+    }))?;
+    apps.create(&PostParams::default(), &app).await?;
+
+    let mut config = PrincipalConfig::new("argocd");
+    config.allowed_namespaces = vec!["agent-*".into()];
+    let principal = Principal::new(config, client, insecure_metadata_identity()).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(principal.serve(listener, cancel.clone()));
+
+    let (tx, rx) = mpsc::channel(4);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    request.metadata_mut().insert("x-argocd-agent-name", "agent-err".parse()?);
+    request.metadata_mut().insert("x-argocd-agent-mode", "managed".parse()?);
+    let _inbound = EventStreamClient::connect(url).await?.subscribe(request).await?.into_inner();
+    let data = protocol::payload::ErrorData {
+        resource_name: "broken".into(),
+        resource_namespace: "argocd".into(),
+        message: "cannot apply".into(),
+    };
+    let ev = Event::new(EventType::Error, Target::Application, "broken_x", "e1").with_json(&data)?;
+    tx.send(ev.to_wire()).await?;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let obj = serde_json::to_value(apps.get("broken").await?)?;
+        let degraded = obj.pointer("/status/health/status").and_then(|v| v.as_str()) == Some("Degraded");
+        let condition = obj.pointer("/status/conditions/0/type").and_then(|v| v.as_str()) == Some("AgentError");
+        if degraded && condition {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "hub app not marked degraded: {obj}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cancel.cancel();
+    server.await??;
+    hub.shutdown().await;
+    Ok(())
+}

@@ -215,6 +215,19 @@ impl Topology {
         Ok(())
     }
 
+    /// SIGTERM the principal and require a clean exit within `grace`.
+    ///
+    /// # Errors
+    /// It is not running, does not exit in time, or exits non-zero.
+    pub fn stop_principal(&mut self, grace: Duration) -> anyhow::Result<()> {
+        let mut p = self.principal.take().context("the principal is not running")?;
+        let status = p.sigterm_and_wait(grace)?;
+        if !status.success() {
+            bail!("the principal exited with {status} on SIGTERM:\n{}", p.log_tail(30));
+        }
+        Ok(())
+    }
+
     /// Start (or restart) an agent and wait until the principal has it connected.
     ///
     /// # Errors

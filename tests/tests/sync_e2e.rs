@@ -240,3 +240,18 @@ async fn appprojects_reach_matching_managed_agents() -> Result<()> {
     wait_app(&t, &spoke, "team", "a project delete reaches the agent", gone).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_stops_cleanly_on_sigterm_with_agents_connected_and_comes_back() -> Result<()> {
+    let mut t = Topology::start(&[("m6", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "m6");
+    let spoke = apps(&t.spoke("m6")?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &app("before", "m6", "v1")?).await?;
+    wait_app(&t, &spoke, "before", "initial sync", path_is("v1")).await?;
+    // Open agent streams must not hold a graceful shutdown.
+    t.stop_principal(Duration::from_secs(10))?;
+    t.start_principal().await?;
+    hub.create(&PostParams::default(), &app("after", "m6", "v1")?).await?;
+    wait_app(&t, &spoke, "after", "sync after a graceful restart", path_is("v1")).await?;
+    Ok(())
+}

@@ -99,3 +99,9 @@ pub(crate) fn clear_server_fields(meta: &mut protocol::argocd::ObjectMeta) {
     meta.extra.remove("managedFields");
     meta.extra.remove("deletionGracePeriodSeconds");
 }
+
+/// Whether an object is excluded from synchronisation (label
+/// `argocd-agent.argoproj-labs.io/ignore-sync=true`, upstream §4.10).
+pub(crate) fn is_ignored(meta: &protocol::argocd::ObjectMeta) -> bool {
+    meta.label(protocol::argocd::annotations::IGNORE_SYNC) == Some("true")
+}

@@ -19,7 +19,7 @@ use protocol::argocd::Application;
 use protocol::{EventType, Target};
 use tokio_util::sync::CancellationToken;
 
-use super::{Spoke, clear_server_fields};
+use super::{Spoke, clear_server_fields, is_ignored};
 use crate::config::AgentMode;
 use crate::outbound::lock;
 
@@ -91,6 +91,13 @@ async fn applied(spoke: &Spoke, app: Application) {
             managed_applied(spoke, &name, app).await;
         }
         AgentMode::Autonomous => {
+            if is_ignored(&app.metadata) {
+                let prev = lock(&spoke.sent).remove(&name);
+                if prev.is_some() {
+                    spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+                }
+                return;
+            }
             let prev = lock(&spoke.sent).insert(name, app.clone());
             let ty = match prev {
                 None => EventType::Create,

@@ -59,6 +59,8 @@ pub struct Env {
     pub addr: SocketAddr,
     principal: Option<Running>,
     agent: Option<Running>,
+    /// Set `--namespace-create-enable` on the principal.
+    pub namespace_create: bool,
 }
 
 pub fn init_tracing() {
@@ -70,11 +72,15 @@ pub fn init_tracing() {
 
 impl Env {
     pub async fn new(mode: AgentMode) -> Env {
+        Self::with_hub_namespaces(mode, &[PRINCIPAL_NS, AGENT], false).await
+    }
+
+    pub async fn with_hub_namespaces(mode: AgentMode, hub_namespaces: &[&str], namespace_create: bool) -> Env {
         init_tracing();
-        let hub = Cluster::start(&[PRINCIPAL_NS, AGENT]).await;
+        let hub = Cluster::start(hub_namespaces).await;
         let spoke = Cluster::start(&[SPOKE_NS]).await;
-        let mut env =
-            Env { mode, hub, spoke, addr: SocketAddr::from(([127, 0, 0, 1], 0)), principal: None, agent: None };
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut env = Env { mode, hub, spoke, addr, principal: None, agent: None, namespace_create };
         env.start_principal().await;
         env.start_agent().await;
         env
@@ -83,6 +89,7 @@ impl Env {
     pub async fn start_principal(&mut self) {
         let mut config = PrincipalConfig::new(PRINCIPAL_NS);
         config.allowed_namespaces = vec!["agent-*".into()];
+        config.namespace_create_enable = self.namespace_create;
         let principal = Principal::new(config, self.hub.client.clone(), insecure_metadata_identity()).await.unwrap();
         // Rebind the same port after a restart, so the agent finds the principal again.
         let mut listener = None;

@@ -108,6 +108,12 @@ impl ObjectStore {
         Self { client, resource: ApiResource::from_gvk_with_plural(&gvk, plural), kind }
     }
 
+    /// The client this store uses.
+    #[must_use]
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     /// The kind's name, for logs.
     #[must_use]
     pub fn kind(&self) -> &'static str {

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Hub, Key, key_of};
-use crate::route::{autonomous, is_autonomous_copy, managed, project};
+use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
 use crate::session::lock;
 
 /// Watches hub Applications until `cancel` fires.
@@ -86,6 +86,13 @@ fn decode_app(hub: &Hub, obj: &DynamicObject) -> Option<Application> {
 
 async fn app_applied(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
+    if !is_autonomous_copy(&app) && is_ignored(&app) {
+        let prev = lock(&hub.seen_apps).remove(&key);
+        if let Some(prev) = prev {
+            managed::hub_app_deleted(hub, &prev);
+        }
+        return;
+    }
     let prev = lock(&hub.seen_apps).insert(key.clone(), app.clone());
     if is_autonomous_copy(&app) {
         let span = tracing::info_span!("hub_app", agent = %key.0, app = %key.1, mode = "autonomous");

@@ -5,7 +5,7 @@ use protocol::EventType;
 use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
 use protocol::argocd::{Application, ApplicationDestination};
 
-use super::{clear_server_fields, operation_appeared, termination_requested};
+use super::{clear_server_fields, operation_appeared, refresh_requested, termination_requested};
 use crate::hub::store::StoreError;
 use crate::hub::{Hub, Key, key_of};
 use crate::session::lock;
@@ -123,6 +123,11 @@ pub(crate) async fn hub_copy_changed(
     {
         session.push(ev);
     }
+    if refresh_requested(prev, cur)
+        && let Some(ev) = hub.app_event(EventType::SpecUpdate, &agent_side_spec(&agent, cur))
+    {
+        session.push(ev);
+    }
     if termination_requested(prev, cur)
         && let Some(ev) = hub.app_event(EventType::TerminateOperation, &agent_side_spec(&agent, cur))
     {
@@ -143,4 +148,29 @@ pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(),
     clear_server_fields(&mut src.metadata);
     hub.apps.create(&key.0, &key.1, &src).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_copy_carries_upstream_annotations_and_mapping() {
+        let spoke: Application = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "argocd", "uid": "spoke-uid", "resourceVersion": "7",
+                         "ownerReferences": [{"kind": "ApplicationSet"}]},
+            "spec": {"project": "default", "destination": {"server": "https://kubernetes.default.svc"}},
+            "status": {"health": {"status": "Healthy"}},
+        }))
+        .unwrap_or_default();
+        let copy = to_hub_copy("agent-1", &spoke);
+        assert_eq!(copy.metadata.namespace.as_deref(), Some("agent-1"));
+        assert_eq!(copy.metadata.source_uid(), Some("spoke-uid"));
+        assert!(copy.metadata.uid.is_none() && copy.metadata.resource_version.is_none());
+        assert!(copy.metadata.owner_references.is_none());
+        assert_eq!(copy.spec.project.as_deref(), Some("agent-1-default"));
+        assert_eq!(copy.spec.destination.as_ref().and_then(|d| d.name.as_deref()), Some("agent-1"));
+        assert_eq!(copy.status, spoke.status);
+        assert_eq!(agent_side_spec("agent-1", &copy).spec.project.as_deref(), Some("default"));
+    }
 }

@@ -4,7 +4,7 @@ use protocol::argocd::Application;
 use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
 use protocol::{EventType, Target};
 
-use super::{operation_appeared, owned_parts_differ, termination_requested};
+use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
 use crate::hub::Hub;
 use crate::hub::store::StoreError;
@@ -15,7 +15,7 @@ pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<Even
     let mut out = Vec::new();
     if termination_requested(Some(prev), cur) {
         out.push(EventType::TerminateOperation);
-    } else if owned_parts_differ(prev, cur) {
+    } else if owned_parts_differ(prev, cur) || refresh_requested(Some(prev), cur) {
         out.push(EventType::SpecUpdate);
     }
     if operation_appeared(Some(prev), cur) {
@@ -126,4 +126,43 @@ pub(crate) async fn agent_error(hub: &Hub, agent: &str, err: &protocol::payload:
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(path: &str) -> Application {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "agent-1", "uid": "u1", "resourceVersion": "1"},
+            "spec": {"source": {"path": path}},
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn hub_changes_map_to_upstream_event_types() {
+        let base = app("p");
+        assert_eq!(changes(None, &base), vec![EventType::Create]);
+        assert!(changes(Some(&base), &base).is_empty(), "no change, no event");
+
+        let mut status_only = base.clone();
+        status_only.status = Some(Default::default());
+        status_only.metadata.set_annotation(LAST_UPDATED, "now");
+        assert!(changes(Some(&base), &status_only).is_empty(), "status writes are not echoed down");
+
+        assert_eq!(changes(Some(&base), &app("q")), vec![EventType::SpecUpdate]);
+
+        let mut op = base.clone();
+        op.operation = Some(serde_json::json!({"sync": {}}));
+        assert_eq!(changes(Some(&base), &op), vec![EventType::SetOperation]);
+
+        let mut term = base.clone();
+        term.status = serde_json::from_value(serde_json::json!({"operationState": {"phase": "Terminating"}})).ok();
+        assert_eq!(changes(Some(&base), &term), vec![EventType::TerminateOperation]);
+
+        let mut refresh = base.clone();
+        refresh.metadata.set_annotation(REFRESH, "hard");
+        assert_eq!(changes(Some(&base), &refresh), vec![EventType::SpecUpdate]);
+    }
 }

@@ -106,6 +106,9 @@ async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
 /// Drains the session's outbox onto the stream until `cancel` fires or the stream closes.
 async fn send_loop(session: Arc<AgentSession>, tx: mpsc::Sender<Result<WireEvent, Status>>, cancel: CancellationToken) {
     loop {
+        if cancel.is_cancelled() {
+            return; // a replaced stream must not take events meant for its successor
+        }
         let (ready, deadline) = session.take_ready();
         for mut ev in ready {
             ev.stamp_sent_at(chrono::Utc::now());
@@ -120,6 +123,7 @@ async fn send_loop(session: Arc<AgentSession>, tx: mpsc::Sender<Result<WireEvent
             }
         };
         tokio::select! {
+            biased;
             () = cancel.cancelled() => return,
             () = tx.closed() => return,
             () = session.changed() => {}
@@ -144,6 +148,15 @@ async fn run_stream(
     let Stream { session, generation, cancel } = stream;
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
     tokio::spawn(send_loop(session.clone(), tx, cancel.clone()));
+    if hub.config.namespace_create_enable && session.mode() == AgentMode::Autonomous {
+        match crate::state::ensure_namespace(&hub.apps.client(), session.name(), &hub.config.namespace_create_labels)
+            .await
+        {
+            Ok(true) => tracing::info!(agent = %session.name(), "created the agent's hub namespace"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(agent = %session.name(), error = %e, "cannot create the agent's hub namespace"),
+        }
+    }
     if let Err(e) = resync::on_connect(&hub, &session).await {
         tracing::warn!(agent = %session.name(), error = %e, "cannot start resync; it runs again on the next connect");
     }
