@@ -76,6 +76,74 @@ pub enum AuthError {
         /// Which rule it breaks.
         reason: InvalidAgentName,
     },
+    /// A header-based method refused to read the identity header: the connection does not come
+    /// from a trusted hop (the local sidecar or a configured proxy address).
+    #[error(
+        "the connection comes from {source_addr}, which is not a trusted hop (trusted: {trusted}): method \"{method}\" \
+         reads the identity header {header} only from the local sidecar or a configured proxy, so it was not read"
+    )]
+    UntrustedHop {
+        /// The method.
+        method: &'static str,
+        /// The identity header the method reads.
+        header: String,
+        /// The connection's source address, or `unknown`.
+        source_addr: String,
+        /// The trusted networks, comma separated.
+        trusted: String,
+    },
+    /// The identity header is absent.
+    #[error(
+        "no {header} header: method \"{method}\" takes the agent identity from the header the mesh sidecar \
+         forwards (is the agent's traffic going through the mesh with mTLS?)"
+    )]
+    MissingHeader {
+        /// The method.
+        method: &'static str,
+        /// The header name.
+        header: String,
+    },
+    /// The identity header appears more than once, or is not visible ASCII text.
+    #[error("the {header} header is unusable: {reason}")]
+    BadHeader {
+        /// The header name.
+        header: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The forwarded identity header does not name an agent (parse, SPIFFE ID or policy failure).
+    #[error("the {header} header does not identify an agent: {source}")]
+    MeshIdentity {
+        /// The header name.
+        header: String,
+        /// What the mesh identity check said.
+        #[source]
+        source: mesh::IdentityError,
+    },
+    /// The header does not match the `header:<name>:<regex>` regex.
+    #[error(
+        "the {header} header value {value:?} does not match the agent name regex `{regex}` (--auth header:<name>:<regex>)"
+    )]
+    HeaderMismatch {
+        /// The header name.
+        header: String,
+        /// The header value (shortened if long).
+        value: String,
+        /// The configured regex.
+        regex: String,
+    },
+    /// The header regex matched, but the agent name it captured is empty or not a DNS-1123 label.
+    #[error(
+        "the agent name captured from the {header} header by the regex `{regex}` is not a valid DNS-1123 label: {reason}"
+    )]
+    HeaderAgentName {
+        /// The header name.
+        header: String,
+        /// The configured regex.
+        regex: String,
+        /// Which rule the captured name breaks.
+        reason: InvalidAgentName,
+    },
     /// The agent's name is the principal's namespace, which upstream reserves.
     #[error(
         "agent name \"{name}\" is the principal's namespace, which cannot be an agent name: give the \

@@ -157,6 +157,10 @@ pub enum Binding {
     /// A SPIFFE ID (mesh methods: forwarded XFCC, X.509 or JWT SVIDs). SVIDs rotate often, so
     /// mesh sessions bind to the ID rather than to one certificate.
     SpiffeId(String),
+    /// SHA-256 of a forwarded identity header's raw value (`header:<name>:<regex>` when the agent
+    /// name does not come from a SPIFFE ID, e.g. Linkerd's `l5d-client-id`): the token is valid
+    /// only while the trusted proxy forwards exactly the same value.
+    HeaderSha256([u8; 32]),
 }
 
 impl Binding {
@@ -166,13 +170,19 @@ impl Binding {
         Self::CertificateSha256(Sha256::digest(der).into())
     }
 
+    /// Binds to the SHA-256 of a forwarded header's raw value.
+    #[must_use]
+    pub fn header_value(value: &[u8]) -> Self {
+        Self::HeaderSha256(Sha256::digest(value).into())
+    }
+
     /// The upper-case hex SHA-256 fingerprint, the form upstream's TLS blocklist uses, or `None`
-    /// for a SPIFFE ID.
+    /// for the other bindings.
     #[must_use]
     pub fn fingerprint(&self) -> Option<String> {
         match self {
             Self::CertificateSha256(hash) => Some(hex::encode_upper(hash)),
-            Self::SpiffeId(_) => None,
+            Self::SpiffeId(_) | Self::HeaderSha256(_) => None,
         }
     }
 }
@@ -184,6 +194,7 @@ impl fmt::Display for Binding {
                 write!(f, "client certificate SHA-256 {}", hex::encode_upper(hash))
             }
             Self::SpiffeId(id) => write!(f, "SPIFFE ID {id}"),
+            Self::HeaderSha256(hash) => write!(f, "forwarded header value SHA-256 {}", hex::encode_upper(hash)),
         }
     }
 }

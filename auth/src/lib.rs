@@ -12,8 +12,12 @@
 //! interceptor for every other client.
 //!
 //! Every session token is bound to the transport identity it was issued on (the client
-//! certificate's SHA-256 for native mTLS, a SPIFFE ID for the mesh methods that come next), and
-//! refused on a connection presenting another.
+//! certificate's SHA-256 for native mTLS, a SPIFFE ID for the mesh methods), and refused on a
+//! connection or call presenting another.
+//!
+//! Behind a mesh (`--auth xfcc:…` or upstream's `--auth header:<name>:<regex>`) the principal
+//! serves plaintext behind its sidecar and reads the identity the sidecar forwards, only from
+//! trusted hops; check the listener with [`check_listener`] at startup.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -31,8 +35,11 @@ pub use client::{AccessTokenInterceptor, AuthParams, ClientError, Credentials, P
 pub use error::AuthError;
 pub use identity::{AgentIdentity, AgentMode, AgentName, AgentSession, Binding, InvalidAgentName, TransportIdentity};
 pub use layer::{Auth, AuthLayer, PUBLIC_PATHS};
+pub use mesh::{MeshProfile, TrustedHops};
+pub use method::header::HeaderAuthenticator;
 pub use method::mtls::{IdentitySource, MtlsAuthenticator};
-pub use method::spec::{AuthMethodSpec, DEFAULT_SUBJECT_REGEX, SpecError};
+pub use method::spec::{AuthMethodSpec, DEFAULT_SUBJECT_REGEX, SpecError, XFCC_KEYS, check_listener};
+pub use method::xfcc::XfccAuthenticator;
 pub use method::{AuthContext, AuthMethods, Authenticator};
 pub use service::{AuthService, AuthServiceConfig, NewSession, SessionHook, VersionCheck};
 pub use session::{SessionIssuer, Sessions, SigningKey, TokenKind, TokenLifetimes};

@@ -6,36 +6,29 @@
 // Harness helpers outside `#[test]` fns set up fixtures; a failure there is a test failure.
 #![allow(clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use auth::session::ManualClock;
 use auth::tls::{MinTlsVersion, ServerTlsSettings, TlsIncoming};
 use auth::{
-    AgentIdentity, AgentMode, AgentName, AgentSession, AuthLayer, AuthMethodSpec, AuthMethods, AuthParams, AuthService,
-    AuthServiceConfig, Binding, Credentials, NewSession, SessionHook, SessionIssuer, Sessions, SigningKey,
-    VersionCheck,
+    AgentIdentity, AgentMode, AgentName, AuthMethodSpec, AuthParams, Binding, Credentials, SessionIssuer, SigningKey,
 };
+use common::{KEY_A, KEY_B, PRINCIPAL_NAMESPACE, Recorders, VERSION, assert_unauthenticated, ping_with};
 use protocol::pb::authapi::authentication_client::AuthenticationClient;
-use protocol::pb::authapi::authentication_server::AuthenticationServer;
 use protocol::pb::authapi::{AuthRequest, RefreshTokenRequest};
+use protocol::pb::eventstreamapi::PingRequest;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
-use protocol::pb::eventstreamapi::event_stream_server::{EventStream, EventStreamServer};
-use protocol::pb::eventstreamapi::{Event, PingRequest, PongReply, PushSummary};
+use protocol::pb::versionapi::VersionRequest;
 use protocol::pb::versionapi::version_client::VersionClient;
-use protocol::pb::versionapi::version_server::{Version, VersionServer};
-use protocol::pb::versionapi::{VersionRequest, VersionResponse};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server};
-use tonic::{Code, Request, Response, Status, Streaming};
-
-const KEY_A: &str = include_str!("fixtures/jwt-key-a.pem");
-const KEY_B: &str = include_str!("fixtures/jwt-key-b.pem");
-const VERSION: &str = "0.1.0-test";
-const PRINCIPAL_NAMESPACE: &str = "argocd";
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 // === PKI ===
 
@@ -89,57 +82,12 @@ struct Leaf {
     key_der: Vec<u8>,
 }
 
-// === Services ===
-
-#[derive(Clone, Default)]
-struct RecordingHook(Arc<Mutex<Vec<NewSession>>>);
-
-impl SessionHook for RecordingHook {
-    async fn on_authenticated(&self, session: &NewSession) -> Result<(), Status> {
-        self.0.lock().expect("lock").push(session.clone());
-        Ok(())
-    }
-}
-
-struct TestVersion;
-
-#[tonic::async_trait]
-impl Version for TestVersion {
-    async fn version(&self, _: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
-        Ok(Response::new(VersionResponse { version: format!("argocd-agent-{VERSION}") }))
-    }
-}
-
-/// The protected service: records the session of every call that reaches it.
-#[derive(Clone, Default)]
-struct TestEvents(Arc<Mutex<Vec<AgentSession>>>);
-
-#[tonic::async_trait]
-impl EventStream for TestEvents {
-    type SubscribeStream = tokio_stream::Empty<Result<Event, Status>>;
-
-    async fn subscribe(&self, request: Request<Streaming<Event>>) -> Result<Response<Self::SubscribeStream>, Status> {
-        self.0.lock().expect("lock").push(AgentSession::from_request(&request)?.clone());
-        Ok(Response::new(tokio_stream::empty()))
-    }
-
-    async fn push(&self, _: Request<Streaming<Event>>) -> Result<Response<PushSummary>, Status> {
-        Err(Status::unimplemented("push"))
-    }
-
-    async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PongReply>, Status> {
-        self.0.lock().expect("lock").push(AgentSession::from_request(&request)?.clone());
-        Ok(Response::new(PongReply {}))
-    }
-}
-
 // === Harness ===
 
 struct Principal {
     port: u16,
     ca: Ca,
-    sessions_created: RecordingHook,
-    protected_calls: TestEvents,
+    recorded: Recorders,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -162,28 +110,16 @@ impl Principal {
         .expect("tls config");
 
         let spec = AuthMethodSpec::parse("mtls:subject:CN=([^,]+)").expect("--auth");
-        let issuer = SessionIssuer::new(SigningKey::from_pem(KEY_A).expect("jwt key"));
-        let sessions = Sessions::new(issuer, AuthMethods::single(spec.authenticator()))
-            .with_principal_namespace(PRINCIPAL_NAMESPACE);
-        let config = AuthServiceConfig {
-            principal_version: VERSION.to_owned(),
-            principal_namespace: PRINCIPAL_NAMESPACE.to_owned(),
-            version_check: VersionCheck::Exact,
-        };
-        let sessions_created = RecordingHook::default();
-        let protected_calls = TestEvents::default();
+        spec.check_listener(false).expect("mtls serves TLS");
+        let recorded = Recorders::default();
+        let router = common::router(common::sessions(&spec), &recorded);
 
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        let router = Server::builder()
-            .layer(AuthLayer::new(sessions.clone()))
-            .add_service(AuthenticationServer::new(AuthService::new(sessions, config, sessions_created.clone())))
-            .add_service(VersionServer::new(TestVersion))
-            .add_service(EventStreamServer::new(protected_calls.clone()));
         let server = tokio::spawn(async move {
             let _ = router.serve_with_incoming(TlsIncoming::new(listener, tls)).await;
         });
-        Self { port, ca, sessions_created, protected_calls, server }
+        Self { port, ca, recorded, server }
     }
 
     /// A connection presenting `client` (or no certificate), trusting `self.ca` for the server.
@@ -205,16 +141,15 @@ impl Principal {
     }
 
     fn sessions(&self) -> usize {
-        self.sessions_created.0.lock().expect("lock").len()
+        self.recorded.sessions()
     }
 
     fn protected(&self) -> usize {
-        self.protected_calls.0.lock().expect("lock").len()
+        self.recorded.protected()
     }
 
     fn assert_nothing_created(&self) {
-        assert_eq!(self.sessions(), 0, "no session may be created");
-        assert_eq!(self.protected(), 0, "the protected service must not run");
+        self.recorded.assert_nothing_created();
     }
 }
 
@@ -229,26 +164,7 @@ fn params(mode: AgentMode) -> AuthParams {
 }
 
 fn auth_request() -> AuthRequest {
-    AuthRequest {
-        method: "mtls".to_owned(),
-        credentials: HashMap::new(),
-        mode: "managed".to_owned(),
-        version: VERSION.to_owned(),
-        agent_namespace: "argocd".to_owned(),
-    }
-}
-
-async fn ping_with(channel: &Channel, token: Option<&str>) -> Result<PongReply, Status> {
-    let mut request = Request::new(PingRequest {});
-    if let Some(token) = token {
-        request.metadata_mut().insert("authorization", token.parse().expect("ascii"));
-    }
-    EventStreamClient::new(channel.clone()).ping(request).await.map(Response::into_inner)
-}
-
-fn assert_unauthenticated(status: &Status, needle: &str) {
-    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-    assert!(status.message().contains(needle), "expected {needle:?} in {:?}", status.message());
+    common::auth_request("mtls")
 }
 
 /// A token for `leaf` minted outside the principal (another key, another time).
@@ -274,7 +190,7 @@ async fn valid_certificate_authenticates_and_calls_protected_services() {
     assert_eq!((info.version.as_str(), info.namespace.as_str()), (VERSION, PRINCIPAL_NAMESPACE));
     assert_eq!(info.agent_name, "agent-1");
     assert_eq!(p.sessions(), 1);
-    let created = p.sessions_created.0.lock().expect("lock")[0].clone();
+    let created = p.recorded.sessions_created.0.lock().expect("lock")[0].clone();
     assert_eq!(created.identity.name().as_str(), "agent-1");
     assert_eq!(created.identity.binding(), &Binding::certificate(&agent.der));
     assert_eq!(created.mode, AgentMode::Managed);
@@ -288,7 +204,7 @@ async fn valid_certificate_authenticates_and_calls_protected_services() {
     events.ping(PingRequest {}).await.expect("ping");
     events.subscribe(tokio_stream::empty()).await.expect("subscribe");
     {
-        let calls = p.protected_calls.0.lock().expect("lock");
+        let calls = p.recorded.protected_calls.0.lock().expect("lock");
         assert_eq!(calls.len(), 2);
         assert!(calls.iter().all(|s| s.identity.name().as_str() == "agent-1" && s.mode == AgentMode::Managed));
     }

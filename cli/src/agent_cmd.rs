@@ -183,6 +183,22 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
     Ok(total)
 }
 
+/// The `Authenticate` method for `--creds`: `mtls:any` (or empty) authenticates with the client
+/// certificate; `header:` relies on the identity a mesh sidecar forwards (principal `--auth
+/// xfcc:` or `header:`), as upstream's `--creds header:`.
+///
+/// # Errors
+/// An unknown credentials kind.
+pub fn auth_method(creds: &str) -> anyhow::Result<String> {
+    match creds.split(':').next().unwrap_or_default() {
+        "" | "mtls" => Ok("mtls".into()),
+        "header" => Ok("header".into()),
+        other => {
+            anyhow::bail!("--creds {creds:?}: unknown kind {other:?}; use mtls:any, or header: behind a mesh sidecar")
+        }
+    }
+}
+
 /// Run the agent until SIGINT or SIGTERM.
 ///
 /// # Errors
@@ -288,7 +304,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
     let creds = Arc::new(auth::Credentials::new());
     let params = auth::AuthParams {
-        method: "mtls".into(),
+        method: auth_method(&args.creds)?,
         credentials: Default::default(),
         mode: auth_mode,
         version: VERSION.to_string(),
@@ -330,6 +346,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 mod tests {
     use super::parse_duration;
     use std::time::Duration;
+
+    #[test]
+    fn creds_select_the_method() {
+        assert_eq!(super::auth_method("").ok().as_deref(), Some("mtls"));
+        assert_eq!(super::auth_method("mtls:any").ok().as_deref(), Some("mtls"));
+        assert_eq!(super::auth_method("header:").ok().as_deref(), Some("header"));
+        assert!(super::auth_method("kerberos:x").is_err());
+    }
 
     #[test]
     fn go_durations() {

@@ -269,6 +269,10 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
 async fn serve(args: Args) -> anyhow::Result<()> {
     use protocol::pb::authapi::authentication_server::AuthenticationServer;
     let spec = auth::AuthMethodSpec::parse(&args.auth).with_context(|| format!("--auth {:?}", args.auth))?;
+    // Header-based identity only behind a TLS-terminating sidecar on a plaintext listener, from
+    // trusted hops; mTLS identity only on a TLS listener. Refuse the rest before serving.
+    spec.check_listener(args.insecure_plaintext)
+        .with_context(|| format!("--auth {:?} with --insecure-plaintext={}", args.auth, args.insecure_plaintext))?;
     let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
     let secrets = Secrets::new(client.clone(), &args.namespace);
     let key = jwt_key(&args, &secrets).await?;

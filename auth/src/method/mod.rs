@@ -5,13 +5,17 @@
 //! call presents ([`Authenticator::presented_binding`]), so session tokens issued on one
 //! connection are refused on another.
 //!
-//! Native mTLS is [`mtls`]. The mesh methods (forwarded XFCC header, SPIFFE X.509 and JWT SVIDs)
-//! plug in here with the same trait: they read `metadata` instead of the peer certificate and
-//! bind to a SPIFFE ID ([`crate::Binding::SpiffeId`]).
+//! Native mTLS is [`mtls`]. The header-based mesh methods read `metadata` instead of the peer
+//! certificate, and only on connections from a trusted hop (the `forwarded` module): [`xfcc`] parses the
+//! forwarded identity structurally and binds to a SPIFFE ID ([`crate::Binding::SpiffeId`]);
+//! [`header`] is upstream's regex mode. SPIFFE X.509 and JWT SVIDs plug in with the same trait.
 
 pub mod dn;
+pub(crate) mod forwarded;
+pub mod header;
 pub mod mtls;
 pub mod spec;
+pub mod xfcc;
 
 use std::collections::HashMap;
 use std::fmt;

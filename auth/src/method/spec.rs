@@ -6,23 +6,73 @@
 //! | `mtls:subject:<regex>` | [`MtlsAuthenticator`] over the subject DN (Go rendering) |
 //! | `mtls:uri:<regex>` | [`MtlsAuthenticator`] over the URI SANs |
 //! | `mtls:<regex>` | deprecated upstream alias of `mtls:subject:<regex>` |
-//! | `header:<name>:<regex>`, `xfcc:…`, `spiffe:x509…`, `spiffe:jwt…` | recognised, not supported yet (mesh authentication) |
+//! | `xfcc:[<key>=<value>;…]` | [`XfccAuthenticator`]: the SPIFFE ID a mesh sidecar forwards, checked by a policy |
+//! | `header:<header-name>:<regex>` | [`HeaderAuthenticator`]: upstream's regex over a forwarded header |
+//! | `spiffe:x509…`, `spiffe:jwt…` | recognised, not supported yet (SPIFFE Workload API) |
 //! | `userpass:<file>` | recognised, not supported (deprecated upstream) |
 //!
 //! Stricter than upstream, at startup instead of on the first agent: an empty regex or one
 //! without a capture group is refused (upstream then fails every agent with "agent ID is empty").
+//!
+//! # `xfcc:`
+//!
+//! `xfcc:` alone (or `xfcc`) is the Istio profile with its defaults. Otherwise the config is
+//! `;`-separated `key=value` items (no regex anywhere, so nothing to confuse with one); each key
+//! at most once, unknown keys refused; lists are comma separated:
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `profile` | `istio`, `envoy` or `linkerd`: the header format and defaults | `istio` |
+//! | `trust-domain` | accepted trust domains, e.g. `cluster.local,prod.example` | `cluster.local` |
+//! | `pattern` | SPIFFE path patterns, `{agent}` is the agent name, e.g. `/ns/{namespace}/sa/{agent}` | `/ns/{namespace}/sa/{agent}` |
+//! | `namespaces` | only agents whose `{namespace}` is listed (not empty) | any namespace |
+//! | `denied-namespaces` | agents whose `{namespace}` is listed are refused; empty for none | `istio-system` (istio), `linkerd` (linkerd), none (envoy) |
+//! | `trusted-hops` | CIDRs or addresses the header is believed from (not empty) | `127.0.0.0/8,::1/128` |
+//! | `header` | the header to read, in the profile's format | `x-forwarded-client-cert` (istio, envoy), `l5d-client-id` (linkerd) |
+//!
+//! e.g. `xfcc:profile=istio;trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent};namespaces=agents;trusted-hops=127.0.0.1/32,::1/128;header=x-forwarded-client-cert`.
+//!
+//! # `header:`
+//!
+//! `header:<header-name>:<regex>` as upstream: the header name (case-insensitive) ends at the
+//! second `:`, the rest is the regex, whose capture group 1 is the agent name, e.g.
+//! `header:x-forwarded-client-cert:^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)` or
+//! `header:l5d-client-id:^([^.]+)\..*`. Unlike upstream the header is read only from trusted
+//! hops: loopback, unless [`AuthMethodSpec::with_trusted_hops`] says otherwise.
+//!
+//! # Listener
+//!
+//! Both header-based methods need a plaintext listener behind the sidecar (TLS terminates in the
+//! sidecar) and trust restricted to the sidecar or known proxies; `mtls` needs TLS. Check with
+//! [`check_listener`] at startup.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use http::HeaderName;
+use mesh::{MeshProfile, PathPattern, SpiffePolicy, TrustDomain, TrustedHops};
 use regex::Regex;
 
 use super::Authenticator;
+use super::forwarded::describe;
+use super::header::HeaderAuthenticator;
 use super::mtls::{IdentitySource, MtlsAuthenticator};
+use super::xfcc::XfccAuthenticator;
 
 /// The regex upstream's documentation and `argocd-agentctl pki issue agent` pair with: agent
 /// client certificates carry the agent name as their CN.
 pub const DEFAULT_SUBJECT_REGEX: &str = "CN=([^,]+)";
+
+/// The keys `xfcc:` accepts, as error messages list them.
+pub const XFCC_KEYS: &str = "profile, trust-domain, pattern, namespaces, denied-namespaces, trusted-hops, header";
+
+const XFCC_KEY_LIST: [&str; 7] =
+    ["profile", "trust-domain", "pattern", "namespaces", "denied-namespaces", "trusted-hops", "header"];
+
+const XFCC_EXAMPLE: &str = "xfcc:profile=istio;trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent}";
+
+const HEADER_EXAMPLE: &str = "header:x-forwarded-client-cert:^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)";
 
 /// A parsed `--auth` value.
 #[derive(Clone, Debug)]
@@ -37,9 +87,29 @@ pub enum AuthMethodSpec {
         /// Written in the deprecated `mtls:<regex>` form (the CLI should warn).
         deprecated_syntax: bool,
     },
+    /// `xfcc:[key=value;…]`: the SPIFFE ID a mesh sidecar forwards, checked by a policy.
+    Xfcc {
+        /// The mesh: header format and defaults.
+        profile: MeshProfile,
+        /// The header read.
+        header: HeaderName,
+        /// Which SPIFFE IDs are agents.
+        policy: SpiffePolicy,
+        /// The hops the header is believed from; `None`: loopback (the default).
+        trusted_hops: Option<TrustedHops>,
+    },
+    /// `header:<name>:<regex>`: upstream's regex over a forwarded header.
+    Header {
+        /// The header read (lower case).
+        header: HeaderName,
+        /// The agent name regex (capture group 1).
+        regex: Regex,
+        /// The hops the header is believed from; `None`: loopback (the default).
+        trusted_hops: Option<TrustedHops>,
+    },
 }
 
-/// Why an `--auth` value was refused.
+/// Why an `--auth` value was refused, or does not fit the listener.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
@@ -51,19 +121,19 @@ pub enum SpecError {
     MissingConfig(String),
     /// A method neither upstream nor this build knows.
     #[error(
-        "--auth method \"{0}\" is unknown: use mtls:subject:<regex> or mtls:uri:<regex> (upstream also \
-         knows header and userpass)"
+        "--auth method \"{0}\" is unknown: use mtls:subject:<regex>, mtls:uri:<regex>, xfcc:[key=value;...] \
+         or header:<header-name>:<regex> (upstream also knows userpass)"
     )]
     UnknownMethod(String),
     /// A method that is recognised but not implemented yet.
     #[error("--auth method \"{method}\" is recognised but not supported yet: {reason}")]
     NotSupportedYet {
-        /// The method as written (`header`, `xfcc`, `spiffe:x509`, …).
+        /// The method as written (`spiffe:x509`, `userpass`, …).
         method: String,
         /// Why, and what to use meanwhile.
         reason: &'static str,
     },
-    /// `mtls:subject:` or `mtls:uri:` with an empty regex.
+    /// An empty agent name regex.
     #[error(
         "--auth \"{spec}\" has an empty agent name regex: give one whose capture group 1 is the agent \
          name, e.g. mtls:subject:{DEFAULT_SUBJECT_REGEX}"
@@ -87,9 +157,95 @@ pub enum SpecError {
         /// The `--auth` value.
         spec: String,
     },
+    /// `header:` without a header name or without a regex.
+    #[error("--auth \"{spec}\" is not header:<header-name>:<regex>, e.g. --auth '{HEADER_EXAMPLE}'")]
+    HeaderSyntax {
+        /// The `--auth` value.
+        spec: String,
+    },
+    /// Not a valid HTTP header name.
+    #[error("--auth \"{spec}\": \"{name}\" is not a valid header name")]
+    BadHeaderName {
+        /// The `--auth` value.
+        spec: String,
+        /// The name as given.
+        name: String,
+    },
+    /// An `xfcc:` item that is not `key=value`, or a key given twice.
+    #[error(
+        "--auth \"{spec}\": {reason}; the syntax is xfcc:[key=value;...] with keys {XFCC_KEYS}, \
+         e.g. --auth '{XFCC_EXAMPLE}'"
+    )]
+    XfccSyntax {
+        /// The `--auth` value.
+        spec: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An `xfcc:` key that does not exist.
+    #[error("--auth \"{spec}\": unknown xfcc key \"{key}\"; valid keys: {XFCC_KEYS}")]
+    XfccUnknownKey {
+        /// The `--auth` value.
+        spec: String,
+        /// The unknown key.
+        key: String,
+    },
+    /// An `xfcc:` value that is not valid for its key.
+    #[error("--auth \"{spec}\": xfcc key {key}: {reason}")]
+    XfccValue {
+        /// The `--auth` value.
+        spec: String,
+        /// The key.
+        key: &'static str,
+        /// What is wrong with the value.
+        reason: String,
+    },
+    /// Trusted hops set twice (in `xfcc:` and by the caller), or for a method that reads no header.
+    #[error("trusted hops cannot be set for --auth \"{spec}\": {reason}")]
+    TrustedHopsConflict {
+        /// The `--auth` value.
+        spec: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A header-based method on a TLS listener.
+    #[error(
+        "--auth \"{spec}\" reads the agent identity a mesh sidecar forwards, so the principal must serve \
+         plaintext gRPC behind the sidecar (--insecure-plaintext): TLS and client certificates are the \
+         sidecar's job"
+    )]
+    PlaintextRequired {
+        /// The `--auth` value.
+        spec: String,
+    },
+    /// `mtls` on a plaintext listener.
+    #[error(
+        "--auth \"{spec}\" identifies agents by their TLS client certificate, which a plaintext listener \
+         (--insecure-plaintext) never sees: serve TLS, or behind a mesh sidecar use --auth xfcc: or \
+         header:<name>:<regex>"
+    )]
+    TlsRequired {
+        /// The `--auth` value.
+        spec: String,
+    },
+    /// Trusted hops that trust every source (a `/0` network) or none.
+    #[error(
+        "--auth \"{spec}\": trusted hops ({trusted}) {reason}; header-based methods believe the identity header only \
+         from the sidecar (loopback, the default) or listed proxy addresses (upstream trusts any caller that \
+         reaches the plaintext port; this principal does not)"
+    )]
+    UnrestrictedTrust {
+        /// The `--auth` value.
+        spec: String,
+        /// The trusted networks.
+        trusted: String,
+        /// What is wrong with them.
+        reason: &'static str,
+    },
 }
 
-const MESH_LATER: &str = "it comes with mesh authentication; use mtls:subject:<regex> or mtls:uri:<regex> meanwhile";
+const SPIFFE_LATER: &str =
+    "it comes with SPIFFE Workload API support; behind a mesh sidecar use xfcc:, or mtls:uri:<regex> with SVIDs";
 
 impl AuthMethodSpec {
     /// Parses an `--auth` value.
@@ -102,19 +258,21 @@ impl AuthMethodSpec {
             return Err(SpecError::Empty);
         }
         let Some((method, config)) = spec.split_once(':') else {
-            return Err(match spec {
-                "mtls" | "header" | "userpass" | "xfcc" | "spiffe" => SpecError::MissingConfig(spec.to_owned()),
-                other => SpecError::UnknownMethod(other.to_owned()),
-            });
+            return match spec {
+                "xfcc" => Self::parse_xfcc(spec, ""),
+                "mtls" | "header" | "userpass" | "spiffe" => Err(SpecError::MissingConfig(spec.to_owned())),
+                other => Err(SpecError::UnknownMethod(other.to_owned())),
+            };
         };
         match method {
             "mtls" => Self::parse_mtls(spec, config),
-            "header" | "xfcc" => Err(SpecError::NotSupportedYet { method: method.to_owned(), reason: MESH_LATER }),
+            "xfcc" => Self::parse_xfcc(spec, config),
+            "header" => Self::parse_header(spec, config),
             "spiffe" => {
                 let kind = config.split(':').next().unwrap_or_default();
                 match kind {
                     "x509" | "jwt" => {
-                        Err(SpecError::NotSupportedYet { method: format!("spiffe:{kind}"), reason: MESH_LATER })
+                        Err(SpecError::NotSupportedYet { method: format!("spiffe:{kind}"), reason: SPIFFE_LATER })
                     }
                     _ => Err(SpecError::UnknownMethod(format!("spiffe:{kind}"))),
                 }
@@ -135,21 +293,123 @@ impl AuthMethodSpec {
         } else {
             (IdentitySource::Subject, config, true)
         };
-        if pattern.is_empty() {
-            return Err(SpecError::EmptyRegex { spec: spec.to_owned() });
-        }
-        let regex = Regex::new(pattern).map_err(|source| SpecError::InvalidRegex { spec: spec.to_owned(), source })?;
-        if regex.captures_len() < 2 {
-            return Err(SpecError::NoCaptureGroup { spec: spec.to_owned() });
-        }
+        let regex = agent_regex(spec, pattern)?;
         Ok(Self::Mtls { source, regex, deprecated_syntax })
     }
 
-    /// The method name agents send in `AuthRequest.method`.
+    fn parse_header(spec: &str, config: &str) -> Result<Self, SpecError> {
+        let Some((name, pattern)) = config.split_once(':') else {
+            return Err(SpecError::HeaderSyntax { spec: spec.to_owned() });
+        };
+        if name.is_empty() {
+            return Err(SpecError::HeaderSyntax { spec: spec.to_owned() });
+        }
+        let header = header_name(name)
+            .ok_or_else(|| SpecError::BadHeaderName { spec: spec.to_owned(), name: name.to_owned() })?;
+        let regex = agent_regex(spec, pattern)?;
+        Ok(Self::Header { header, regex, trusted_hops: None })
+    }
+
+    fn parse_xfcc(spec: &str, config: &str) -> Result<Self, SpecError> {
+        let syntax = |reason: String| SpecError::XfccSyntax { spec: spec.to_owned(), reason };
+        let mut items: BTreeMap<&'static str, &str> = BTreeMap::new();
+        if !config.trim().is_empty() {
+            for item in config.split(';') {
+                let item = item.trim();
+                if item.is_empty() {
+                    return Err(syntax("an item is empty (two ';' in a row, or a trailing ';')".to_owned()));
+                }
+                let Some((key, value)) = item.split_once('=') else {
+                    return Err(syntax(format!("\"{item}\" is not key=value")));
+                };
+                let key = key.trim();
+                let Some(known) = XFCC_KEY_LIST.iter().copied().find(|k| *k == key) else {
+                    return Err(SpecError::XfccUnknownKey { spec: spec.to_owned(), key: key.to_owned() });
+                };
+                if items.insert(known, value.trim()).is_some() {
+                    return Err(syntax(format!("key {known} is given twice")));
+                }
+            }
+        }
+        let value_error =
+            |key: &'static str, reason: String| SpecError::XfccValue { spec: spec.to_owned(), key, reason };
+        let list = |key: &'static str| -> Option<Vec<&str>> {
+            items.get(key).map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).collect())
+        };
+        let non_empty = |key: &'static str| -> Result<Option<Vec<&str>>, SpecError> {
+            match list(key) {
+                Some(values) if values.is_empty() => {
+                    Err(value_error(key, "the list is empty; omit the key for the default".to_owned()))
+                }
+                other => Ok(other),
+            }
+        };
+
+        let profile = match items.get("profile") {
+            Some(name) => name.parse::<MeshProfile>().map_err(|e| value_error("profile", e.to_string()))?,
+            None => MeshProfile::Istio,
+        };
+        let defaults = profile.default_policy();
+        let trust_domains = match non_empty("trust-domain")? {
+            Some(names) => names
+                .into_iter()
+                .map(|n| TrustDomain::new(n).map_err(|e| value_error("trust-domain", format!("{n:?}: {e}"))))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => defaults.trust_domains().to_vec(),
+        };
+        let patterns = match non_empty("pattern")? {
+            Some(patterns) => patterns
+                .into_iter()
+                .map(|p| PathPattern::new(p).map_err(|e| value_error("pattern", e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => defaults.patterns().to_vec(),
+        };
+        let mut policy =
+            SpiffePolicy::new(trust_domains, patterns).map_err(|e| value_error("pattern", e.to_string()))?;
+        let denied: Vec<String> = match list("denied-namespaces") {
+            Some(names) => names.into_iter().map(str::to_owned).collect(),
+            None => defaults.denied_namespaces().iter().cloned().collect(),
+        };
+        if !denied.is_empty() {
+            let key = if items.contains_key("denied-namespaces") { "denied-namespaces" } else { "pattern" };
+            policy = policy.with_denied_namespaces(denied).map_err(|e| {
+                value_error(
+                    key,
+                    format!(
+                        "{e} (the {profile} profile denies its mesh namespace; give denied-namespaces= to deny none)"
+                    ),
+                )
+            })?;
+        }
+        if let Some(allowed) = non_empty("namespaces")? {
+            policy = policy.with_allowed_namespaces(allowed).map_err(|e| value_error("namespaces", e.to_string()))?;
+        }
+        let trusted_hops = match items.get("trusted-hops") {
+            Some(list) => {
+                let hops = TrustedHops::parse_list(list).map_err(|e| value_error("trusted-hops", e.to_string()))?;
+                if hops.networks().is_empty() {
+                    return Err(value_error("trusted-hops", "the list is empty; omit the key for loopback".to_owned()));
+                }
+                Some(hops)
+            }
+            None => None,
+        };
+        let header = match items.get("header") {
+            Some(name) => header_name(name)
+                .ok_or_else(|| value_error("header", format!("{name:?} is not a valid header name")))?,
+            None => HeaderName::from_static(profile.identity_header().name()),
+        };
+        Ok(Self::Xfcc { profile, header, policy, trusted_hops })
+    }
+
+    /// The method name agents send in `AuthRequest.method`: `mtls`, or `header` for both
+    /// header-based methods (what `--creds header:` agents send).
     #[must_use]
     pub fn method(&self) -> &'static str {
         match self {
             Self::Mtls { .. } => MtlsAuthenticator::METHOD,
+            Self::Xfcc { .. } => XfccAuthenticator::METHOD,
+            Self::Header { .. } => HeaderAuthenticator::METHOD,
         }
     }
 
@@ -160,20 +420,147 @@ impl AuthMethodSpec {
         matches!(self, Self::Mtls { .. })
     }
 
+    /// Whether the method reads an identity header a sidecar forwards, so the principal must serve
+    /// plaintext behind that sidecar (upstream: `header` requires `--insecure-plaintext`).
+    #[must_use]
+    pub fn requires_plaintext_behind_proxy(&self) -> bool {
+        matches!(self, Self::Xfcc { .. } | Self::Header { .. })
+    }
+
+    /// The hops a header-based method believes its header from (loopback unless configured);
+    /// `None` for `mtls`.
+    #[must_use]
+    pub fn trusted_hops(&self) -> Option<TrustedHops> {
+        match self {
+            Self::Mtls { .. } => None,
+            Self::Xfcc { trusted_hops, .. } | Self::Header { trusted_hops, .. } => {
+                Some(trusted_hops.clone().unwrap_or_default())
+            }
+        }
+    }
+
+    /// Sets the trusted hops of a header-based method (e.g. from a CLI flag; `header:` has no
+    /// place for them in its syntax).
+    ///
+    /// # Errors
+    ///
+    /// [`SpecError::TrustedHopsConflict`] for `mtls`, or when `xfcc:` already sets `trusted-hops`.
+    pub fn with_trusted_hops(mut self, hops: TrustedHops) -> Result<Self, SpecError> {
+        let conflict = |spec: &Self, reason| SpecError::TrustedHopsConflict { spec: spec.to_string(), reason };
+        match &mut self {
+            Self::Mtls { .. } => Err(conflict(&self, "mtls reads no forwarded header")),
+            Self::Xfcc { trusted_hops: Some(_), .. } => {
+                Err(conflict(&self, "the xfcc: value already sets trusted-hops; set them in one place"))
+            }
+            Self::Xfcc { trusted_hops, .. } | Self::Header { trusted_hops, .. } => {
+                *trusted_hops = Some(hops);
+                Ok(self)
+            }
+        }
+    }
+
+    /// [`check_listener`] with this spec's own trusted hops.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_listener`].
+    pub fn check_listener(&self, plaintext: bool) -> Result<(), SpecError> {
+        check_listener(self, plaintext, &self.trusted_hops().unwrap_or_default())
+    }
+
     /// Builds the authenticator.
     #[must_use]
     pub fn authenticator(&self) -> Arc<dyn Authenticator> {
         match self {
             Self::Mtls { source, regex, .. } => Arc::new(MtlsAuthenticator::new(*source, regex.clone())),
+            Self::Xfcc { profile, header, policy, trusted_hops } => Arc::new(
+                XfccAuthenticator::new(*profile, policy.clone(), trusted_hops.clone().unwrap_or_default())
+                    .with_header(header.clone()),
+            ),
+            Self::Header { header, regex, trusted_hops } => Arc::new(HeaderAuthenticator::new(
+                header.clone(),
+                regex.clone(),
+                trusted_hops.clone().unwrap_or_default(),
+            )),
         }
     }
 }
 
+/// Startup check of the listener against the method: header-based methods need a plaintext
+/// listener (the sidecar terminates TLS) and `trusted_hops` that neither trust every source (a
+/// `/0` network, upstream's behaviour) nor none; `mtls` needs TLS.
+///
+/// # Errors
+///
+/// [`SpecError::PlaintextRequired`], [`SpecError::TlsRequired`] or
+/// [`SpecError::UnrestrictedTrust`].
+pub fn check_listener(spec: &AuthMethodSpec, plaintext: bool, trusted_hops: &TrustedHops) -> Result<(), SpecError> {
+    if spec.requires_client_certificates() && plaintext {
+        return Err(SpecError::TlsRequired { spec: spec.to_string() });
+    }
+    if !spec.requires_plaintext_behind_proxy() {
+        return Ok(());
+    }
+    if !plaintext {
+        return Err(SpecError::PlaintextRequired { spec: spec.to_string() });
+    }
+    let unrestricted =
+        |reason| SpecError::UnrestrictedTrust { spec: spec.to_string(), trusted: describe(trusted_hops), reason };
+    if trusted_hops.networks().is_empty() {
+        return Err(unrestricted("trust no source, so every agent would be refused"));
+    }
+    if trusted_hops.networks().iter().any(|n| n.prefix() == 0) {
+        return Err(unrestricted("include a /0 network, which trusts every source"));
+    }
+    Ok(())
+}
+
+/// A compiled agent name regex: not empty, with a capture group.
+fn agent_regex(spec: &str, pattern: &str) -> Result<Regex, SpecError> {
+    if pattern.is_empty() {
+        return Err(SpecError::EmptyRegex { spec: spec.to_owned() });
+    }
+    let regex = Regex::new(pattern).map_err(|source| SpecError::InvalidRegex { spec: spec.to_owned(), source })?;
+    if regex.captures_len() < 2 {
+        return Err(SpecError::NoCaptureGroup { spec: spec.to_owned() });
+    }
+    Ok(regex)
+}
+
+/// A header name, lower-cased as upstream does (gRPC metadata keys are lower case).
+fn header_name(name: &str) -> Option<HeaderName> {
+    HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes()).ok()
+}
+
+fn join<T: fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items.into_iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
 impl fmt::Display for AuthMethodSpec {
-    /// The canonical `--auth` form (the deprecated `mtls:<regex>` prints as `mtls:subject:<regex>`).
+    /// The canonical `--auth` form (the deprecated `mtls:<regex>` prints as `mtls:subject:<regex>`;
+    /// `xfcc:` prints every key, so the defaults it ran with are visible in logs).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Mtls { source, regex, .. } => write!(f, "mtls:{source}:{regex}"),
+            Self::Header { header, regex, .. } => write!(f, "header:{header}:{regex}"),
+            Self::Xfcc { profile, header, policy, trusted_hops } => {
+                write!(
+                    f,
+                    "xfcc:profile={profile};trust-domain={};pattern={}",
+                    join(policy.trust_domains()),
+                    join(policy.patterns())
+                )?;
+                if let Some(allowed) = policy.allowed_namespaces() {
+                    write!(f, ";namespaces={}", join(allowed))?;
+                }
+                let hops = trusted_hops.clone().unwrap_or_default();
+                write!(
+                    f,
+                    ";denied-namespaces={};trusted-hops={};header={header}",
+                    join(policy.denied_namespaces()),
+                    join(hops.networks())
+                )
+            }
         }
     }
 }
@@ -185,6 +572,7 @@ mod tests {
     fn mtls(spec: &str) -> (IdentitySource, String, bool) {
         match AuthMethodSpec::parse(spec).expect("parses") {
             AuthMethodSpec::Mtls { source, regex, deprecated_syntax } => (source, regex.to_string(), deprecated_syntax),
+            other => panic!("{spec}: {other:?}"),
         }
     }
 
@@ -217,21 +605,199 @@ mod tests {
     }
 
     #[test]
-    fn mesh_and_legacy_methods_are_recognised_but_not_supported() {
-        for (spec, method) in [
-            ("header:x-forwarded-client-cert:^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)", "header"),
-            ("xfcc:spiffe://cluster.local", "xfcc"),
-            ("spiffe:x509", "spiffe:x509"),
-            ("spiffe:jwt:aud", "spiffe:jwt"),
-            ("userpass:/etc/users", "userpass"),
-        ] {
+    fn spiffe_and_userpass_are_recognised_but_not_supported() {
+        for (spec, method) in
+            [("spiffe:x509", "spiffe:x509"), ("spiffe:jwt:aud", "spiffe:jwt"), ("userpass:/etc/users", "userpass")]
+        {
             match AuthMethodSpec::parse(spec) {
                 Err(SpecError::NotSupportedYet { method: m, .. }) => assert_eq!(m, method, "{spec}"),
                 other => panic!("{spec}: {other:?}"),
             }
         }
-        let msg = AuthMethodSpec::parse("header:x:(.*)").expect_err("unsupported").to_string();
-        assert!(msg.contains("not supported yet") && msg.contains("mesh authentication"), "{msg}");
+        let msg = AuthMethodSpec::parse("spiffe:x509").expect_err("unsupported").to_string();
+        assert!(msg.contains("not supported yet") && msg.contains("xfcc:"), "{msg}");
+    }
+
+    fn xfcc(spec: &str) -> (MeshProfile, HeaderName, SpiffePolicy, Option<TrustedHops>) {
+        match AuthMethodSpec::parse(spec).expect("parses") {
+            AuthMethodSpec::Xfcc { profile, header, policy, trusted_hops } => (profile, header, policy, trusted_hops),
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+
+    fn xfcc_err(spec: &str) -> SpecError {
+        AuthMethodSpec::parse(spec).expect_err(spec)
+    }
+
+    #[test]
+    fn xfcc_alone_is_the_istio_profile() {
+        for spec in ["xfcc:", "xfcc", "xfcc: "] {
+            let (profile, header, policy, hops) = xfcc(spec);
+            assert_eq!(profile, MeshProfile::Istio);
+            assert_eq!(header.as_str(), "x-forwarded-client-cert");
+            assert_eq!(policy, MeshProfile::Istio.default_policy());
+            assert_eq!(hops, None);
+        }
+        let spec = AuthMethodSpec::parse("xfcc:").expect("parses");
+        assert_eq!(spec.method(), "header");
+        assert!(spec.requires_plaintext_behind_proxy() && !spec.requires_client_certificates());
+        assert_eq!(spec.trusted_hops(), Some(TrustedHops::loopback()));
+        assert_eq!(spec.authenticator().method(), "header");
+        assert_eq!(
+            spec.to_string(),
+            "xfcc:profile=istio;trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent};\
+             denied-namespaces=istio-system;trusted-hops=127.0.0.0/8,::1/128;header=x-forwarded-client-cert"
+        );
+        // The canonical form parses back to the same configuration.
+        let again = AuthMethodSpec::parse(&spec.to_string()).expect("round trip");
+        assert_eq!(again.to_string(), spec.to_string());
+    }
+
+    #[test]
+    fn xfcc_every_key() {
+        let (profile, header, policy, hops) = xfcc(
+            "xfcc:profile=envoy;trust-domain=cluster.local,prod.example;pattern=/ns/{namespace}/sa/{agent},\
+             /agents/{namespace}/{agent};namespaces=a,b;denied-namespaces=kube-system;\
+             trusted-hops=127.0.0.1/32,::1/128,10.0.0.7;header=X-Client-Identity",
+        );
+        assert_eq!(profile, MeshProfile::Envoy);
+        assert_eq!(header.as_str(), "x-client-identity");
+        assert_eq!(join(policy.trust_domains()), "cluster.local,prod.example");
+        assert_eq!(join(policy.patterns()), "/ns/{namespace}/sa/{agent},/agents/{namespace}/{agent}");
+        assert_eq!(policy.allowed_namespaces().map(join), Some("a,b".to_owned()));
+        assert_eq!(join(policy.denied_namespaces()), "kube-system");
+        assert_eq!(hops.map(|h| join(h.networks())), Some("127.0.0.1/32,::1/128,10.0.0.7/32".to_owned()));
+
+        let (profile, header, policy, _) = xfcc("xfcc:profile=linkerd");
+        assert_eq!((profile, header.as_str()), (MeshProfile::Linkerd, "l5d-client-id"));
+        assert_eq!(policy, MeshProfile::Linkerd.default_policy());
+        // denied-namespaces= (empty) denies none, so a pattern without {namespace} is allowed.
+        let (_, _, policy, _) = xfcc("xfcc:pattern=/agent/{agent};denied-namespaces=");
+        assert!(policy.denied_namespaces().is_empty());
+        // Whitespace around items is tolerated.
+        let (profile, ..) = xfcc("xfcc: profile = envoy ");
+        assert_eq!(profile, MeshProfile::Envoy);
+    }
+
+    #[test]
+    fn xfcc_errors_are_explained() {
+        let err = xfcc_err("xfcc:profile=istio;trust_domain=x");
+        assert!(matches!(&err, SpecError::XfccUnknownKey { key, .. } if key == "trust_domain"), "{err}");
+        assert!(err.to_string().contains(XFCC_KEYS), "{err}");
+        for (spec, needle) in [
+            ("xfcc:profile", "\"profile\" is not key=value"),
+            ("xfcc:profile=istio;", "an item is empty"),
+            ("xfcc:profile=istio;;header=x", "an item is empty"),
+            ("xfcc:profile=istio;profile=envoy", "key profile is given twice"),
+        ] {
+            let err = xfcc_err(spec);
+            assert!(matches!(err, SpecError::XfccSyntax { .. }), "{spec}: {err}");
+            assert!(err.to_string().contains(needle) && err.to_string().contains(XFCC_KEYS), "{spec}: {err}");
+        }
+        for (spec, key, needle) in [
+            ("xfcc:profile=consul", "profile", "expected one of istio, linkerd, envoy"),
+            ("xfcc:trust-domain=Cluster.Local", "trust-domain", "Cluster.Local"),
+            ("xfcc:trust-domain=", "trust-domain", "the list is empty"),
+            ("xfcc:pattern=ns/{namespace}/sa/{agent}", "pattern", "must start with '/'"),
+            ("xfcc:pattern=/ns/{namespace}/sa/{sa}", "pattern", "no {agent} placeholder"),
+            ("xfcc:pattern=/sa/{agent}", "pattern", "give denied-namespaces= to deny none"),
+            ("xfcc:pattern=/sa/{agent};denied-namespaces=x", "denied-namespaces", "no {namespace} placeholder"),
+            ("xfcc:namespaces=", "namespaces", "the list is empty"),
+            ("xfcc:pattern=/sa/{agent};denied-namespaces=;namespaces=a", "namespaces", "no {namespace} placeholder"),
+            ("xfcc:trusted-hops=", "trusted-hops", "the list is empty"),
+            ("xfcc:trusted-hops=127.0.0.1/33", "trusted-hops", "prefix length"),
+            ("xfcc:trusted-hops=localhost", "trusted-hops", "not an IP address"),
+            ("xfcc:header=", "header", "not a valid header name"),
+            ("xfcc:header=x forwarded", "header", "not a valid header name"),
+        ] {
+            match xfcc_err(spec) {
+                SpecError::XfccValue { key: k, reason, .. } => {
+                    assert_eq!(k, key, "{spec}");
+                    assert!(reason.contains(needle), "{spec}: {reason}");
+                }
+                other => panic!("{spec}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn header_mode_is_upstreams_syntax() {
+        let istio = "header:X-Forwarded-Client-Cert:^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)";
+        match AuthMethodSpec::parse(istio).expect("parses") {
+            AuthMethodSpec::Header { header, regex, trusted_hops } => {
+                assert_eq!(header.as_str(), "x-forwarded-client-cert");
+                assert_eq!(regex.as_str(), "^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)");
+                assert_eq!(trusted_hops, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let spec = AuthMethodSpec::parse(r"header:l5d-client-id:^([^.]+)\..*").expect("parses");
+        assert_eq!(spec.to_string(), r"header:l5d-client-id:^([^.]+)\..*");
+        assert_eq!((spec.method(), spec.authenticator().method()), ("header", "header"));
+        assert!(spec.requires_plaintext_behind_proxy());
+        // The regex may contain ':'.
+        assert!(AuthMethodSpec::parse("header:x-id:^a:(.+)$").is_ok());
+
+        for spec in ["header:x-id", "header::(.+)"] {
+            assert!(matches!(AuthMethodSpec::parse(spec), Err(SpecError::HeaderSyntax { .. })), "{spec}");
+        }
+        assert!(matches!(AuthMethodSpec::parse("header"), Err(SpecError::MissingConfig(_))));
+        assert!(matches!(AuthMethodSpec::parse("header:x id:(.+)"), Err(SpecError::BadHeaderName { .. })));
+        assert!(matches!(AuthMethodSpec::parse("header:x-id:"), Err(SpecError::EmptyRegex { .. })));
+        assert!(matches!(AuthMethodSpec::parse("header:x-id:("), Err(SpecError::InvalidRegex { .. })));
+        assert!(matches!(AuthMethodSpec::parse("header:x-id:agent"), Err(SpecError::NoCaptureGroup { .. })));
+    }
+
+    #[test]
+    fn trusted_hops_are_set_in_one_place() {
+        let ten = TrustedHops::parse_list("10.9.9.9/32").expect("hops");
+        let spec =
+            AuthMethodSpec::parse("header:x-id:(.+)").expect("parses").with_trusted_hops(ten.clone()).expect("set");
+        assert_eq!(spec.trusted_hops(), Some(ten.clone()));
+        let spec = AuthMethodSpec::parse("xfcc:").expect("parses").with_trusted_hops(ten.clone()).expect("set");
+        assert_eq!(spec.trusted_hops(), Some(ten.clone()));
+        let err = AuthMethodSpec::parse("xfcc:trusted-hops=::1").expect("parses").with_trusted_hops(ten.clone());
+        assert!(matches!(err, Err(SpecError::TrustedHopsConflict { .. })), "{err:?}");
+        let err = AuthMethodSpec::parse("mtls:subject:CN=(.+)").expect("parses").with_trusted_hops(ten);
+        assert!(matches!(err, Err(SpecError::TrustedHopsConflict { .. })), "{err:?}");
+        assert_eq!(AuthMethodSpec::parse("mtls:subject:CN=(.+)").expect("parses").trusted_hops(), None);
+    }
+
+    #[test]
+    fn listener_checks() {
+        let mtls = AuthMethodSpec::parse("mtls:subject:CN=([^,]+)").expect("parses");
+        let xfcc = AuthMethodSpec::parse("xfcc:").expect("parses");
+        let header = AuthMethodSpec::parse("header:x-forwarded-client-cert:URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)")
+            .expect("parses");
+        let loopback = TrustedHops::loopback();
+
+        assert!(check_listener(&mtls, false, &loopback).is_ok());
+        let err = check_listener(&mtls, true, &loopback).expect_err("mtls on plaintext");
+        assert!(
+            matches!(err, SpecError::TlsRequired { .. }) && err.to_string().contains("--insecure-plaintext"),
+            "{err}"
+        );
+        assert!(mtls.check_listener(true).is_err());
+
+        for spec in [&xfcc, &header] {
+            assert!(check_listener(spec, true, &loopback).is_ok(), "{spec}");
+            assert!(spec.check_listener(true).is_ok(), "{spec}");
+            let err = check_listener(spec, false, &loopback).expect_err("header over TLS");
+            assert!(matches!(err, SpecError::PlaintextRequired { .. }), "{err}");
+            assert!(err.to_string().contains("plaintext gRPC behind the sidecar"), "{err}");
+            assert!(spec.check_listener(false).is_err());
+
+            let any = TrustedHops::parse_list("127.0.0.1, 0.0.0.0/0").expect("hops");
+            let err = check_listener(spec, true, &any).expect_err("any source");
+            assert!(matches!(err, SpecError::UnrestrictedTrust { .. }), "{err}");
+            assert!(err.to_string().contains("trusts every source") && err.to_string().contains("0.0.0.0/0"), "{err}");
+            let err = check_listener(spec, true, &TrustedHops::parse_list("::/0").expect("hops")).expect_err("v6 any");
+            assert!(err.to_string().contains("upstream trusts any caller"), "{err}");
+            let err = check_listener(spec, true, &TrustedHops::new([])).expect_err("none");
+            assert!(err.to_string().contains("trust no source"), "{err}");
+        }
+        let wide = AuthMethodSpec::parse("xfcc:trusted-hops=0.0.0.0/0").expect("parses");
+        assert!(matches!(wide.check_listener(true), Err(SpecError::UnrestrictedTrust { .. })));
     }
 
     #[test]

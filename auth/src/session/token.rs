@@ -12,7 +12,9 @@
 //! ```
 //!
 //! `cnf` follows RFC 7800; `x5t#S256` is RFC 8705's certificate-bound token confirmation. A mesh
-//! session binds to `{"spiffe_id": "spiffe://…"}` instead.
+//! session binds to `{"spiffe_id": "spiffe://…"}` instead; `header:<name>:<regex>` sessions whose
+//! agent name is not taken from a SPIFFE ID bind to `{"hdr#S256": "<base64url SHA-256 of the
+//! header value>"}` (a private confirmation method, in the style of RFC 8705's).
 
 use std::fmt;
 use std::time::Duration;
@@ -99,13 +101,20 @@ pub struct Confirmation {
     /// A SPIFFE ID (mesh sessions).
     #[serde(rename = "spiffe_id", default, skip_serializing_if = "Option::is_none")]
     pub spiffe_id: Option<String>,
+    /// Base64url (no padding) SHA-256 of a forwarded identity header's value (`header:` sessions
+    /// not identified by a SPIFFE ID).
+    #[serde(rename = "hdr#S256", default, skip_serializing_if = "Option::is_none")]
+    pub hdr_s256: Option<String>,
 }
 
 impl From<&Binding> for Confirmation {
     fn from(binding: &Binding) -> Self {
         match binding {
-            Binding::CertificateSha256(hash) => Self { x5t_s256: Some(URL_SAFE_NO_PAD.encode(hash)), spiffe_id: None },
-            Binding::SpiffeId(id) => Self { x5t_s256: None, spiffe_id: Some(id.clone()) },
+            Binding::CertificateSha256(hash) => {
+                Self { x5t_s256: Some(URL_SAFE_NO_PAD.encode(hash)), ..Self::default() }
+            }
+            Binding::SpiffeId(id) => Self { spiffe_id: Some(id.clone()), ..Self::default() },
+            Binding::HeaderSha256(hash) => Self { hdr_s256: Some(URL_SAFE_NO_PAD.encode(hash)), ..Self::default() },
         }
     }
 }
@@ -117,15 +126,16 @@ impl Confirmation {
     ///
     /// A description of what is wrong with the claim.
     pub fn binding(&self) -> Result<Binding, String> {
-        match (&self.x5t_s256, &self.spiffe_id) {
-            (Some(x5t), None) => {
-                let bytes = URL_SAFE_NO_PAD.decode(x5t).map_err(|e| format!("cnf x5t#S256 is not base64url: {e}"))?;
-                let hash: [u8; 32] = bytes.try_into().map_err(|_| "cnf x5t#S256 is not a SHA-256 hash".to_owned())?;
-                Ok(Binding::CertificateSha256(hash))
-            }
-            (None, Some(id)) if !id.is_empty() => Ok(Binding::SpiffeId(id.clone())),
-            (None, None | Some(_)) => Err("cnf claim holds no confirmation".to_owned()),
-            (Some(_), Some(_)) => Err("cnf claim holds two confirmations".to_owned()),
+        let sha256 = |value: &str, name: &str| -> Result<[u8; 32], String> {
+            let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|e| format!("cnf {name} is not base64url: {e}"))?;
+            bytes.try_into().map_err(|_| format!("cnf {name} is not a SHA-256 hash"))
+        };
+        match (&self.x5t_s256, &self.spiffe_id, &self.hdr_s256) {
+            (Some(x5t), None, None) => Ok(Binding::CertificateSha256(sha256(x5t, "x5t#S256")?)),
+            (None, Some(id), None) if !id.is_empty() => Ok(Binding::SpiffeId(id.clone())),
+            (None, None, Some(hdr)) => Ok(Binding::HeaderSha256(sha256(hdr, "hdr#S256")?)),
+            (None, None | Some(_), None) => Err("cnf claim holds no confirmation".to_owned()),
+            _ => Err("cnf claim holds two confirmations".to_owned()),
         }
     }
 }
@@ -230,8 +240,14 @@ mod tests {
         assert_eq!(json, r#"{"spiffe_id":"spiffe://cluster.local/ns/argocd/sa/agent-1"}"#);
         assert_eq!(Confirmation::from(&id).binding(), Ok(id));
         assert!(Confirmation::default().binding().is_err());
-        let short = Confirmation { x5t_s256: Some("AAAA".into()), spiffe_id: None };
+        let short = Confirmation { x5t_s256: Some("AAAA".into()), ..Confirmation::default() };
         assert!(short.binding().is_err());
+        let header = Binding::header_value(b"agent-1.ns.serviceaccount.identity.linkerd.cluster.local");
+        let json = serde_json::to_value(Confirmation::from(&header)).expect("json");
+        assert!(json.get("hdr#S256").is_some(), "{json}");
+        assert_eq!(Confirmation::from(&header).binding(), Ok(header.clone()));
+        let two = Confirmation { spiffe_id: Some("spiffe://td/x".into()), ..Confirmation::from(&header) };
+        assert_eq!(two.binding(), Err("cnf claim holds two confirmations".to_owned()));
     }
 
     #[test]
