@@ -11,6 +11,7 @@
 
 pub mod apiserver;
 pub mod bin_path;
+pub mod envoy;
 pub mod fixtures;
 pub mod kubectl;
 pub mod process;
