@@ -43,10 +43,24 @@ struct AgentSlot {
     mode: Mode,
     spoke: ApiServerProcess,
     process: Option<ChildProcess>,
+    /// Mesh transport: the agent's sidecar, which the agent dials in plaintext.
+    sidecar: Option<crate::envoy::EnvoySidecar>,
+}
+
+/// How agents reach the principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Native mTLS (`--auth mtls:subject:...`).
+    Mtls,
+    /// Envoy sidecars terminate mTLS; the principal listens in plaintext on loopback and
+    /// identifies agents from `x-forwarded-client-cert` (`--auth xfcc:`).
+    Mesh,
 }
 
 /// The running topology. Dropping it stops every process.
 pub struct Topology {
+    transport: Transport,
+    principal_sidecar: Option<crate::envoy::EnvoySidecar>,
     dir: tempfile::TempDir,
     hub: ApiServerProcess,
     agents: BTreeMap<String, AgentSlot>,
@@ -92,17 +106,30 @@ impl Topology {
     /// # Errors
     /// Any part fails to start.
     pub async fn start(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
+        Self::start_with(agents, Transport::Mtls).await
+    }
+
+    /// The same behind Envoy sidecars (see [`Transport::Mesh`]).
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_mesh(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
+        Self::start_with(agents, Transport::Mesh).await
+    }
+
+    async fn start_with(agents: &[(&str, Mode)], transport: Transport) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("topology-").tempdir()?;
         let hub = ApiServerProcess::start_on(dir.path().join("hub")).await?;
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
             let spoke = ApiServerProcess::start_on(dir.path().join(format!("spoke-{name}"))).await?;
-            slots.insert((*name).to_string(), AgentSlot { mode: *mode, spoke, process: None });
+            slots.insert((*name).to_string(), AgentSlot { mode: *mode, spoke, process: None, sidecar: None });
         }
         let mut parts = vec![("hub".to_string(), hub.kubeconfig_path())];
         parts.extend(slots.iter().map(|(n, s)| (n.clone(), s.spoke.kubeconfig_path())));
         std::fs::write(dir.path().join("kubeconfig"), merged_kubeconfig(&parts)?)?;
-        let mut t = Self { dir, hub, agents: slots, principal: None, principal_port: None };
+        let mut t =
+            Self { transport, principal_sidecar: None, dir, hub, agents: slots, principal: None, principal_port: None };
 
         ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;
         for (name, slot) in &t.agents {
@@ -120,11 +147,21 @@ impl Topology {
             "localhost",
             "--key-algorithm",
             "ecdsa-p256",
+            "--out-dir",
+            &t.pki_dir().display().to_string(),
         ])?;
         t.ctl(&["jwt", "create-key"])?;
         let names: Vec<String> = t.agents.keys().cloned().collect();
         for name in &names {
-            t.ctl(&["--agent-context", name, "pki", "issue", "agent", name, "--key-algorithm", "ecdsa-p256"])?;
+            let pki = t.pki_dir().display().to_string();
+            let mut args =
+                vec!["--agent-context", name, "pki", "issue", "agent", name, "--key-algorithm", "ecdsa-p256"];
+            args.extend(["--out-dir", &pki]);
+            if transport == Transport::Mesh {
+                // The agent's SVID: spiffe://cluster.local/ns/argocd/sa/<name>.
+                args.extend(["--spiffe-trust-domain", "cluster.local"]);
+            }
+            t.ctl(&args)?;
             t.ctl(&["--agent-context", name, "pki", "propagate"])?;
         }
         t.start_principal().await?;
@@ -176,21 +213,19 @@ impl Topology {
     pub async fn start_principal(&mut self) -> anyhow::Result<()> {
         let port = self.principal_port.unwrap_or(0).to_string();
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
-        cmd.args([
-            "principal",
-            "--allowed-namespaces",
-            "*",
-            "--namespace",
-            ARGOCD_NS,
-            "--auth",
-            "mtls:subject:CN=([^,]+)",
-            "--listen-host",
-            "127.0.0.1",
-        ])
-        .args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
-        .arg("--kubeconfig")
-        .arg(self.kubeconfig())
-        .env("NO_COLOR", "1");
+        let auth = match self.transport {
+            Transport::Mtls => "mtls:subject:CN=([^,]+)",
+            Transport::Mesh => "xfcc:",
+        };
+        cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", ARGOCD_NS, "--auth", auth])
+            .args(["--listen-host", "127.0.0.1"]);
+        if self.transport == Transport::Mesh {
+            cmd.arg("--insecure-plaintext");
+        }
+        cmd.args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .env("NO_COLOR", "1");
         let mut child = ChildProcess::spawn("principal", cmd)?;
         let addr = wait_for(START, "the principal to listen", || {
             child.ensure_running()?;
@@ -202,7 +237,24 @@ impl Topology {
         let port: u16 = addr.rsplit(':').next().and_then(|p| p.parse().ok()).context("principal address")?;
         self.principal_port = Some(port);
         self.principal = Some(child);
+        if self.transport == Transport::Mesh && self.principal_sidecar.is_none() {
+            let pki = self.pki_dir();
+            let params = crate::envoy::SidecarParams::new(
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                pki.join("principal.crt"),
+                pki.join("principal.key"),
+                pki.join("ca.crt"),
+            );
+            let sidecar = tokio::task::block_in_place(|| {
+                crate::envoy::EnvoySidecar::start(crate::envoy::SidecarKind::Principal, &params)
+            })?;
+            self.principal_sidecar = Some(sidecar);
+        }
         Ok(())
+    }
+
+    fn pki_dir(&self) -> PathBuf {
+        self.dir.path().join("pki")
     }
 
     /// SIGKILL the principal.
@@ -233,9 +285,29 @@ impl Topology {
     /// # Errors
     /// No such agent, or it does not connect in time.
     pub async fn start_agent(&mut self, name: &str) -> anyhow::Result<()> {
-        let port = self.principal_port.context("start the principal first")?.to_string();
+        let mut port = self.principal_port.context("start the principal first")?.to_string();
         let kubeconfig = self.kubeconfig();
+        let pki = self.pki_dir();
+        let principal_sidecar = self.principal_sidecar.as_ref().map(crate::envoy::EnvoySidecar::listen_addr);
+        let transport = self.transport;
         let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
+        if transport == Transport::Mesh {
+            if slot.sidecar.is_none() {
+                let upstream = principal_sidecar.context("the principal sidecar is not running")?;
+                let params = crate::envoy::SidecarParams::new(
+                    upstream,
+                    pki.join(format!("{name}.crt")),
+                    pki.join(format!("{name}.key")),
+                    pki.join("ca.crt"),
+                );
+                let sidecar = tokio::task::block_in_place(|| {
+                    crate::envoy::EnvoySidecar::start(crate::envoy::SidecarKind::Agent, &params)
+                })?;
+                slot.sidecar = Some(sidecar);
+            }
+            let sidecar = slot.sidecar.as_ref().context("agent sidecar")?;
+            port = sidecar.listen_addr().port().to_string();
+        }
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         cmd.args([
             "agent",
@@ -250,6 +322,18 @@ impl Topology {
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .env("NO_COLOR", "1");
+        if transport == Transport::Mesh {
+            // Plaintext to its own sidecar, identity from the SVID the sidecar presents.
+            cmd.args([
+                "--insecure-plaintext",
+                "--creds",
+                "header:",
+                "--agent-name",
+                name,
+                "--heartbeat-interval",
+                "30s",
+            ]);
+        }
         let child = ChildProcess::spawn(&format!("agent-{name}"), cmd)?;
         slot.process = Some(child);
         Ok(())

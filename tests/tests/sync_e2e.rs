@@ -255,3 +255,27 @@ async fn principal_stops_cleanly_on_sigterm_with_agents_connected_and_comes_back
     wait_app(&t, &spoke, "after", "sync after a graceful restart", path_is("v1")).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_envoy_sidecars_agents_are_identified_by_their_spiffe_id() -> Result<()> {
+    // agent -> agent sidecar (Envoy, mTLS with the agent's SVID) -> principal sidecar (Envoy,
+    // SANITIZE_SET x-forwarded-client-cert) -> plaintext principal on loopback, --auth xfcc:.
+    let t = Topology::start_mesh(&[("m7", Mode::Managed), ("a7", Mode::Autonomous)]).await?;
+    let hub_m = apps(&t.hub(), "m7");
+    let spoke_m = apps(&t.spoke("m7")?, ARGOCD_NS);
+    hub_m.create(&PostParams::default(), &app("meshy", "m7", "v1")?).await?;
+    wait_app(&t, &spoke_m, "meshy", "a managed app crosses both sidecars", path_is("v1")).await?;
+    spoke_m
+        .patch("meshy", &PatchParams::default(), &Patch::Merge(json!({"status": {"health": {"status": "Healthy"}}})))
+        .await?;
+    wait_app(&t, &hub_m, "meshy", "its status comes back", |o| {
+        o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")
+    })
+    .await?;
+
+    let spoke_a = apps(&t.spoke("a7")?, ARGOCD_NS);
+    let hub_a = apps(&t.hub(), "a7");
+    spoke_a.create(&PostParams::default(), &app("up", ARGOCD_NS, "v1")?).await?;
+    wait_app(&t, &hub_a, "up", "an autonomous app reaches the hub", path_is("v1")).await?;
+    Ok(())
+}
