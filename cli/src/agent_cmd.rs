@@ -56,9 +56,15 @@ pub struct Args {
     /// Client key file (instead of the secret).
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_KEY_PATH")]
     pub tls_client_key: Option<PathBuf>,
-    /// Application-level heartbeat interval (e.g. 30s; 0 = off).
-    #[arg(long, env = "ARGOCD_AGENT_HEARTBEAT_INTERVAL", default_value = "0")]
-    pub heartbeat_interval: String,
+    /// Application-level heartbeat interval (e.g. 30s; 0 = off). Default: off, or the mesh
+    /// profile's interval (below the sidecars' stream idle timeout) behind a mesh.
+    #[arg(long, env = "ARGOCD_AGENT_HEARTBEAT_INTERVAL")]
+    pub heartbeat_interval: Option<String>,
+    /// The mesh whose sidecar carries the stream (istio, linkerd, envoy): turns heartbeats on at
+    /// the profile's interval unless --heartbeat-interval says otherwise. `--creds header:`
+    /// implies a sidecar (envoy profile) when this is not given.
+    #[arg(long, env = "ARGOCD_AGENT_MESH_PROFILE")]
+    pub mesh_profile: Option<String>,
     /// Largest gRPC message in bytes.
     #[arg(long, env = "ARGOCD_AGENT_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
     pub grpc_max_message_size: usize,
@@ -199,6 +205,26 @@ pub fn auth_method(creds: &str) -> anyhow::Result<String> {
     }
 }
 
+/// The heartbeat interval: explicit `--heartbeat-interval` wins (0 = off); otherwise the mesh
+/// profile's interval when the stream runs through a sidecar (`--mesh-profile`, or
+/// `--creds header:`), so a quiet stream is never closed by the sidecar's idle timeout; otherwise
+/// off, as upstream.
+///
+/// # Errors
+/// A malformed duration or an unknown profile.
+pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
+    if let Some(text) = &args.heartbeat_interval {
+        let d = parse_duration(text).context("--heartbeat-interval")?;
+        return Ok((!d.is_zero()).then_some(d));
+    }
+    let profile = match &args.mesh_profile {
+        Some(p) => Some(p.parse::<mesh::profile::MeshProfile>().map_err(|e| anyhow::anyhow!("--mesh-profile: {e}"))?),
+        None if args.creds.starts_with("header") => Some(mesh::profile::MeshProfile::Envoy),
+        None => None,
+    };
+    Ok(profile.map(mesh::profile::MeshProfile::heartbeat_interval))
+}
+
 /// Run the agent until SIGINT or SIGTERM.
 ///
 /// # Errors
@@ -324,8 +350,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.namespace = args.namespace.clone();
     let token_source = creds.clone();
     config.credentials = Some(agent::credentials::bearer_token(move || token_source.access_token()));
-    let heartbeat = parse_duration(&args.heartbeat_interval).context("--heartbeat-interval")?;
-    config.heartbeat_interval = (!heartbeat.is_zero()).then_some(heartbeat);
+    let heartbeat = heartbeat_interval(&args)?;
+    if let Some(h) = heartbeat {
+        tracing::info!(interval = ?h, "application heartbeats on");
+    }
+    config.heartbeat_interval = heartbeat;
     let agent = agent::Agent::new(config, client).context("cannot start the agent")?;
     println!("agent {name} ({}) connecting to {}:{}", args.agent_mode, args.server_address, args.server_port);
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -346,6 +375,28 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 mod tests {
     use super::parse_duration;
     use std::time::Duration;
+
+    fn args(extra: &[&str]) -> super::Args {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: super::Args,
+        }
+        let mut argv = vec!["agent", "--server-address", "p"];
+        argv.extend(extra);
+        <Wrap as clap::Parser>::parse_from(argv).args
+    }
+
+    #[test]
+    fn heartbeats_default_on_behind_a_mesh_only() {
+        let hb = |extra: &[&str]| super::heartbeat_interval(&args(extra)).ok().flatten();
+        assert_eq!(hb(&[]), None, "off by default, as upstream");
+        assert_eq!(hb(&["--mesh-profile", "istio"]), Some(Duration::from_secs(30)));
+        assert_eq!(hb(&["--creds", "header:"]), Some(Duration::from_secs(30)));
+        assert_eq!(hb(&["--mesh-profile", "istio", "--heartbeat-interval", "10s"]), Some(Duration::from_secs(10)));
+        assert_eq!(hb(&["--mesh-profile", "istio", "--heartbeat-interval", "0"]), None, "explicit 0 turns them off");
+        assert!(super::heartbeat_interval(&args(&["--mesh-profile", "consul"])).is_err());
+    }
 
     #[test]
     fn creds_select_the_method() {

@@ -47,6 +47,21 @@ struct AgentSlot {
     sidecar: Option<crate::envoy::EnvoySidecar>,
 }
 
+/// Knobs of the mesh transport.
+#[derive(Debug, Clone, Copy)]
+pub struct MeshOptions {
+    /// The sidecars' stream idle timeout (`None`: the production default).
+    pub stream_idle_timeout: Option<Duration>,
+    /// The agents' `--heartbeat-interval` (`None`: the agent's own default behind a mesh).
+    pub heartbeat: Option<Duration>,
+}
+
+impl Default for MeshOptions {
+    fn default() -> Self {
+        Self { stream_idle_timeout: None, heartbeat: Some(Duration::from_secs(30)) }
+    }
+}
+
 /// How agents reach the principal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -60,6 +75,7 @@ pub enum Transport {
 /// The running topology. Dropping it stops every process.
 pub struct Topology {
     transport: Transport,
+    mesh_options: MeshOptions,
     principal_sidecar: Option<crate::envoy::EnvoySidecar>,
     dir: tempfile::TempDir,
     hub: ApiServerProcess,
@@ -106,7 +122,7 @@ impl Topology {
     /// # Errors
     /// Any part fails to start.
     pub async fn start(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
-        Self::start_with(agents, Transport::Mtls).await
+        Self::start_with(agents, Transport::Mtls, MeshOptions::default()).await
     }
 
     /// The same behind Envoy sidecars (see [`Transport::Mesh`]).
@@ -114,10 +130,22 @@ impl Topology {
     /// # Errors
     /// Any part fails to start.
     pub async fn start_mesh(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
-        Self::start_with(agents, Transport::Mesh).await
+        Self::start_with(agents, Transport::Mesh, MeshOptions::default()).await
     }
 
-    async fn start_with(agents: &[(&str, Mode)], transport: Transport) -> anyhow::Result<Self> {
+    /// Mesh transport with explicit sidecar and heartbeat settings.
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_mesh_with(agents: &[(&str, Mode)], options: MeshOptions) -> anyhow::Result<Self> {
+        Self::start_with(agents, Transport::Mesh, options).await
+    }
+
+    async fn start_with(
+        agents: &[(&str, Mode)],
+        transport: Transport,
+        mesh_options: MeshOptions,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("topology-").tempdir()?;
         let hub = ApiServerProcess::start_on(dir.path().join("hub")).await?;
         let mut slots = BTreeMap::new();
@@ -128,8 +156,16 @@ impl Topology {
         let mut parts = vec![("hub".to_string(), hub.kubeconfig_path())];
         parts.extend(slots.iter().map(|(n, s)| (n.clone(), s.spoke.kubeconfig_path())));
         std::fs::write(dir.path().join("kubeconfig"), merged_kubeconfig(&parts)?)?;
-        let mut t =
-            Self { transport, principal_sidecar: None, dir, hub, agents: slots, principal: None, principal_port: None };
+        let mut t = Self {
+            transport,
+            mesh_options,
+            principal_sidecar: None,
+            dir,
+            hub,
+            agents: slots,
+            principal: None,
+            principal_port: None,
+        };
 
         ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;
         for (name, slot) in &t.agents {
@@ -245,6 +281,10 @@ impl Topology {
                 pki.join("principal.key"),
                 pki.join("ca.crt"),
             );
+            let params = match self.mesh_options.stream_idle_timeout {
+                Some(t) => params.with_stream_idle_timeout(t),
+                None => params,
+            };
             let sidecar = tokio::task::block_in_place(|| {
                 crate::envoy::EnvoySidecar::start(crate::envoy::SidecarKind::Principal, &params)
             })?;
@@ -290,6 +330,7 @@ impl Topology {
         let pki = self.pki_dir();
         let principal_sidecar = self.principal_sidecar.as_ref().map(crate::envoy::EnvoySidecar::listen_addr);
         let transport = self.transport;
+        let mesh_options = self.mesh_options;
         let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
         if transport == Transport::Mesh {
             if slot.sidecar.is_none() {
@@ -300,6 +341,10 @@ impl Topology {
                     pki.join(format!("{name}.key")),
                     pki.join("ca.crt"),
                 );
+                let params = match mesh_options.stream_idle_timeout {
+                    Some(t) => params.with_stream_idle_timeout(t),
+                    None => params,
+                };
                 let sidecar = tokio::task::block_in_place(|| {
                     crate::envoy::EnvoySidecar::start(crate::envoy::SidecarKind::Agent, &params)
                 })?;
@@ -324,6 +369,7 @@ impl Topology {
         .env("NO_COLOR", "1");
         if transport == Transport::Mesh {
             // Plaintext to its own sidecar, identity from the SVID the sidecar presents.
+            let heartbeat = mesh_options.heartbeat.map_or_else(|| "0".to_string(), |d| format!("{}ms", d.as_millis()));
             cmd.args([
                 "--insecure-plaintext",
                 "--creds",
@@ -331,7 +377,7 @@ impl Topology {
                 "--agent-name",
                 name,
                 "--heartbeat-interval",
-                "30s",
+                &heartbeat,
             ]);
         }
         let child = ChildProcess::spawn(&format!("agent-{name}"), cmd)?;
@@ -348,6 +394,13 @@ impl Topology {
         let mut p = slot.process.take().with_context(|| format!("agent {name} is not running"))?;
         p.sigkill()?;
         Ok(())
+    }
+
+    /// How many times the principal has logged `agent connected` for `agent`.
+    #[must_use]
+    pub fn principal_connects(&self, agent: &str) -> usize {
+        let needle = format!("agent connected agent={agent} ");
+        self.principal.as_ref().map_or(0, |p| p.stderr().lines().filter(|l| l.contains(&needle)).count())
     }
 
     /// The recent logs of every process, for failure messages.

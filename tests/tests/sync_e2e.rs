@@ -279,3 +279,33 @@ async fn behind_envoy_sidecars_agents_are_identified_by_their_spiffe_id() -> Res
     wait_app(&t, &hub_a, "up", "an autonomous app reaches the hub", path_is("v1")).await?;
     Ok(())
 }
+
+/// Through Envoy sidecars whose stream idle timeout is shorter than a quiet period: with the
+/// agent's heartbeat below it the one stream stays up; without heartbeats Envoy cuts it and the
+/// agent has to reconnect (the control that shows the first half measures something).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_quiet_stream_up_through_envoy_idle_timeouts() -> Result<()> {
+    use tests::topology::MeshOptions;
+    const IDLE: Duration = Duration::from_secs(3);
+    const QUIET: Duration = Duration::from_secs(8);
+    for (heartbeat, expect_reconnect) in [(Some(Duration::from_millis(700)), false), (None, true)] {
+        let options = MeshOptions { stream_idle_timeout: Some(IDLE), heartbeat };
+        let t = Topology::start_mesh_with(&[("hb", Mode::Managed)], options).await?;
+        let hub = apps(&t.hub(), "hb");
+        let spoke = apps(&t.spoke("hb")?, ARGOCD_NS);
+        hub.create(&PostParams::default(), &app("first", "hb", "v1")?).await?;
+        wait_app(&t, &spoke, "first", "sync before the quiet period", path_is("v1")).await?;
+        let connects_before = t.principal_connects("hb");
+        // The quiet period is what is under test, so it is a plain sleep.
+        tokio::time::sleep(QUIET).await;
+        hub.create(&PostParams::default(), &app("second", "hb", "v1")?).await?;
+        wait_app(&t, &spoke, "second", "sync after the quiet period", path_is("v1")).await?;
+        let reconnects = t.principal_connects("hb") - connects_before;
+        if expect_reconnect {
+            assert!(reconnects >= 1, "without heartbeats Envoy should have closed the idle stream\n{}", t.logs());
+        } else {
+            assert_eq!(reconnects, 0, "with heartbeats below the idle timeout the stream must stay up\n{}", t.logs());
+        }
+    }
+    Ok(())
+}
