@@ -150,7 +150,9 @@ impl Args {
             .check_opt("--label-selector", &self.label_selector)
             .check_opt("--redis-addr", &self.redis_addr)
             .check_opt("--otlp-address", &self.otlp_address)
-            .check("--creds userpass", self.creds.starts_with("userpass:"));
+            .check("--creds userpass", self.creds.starts_with("userpass:"))
+            .check("--metrics-port", self.metrics_port != 8181)
+            .check("--healthz-port", self.healthz_port != 8001);
         u.finish("argocd-agent agent")?;
         if self.server_address.is_empty() {
             anyhow::bail!("argocd-agent agent: --server-address (ARGOCD_AGENT_REMOTE_SERVER) is required");

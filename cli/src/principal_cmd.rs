@@ -163,7 +163,12 @@ impl Args {
             .check_opt("--label-selector", &self.label_selector)
             .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
             .check_opt("--keepalive-min-interval", &self.keepalive_min_interval)
-            .check_opt("--event-processors", &self.event_processors);
+            .check_opt("--event-processors", &self.event_processors)
+            // Observability and TLS client-cert knobs come with later work; refuse non-defaults.
+            .check("--metrics-port", self.metrics_port != 8000)
+            .check("--healthz-port", self.healthz_port != 8003)
+            .check("--require-client-certs", self.require_client_certs)
+            .check("--client-cert-subject-match", self.client_cert_subject_match);
         u.finish("argocd-agent principal")?;
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
@@ -281,6 +286,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
     let mut config = principal::PrincipalConfig::new(&args.namespace);
     config.allowed_namespaces = args.allowed_namespaces.clone();
+    config.namespace_create_enable = args.namespace_create_enable;
     if config.allowed_namespaces.is_empty() {
         // Upstream's semantics: no pattern admits no agent. Say so, since it is rarely intended.
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");

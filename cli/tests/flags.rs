@@ -1,0 +1,47 @@
+//! Upstream flags for features not built yet are accepted by the parser and refused at startup
+//! with a message naming them, whether given as flags or as upstream's environment variables.
+
+use std::process::Command;
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_argocd-agent"));
+    cmd.args(args).env("KUBECONFIG", "/nonexistent");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run argocd-agent: {e}"));
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
+    let (ok, err) = run(&[&base[..], &["--enable-resource-proxy", "true", "--pprof-port", "6060"]].concat(), &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("not supported yet") && err.contains("--enable-resource-proxy") && err.contains("--pprof-port"),
+        "{err}"
+    );
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_OTLP_ADDRESS", "collector:4317")]);
+    assert!(!ok);
+    assert!(err.contains("--otlp-address"), "{err}");
+}
+
+#[test]
+fn unsupported_agent_flags_are_refused_by_name() {
+    let (ok, err) = run(&["agent", "--server-address", "principal.example", "--redis-addr", "r:6379"], &[]);
+    assert!(!ok);
+    assert!(err.contains("not supported yet") && err.contains("--redis-addr"), "{err}");
+}
+
+#[test]
+fn required_settings_are_named() {
+    let (ok, err) = run(&["principal", "--auth", "mtls:subject:CN=([^,]+)"], &[]);
+    assert!(!ok && err.contains("--namespace"), "{err}");
+    let (ok, err) = run(&["principal", "-n", "argocd"], &[]);
+    assert!(!ok && err.contains("--auth"), "{err}");
+    let (ok, err) = run(&["principal", "-n", "argocd", "--auth", "userpass:/x"], &[]);
+    assert!(!ok && err.contains("--auth"), "{err}");
+    let (ok, err) = run(&["agent"], &[]);
+    assert!(!ok && err.contains("--server-address"), "{err}");
+}
