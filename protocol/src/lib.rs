@@ -16,6 +16,8 @@ pub mod argocd;
 pub mod checksum;
 pub mod event;
 pub mod fuzzing;
+#[cfg(feature = "kube")]
+pub mod kube_store;
 pub mod outbox;
 pub mod payload;
 pub mod pb;

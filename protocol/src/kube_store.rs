@@ -1,0 +1,265 @@
+//! Typed access to Argo CD objects through kube-rs, for the principal (hub) and the agent (spoke):
+//! get, list, create, replace with conflict retry, delete, finalizer removal. Objects travel as
+//! [`crate::argocd`] types, which keep every field they do not model. Behind the `kube` feature.
+
+use std::fmt;
+
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// How often a read-modify-write is retried when the API server answers 409 Conflict.
+const CONFLICT_RETRIES: usize = 8;
+
+/// A Kubernetes call on an Argo CD object failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The API server refused or could not be reached.
+    #[error("{op} {kind} {namespace}/{name}: the Kubernetes API call failed (check the kubeconfig and RBAC): {source}")]
+    Kube {
+        /// What was attempted.
+        op: &'static str,
+        /// The kind.
+        kind: &'static str,
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// The client error (boxed: it is large).
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The object did not have the shape of its kind.
+    #[error("{kind} {namespace}/{name} does not decode as an Argo CD {kind}: {source}")]
+    Decode {
+        /// The kind.
+        kind: &'static str,
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Every attempt of a read-modify-write met a concurrent writer.
+    #[error(
+        "{kind} {namespace}/{name}: gave up after {attempts} conflicting writes (another writer keeps changing it)"
+    )]
+    Conflict {
+        /// The kind.
+        kind: &'static str,
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// Attempts made.
+        attempts: usize,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying later may succeed (API unreachable, 5xx, 429, conflicts), as
+    /// upstream's `kube.IsRetryableError`: such events are not ACKed so the peer resends.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Kube { source, .. } => match source.as_ref() {
+                kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+                _ => true,
+            },
+            Self::Conflict { .. } => true,
+            Self::Decode { .. } => false,
+        }
+    }
+}
+
+/// One kind of Argo CD object (Application or AppProject) on one cluster.
+#[derive(Clone)]
+pub struct ObjectStore {
+    client: kube::Client,
+    resource: ApiResource,
+    kind: &'static str,
+}
+
+impl fmt::Debug for ObjectStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectStore").field("kind", &self.kind).finish_non_exhaustive()
+    }
+}
+
+impl ObjectStore {
+    /// Applications (`applications.argoproj.io/v1alpha1`).
+    #[must_use]
+    pub fn applications(client: kube::Client) -> Self {
+        Self::argo(client, "Application", "applications")
+    }
+
+    /// AppProjects (`appprojects.argoproj.io/v1alpha1`).
+    #[must_use]
+    pub fn app_projects(client: kube::Client) -> Self {
+        Self::argo(client, "AppProject", "appprojects")
+    }
+
+    fn argo(client: kube::Client, kind: &'static str, plural: &str) -> Self {
+        let gvk = GroupVersionKind::gvk("argoproj.io", "v1alpha1", kind);
+        Self { client, resource: ApiResource::from_gvk_with_plural(&gvk, plural), kind }
+    }
+
+    /// The client this store uses.
+    #[must_use]
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The kind's name, for logs.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The raw API for a namespace (`None`: all namespaces), for watchers.
+    #[must_use]
+    pub fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &self.resource),
+            None => Api::all_with(self.client.clone(), &self.resource),
+        }
+    }
+
+    fn kube_err(&self, op: &'static str, ns: &str, name: &str, source: kube::Error) -> StoreError {
+        StoreError::Kube {
+            op,
+            kind: self.kind,
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// Converts a dynamic object into a typed one.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Decode`] when it does not fit `T`.
+    pub fn decode<T: DeserializeOwned>(&self, obj: &DynamicObject) -> Result<T, StoreError> {
+        let err = |source| StoreError::Decode {
+            kind: self.kind,
+            namespace: obj.metadata.namespace.clone().unwrap_or_default(),
+            name: obj.metadata.name.clone().unwrap_or_default(),
+            source,
+        };
+        serde_json::to_value(obj).and_then(serde_json::from_value).map_err(err)
+    }
+
+    fn encode<T: Serialize>(&self, ns: &str, name: &str, obj: &T) -> Result<DynamicObject, StoreError> {
+        let err =
+            |source| StoreError::Decode { kind: self.kind, namespace: ns.to_owned(), name: name.to_owned(), source };
+        let mut value = serde_json::to_value(obj).map_err(err)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("apiVersion".into(), "argoproj.io/v1alpha1".into());
+            map.insert("kind".into(), self.kind.into());
+        }
+        serde_json::from_value(value).map_err(err)
+    }
+
+    /// Reads one object; `None` if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails or the object does not decode.
+    pub async fn get<T: DeserializeOwned>(&self, ns: &str, name: &str) -> Result<Option<T>, StoreError> {
+        match self.api(Some(ns)).get_opt(name).await {
+            Ok(Some(obj)) => self.decode(&obj).map(Some),
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.kube_err("get", ns, name, e)),
+        }
+    }
+
+    /// Lists the objects of a namespace.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails or an object does not decode.
+    pub async fn list<T: DeserializeOwned>(&self, ns: &str) -> Result<Vec<T>, StoreError> {
+        let list =
+            self.api(Some(ns)).list(&ListParams::default()).await.map_err(|e| self.kube_err("list", ns, "*", e))?;
+        list.items.iter().map(|o| self.decode(o)).collect()
+    }
+
+    /// Creates an object; `Ok(false)` if it already exists.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails for another reason.
+    pub async fn create<T: Serialize>(&self, ns: &str, name: &str, obj: &T) -> Result<bool, StoreError> {
+        let dynobj = self.encode(ns, name, obj)?;
+        match self.api(Some(ns)).create(&PostParams::default(), &dynobj).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+            Err(e) => Err(self.kube_err("create", ns, name, e)),
+        }
+    }
+
+    /// Read-modify-write: `mutate` edits the current object and says whether it changed;
+    /// a 409 Conflict re-reads and retries. `Ok(None)` if the object does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails, or [`StoreError::Conflict`] after repeated
+    /// conflicts.
+    pub async fn update<T, F>(&self, ns: &str, name: &str, mut mutate: F) -> Result<Option<T>, StoreError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(&mut T) -> bool,
+    {
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut obj) = self.get::<T>(ns, name).await? else { return Ok(None) };
+            if !mutate(&mut obj) {
+                return Ok(Some(obj));
+            }
+            let dynobj = self.encode(ns, name, &obj)?;
+            match self.api(Some(ns)).replace(name, &PostParams::default(), &dynobj).await {
+                Ok(written) => return self.decode(&written).map(Some),
+                Err(kube::Error::Api(s)) if s.is_conflict() => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(None),
+                Err(e) => return Err(self.kube_err("update", ns, name, e)),
+            }
+        }
+        Err(StoreError::Conflict {
+            kind: self.kind,
+            namespace: ns.into(),
+            name: name.into(),
+            attempts: CONFLICT_RETRIES,
+        })
+    }
+
+    /// Deletes an object (background propagation); `Ok(false)` if it did not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails.
+    pub async fn delete(&self, ns: &str, name: &str) -> Result<bool, StoreError> {
+        match self.api(Some(ns)).delete(name, &DeleteParams::background()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+            Err(e) => Err(self.kube_err("delete", ns, name, e)),
+        }
+    }
+
+    /// Removes every finalizer (merge patch), letting a pending deletion complete.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails for another reason than a missing object.
+    pub async fn strip_finalizers(&self, ns: &str, name: &str) -> Result<(), StoreError> {
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        match self.api(Some(ns)).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(self.kube_err("remove finalizers of", ns, name, e)),
+        }
+    }
+}
