@@ -34,7 +34,7 @@ const XFCC: &str = "x-forwarded-client-cert";
 const PRINCIPAL: &str = "argocd-agent-principal";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn read(rel: &str) -> String {
@@ -128,14 +128,14 @@ fn placeholders(text: &str) -> Vec<String> {
 fn load(dir: &str, render: impl Fn(&str, &str) -> String) -> Vec<Doc> {
     let mut files: Vec<_> = std::fs::read_dir(root().join(dir))
         .unwrap_or_else(|e| panic!("{dir}/: cannot list: {e}"))
-        .map(|e| e.expect("dir entry").path())
+        .map(|e| e.unwrap_or_else(|e| panic!("{dir}/: cannot list: {e}")).path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     files.sort();
     assert!(!files.is_empty(), "{dir}/ holds no .yaml file");
     let mut docs = Vec::new();
     for path in files {
-        let file = format!("{dir}/{}", path.file_name().expect("name").to_string_lossy());
+        let file = format!("{dir}/{}", path.file_name().unwrap_or_default().to_string_lossy());
         let mut text = read(&file);
         for name in placeholders(&text) {
             text = text.replace(&format!("${{{name}}}"), &render(&file, &name));
@@ -210,7 +210,11 @@ impl<'a> Container<'a> {
     fn of(doc: &'a Doc) -> Self {
         assert_eq!(doc.kind(), "Deployment", "{doc}: not a Deployment");
         let containers = doc.seq("spec.template.spec.containers");
-        assert_eq!(containers.len(), 1, "{doc}: spec.template.spec.containers: expected one container (the sidecar is injected)");
+        assert_eq!(
+            containers.len(),
+            1,
+            "{doc}: spec.template.spec.containers: expected one container (the sidecar is injected)"
+        );
         let args = doc
             .seq("spec.template.spec.containers.0.args")
             .iter()
@@ -317,16 +321,20 @@ struct Principal<'a> {
 fn principal(docs: &[Doc]) -> Principal<'_> {
     let deployment = find(docs, "Deployment", PRINCIPAL);
     let container = Container::of(deployment);
-    assert_eq!(container.args.first().map(String::as_str), Some("principal"), "{deployment}: args must start with `principal`");
+    assert_eq!(
+        container.args.first().map(String::as_str),
+        Some("principal"),
+        "{deployment}: args must start with `principal`"
+    );
     let auth = container.required("--auth");
     let spec = AuthMethodSpec::parse(&auth).unwrap_or_else(|e| panic!("{deployment}: --auth {auth:?}: {e}"));
     let AuthMethodSpec::Xfcc { policy, .. } = &spec else {
         panic!("{deployment}: --auth {auth:?} is not an xfcc: method (the Istio manifests rely on the SPIFFE policy)")
     };
     let policy = policy.clone();
-    let listen_port = container.flag("--listen-port").map_or(8443, |p| {
-        p.parse().unwrap_or_else(|_| panic!("{deployment}: --listen-port {p:?} is not a port"))
-    });
+    let listen_port = container
+        .flag("--listen-port")
+        .map_or(8443, |p| p.parse().unwrap_or_else(|_| panic!("{deployment}: --listen-port {p:?} is not a port")));
     Principal { deployment, container, spec, policy, listen_port }
 }
 
@@ -339,7 +347,9 @@ struct Agent<'a> {
 
 fn agent(docs: &[Doc]) -> Agent<'_> {
     let deployments: Vec<_> = docs.iter().filter(|d| d.kind() == "Deployment" && d.name() != PRINCIPAL).collect();
-    let [deployment] = deployments.as_slice() else { panic!("istio/: expected one agent Deployment, found {}", deployments.len()) };
+    let [deployment] = deployments.as_slice() else {
+        panic!("istio/: expected one agent Deployment, found {}", deployments.len())
+    };
     let container = Container::of(deployment);
     assert_eq!(container.args.first().map(String::as_str), Some("agent"), "{deployment}: args must start with `agent`");
     let name = container.required("--agent-name");
@@ -363,9 +373,16 @@ fn every_document_parses_and_placeholders_are_documented() {
         }
     }
     let kinds: Vec<_> = docs.iter().map(Doc::kind).collect();
-    for kind in
-        ["Namespace", "PeerAuthentication", "AuthorizationPolicy", "DestinationRule", "Sidecar", "ServiceAccount", "Service", "Deployment"]
-    {
+    for kind in [
+        "Namespace",
+        "PeerAuthentication",
+        "AuthorizationPolicy",
+        "DestinationRule",
+        "Sidecar",
+        "ServiceAccount",
+        "Service",
+        "Deployment",
+    ] {
         assert!(kinds.contains(&kind), "istio/: no {kind} document");
     }
     let readme = read("istio/README.md");
@@ -391,7 +408,10 @@ fn principal_auth_parses_and_fits_the_plaintext_loopback_listener() {
     let docs = istio();
     let p = principal(&docs);
     let d = p.deployment;
-    assert!(p.container.switch("--insecure-plaintext"), "{d}: --insecure-plaintext is missing: the sidecar terminates mTLS");
+    assert!(
+        p.container.switch("--insecure-plaintext"),
+        "{d}: --insecure-plaintext is missing: the sidecar terminates mTLS"
+    );
     p.spec.check_listener(true).unwrap_or_else(|e| panic!("{d}: --auth does not fit a plaintext listener: {e}"));
     assert_eq!(
         p.container.required("--listen-host"),
@@ -409,7 +429,10 @@ fn principal_auth_parses_and_fits_the_plaintext_loopback_listener() {
     assert!(p.policy.denied_namespaces().contains("istio-system"), "{d}: --auth must deny istio-system (gateways)");
     let ns = d.namespace();
     assert_eq!(p.container.required("--namespace"), ns, "{d}: --namespace must be the Deployment's namespace");
-    assert!(!p.container.required("--allowed-namespaces").is_empty(), "{d}: --allowed-namespaces is empty: no agent could connect");
+    assert!(
+        !p.container.required("--allowed-namespaces").is_empty(),
+        "{d}: --allowed-namespaces is empty: no agent could connect"
+    );
 }
 
 #[test]
@@ -505,7 +528,11 @@ fn authorization_policy_admits_exactly_agents_the_auth_policy_accepts() {
     for source in sources {
         let source = source.get("source").unwrap_or_else(|| panic!("{ap}: spec.rules.0.from: entry without source"));
         let keys: Vec<_> = source.as_mapping().expect("source is a map").keys().filter_map(Value::as_str).collect();
-        assert_eq!(keys, ["principals"], "{ap}: spec.rules.0.from.source: only `principals` (SPIFFE identities) may admit callers");
+        assert_eq!(
+            keys,
+            ["principals"],
+            "{ap}: spec.rules.0.from.source: only `principals` (SPIFFE identities) may admit callers"
+        );
         for pr in source["principals"].as_sequence().expect("principals is a list") {
             principals.push(pr.as_str().expect("principal is a string").to_owned());
         }
@@ -539,10 +566,9 @@ fn authorization_policy_admits_exactly_agents_the_auth_policy_accepts() {
         "{ap}: spec.rules.0.from.source.principals {principals:?} do not admit the agent of {} ({istio_id})",
         a.deployment
     );
-    let authorized = p
-        .policy
-        .authorize(&a.spiffe_id)
-        .unwrap_or_else(|e| panic!("{}: --auth refuses the agent of {} ({}): {e}", p.deployment, a.deployment, a.spiffe_id));
+    let authorized = p.policy.authorize(&a.spiffe_id).unwrap_or_else(|e| {
+        panic!("{}: --auth refuses the agent of {} ({}): {e}", p.deployment, a.deployment, a.spiffe_id)
+    });
     assert_eq!(
         authorized.agent(),
         a.name,
@@ -552,13 +578,26 @@ fn authorization_policy_admits_exactly_agents_the_auth_policy_accepts() {
     );
 
     // Neither the principal itself nor a gateway is admitted.
-    let own = format!("{}/ns/{}/sa/{}", MeshProfile::DEFAULT_TRUST_DOMAIN, p.deployment.namespace(), p.deployment.str("spec.template.spec.serviceAccountName"));
-    let gateway = format!("{}/ns/istio-system/sa/istio-eastwestgateway-service-account", MeshProfile::DEFAULT_TRUST_DOMAIN);
+    let own = format!(
+        "{}/ns/{}/sa/{}",
+        MeshProfile::DEFAULT_TRUST_DOMAIN,
+        p.deployment.namespace(),
+        p.deployment.str("spec.template.spec.serviceAccountName")
+    );
+    let gateway =
+        format!("{}/ns/istio-system/sa/istio-eastwestgateway-service-account", MeshProfile::DEFAULT_TRUST_DOMAIN);
     for other in [&own, &gateway] {
-        assert!(!principals.iter().any(|pr| istio_match(pr, other)), "{ap}: principals admit {other}, which is no agent");
+        assert!(
+            !principals.iter().any(|pr| istio_match(pr, other)),
+            "{ap}: principals admit {other}, which is no agent"
+        );
     }
     let gateway_id = SpiffeId::parse(&format!("spiffe://{gateway}")).expect("gateway id");
-    assert!(p.policy.authorize(&gateway_id).is_err(), "{}: --auth accepts a gateway identity ({gateway})", p.deployment);
+    assert!(
+        p.policy.authorize(&gateway_id).is_err(),
+        "{}: --auth accepts a gateway identity ({gateway})",
+        p.deployment
+    );
 
     let ports: Vec<_> = at(&rules[0], "to.0.operation.ports")
         .and_then(Value::as_sequence)
@@ -566,7 +605,11 @@ fn authorization_policy_admits_exactly_agents_the_auth_policy_accepts() {
         .iter()
         .map(|v| v.as_str().map_or_else(|| v.as_u64().unwrap_or_default().to_string(), str::to_owned))
         .collect();
-    assert_eq!(ports, [p.listen_port.to_string()], "{ap}: spec.rules.0.to.0.operation.ports must be the principal's gRPC port only");
+    assert_eq!(
+        ports,
+        [p.listen_port.to_string()],
+        "{ap}: spec.rules.0.to.0.operation.ports must be the principal's gRPC port only"
+    );
 }
 
 #[test]
@@ -575,7 +618,11 @@ fn heartbeat_is_at_most_a_third_of_every_idle_timeout() {
     let a = agent(&docs);
     let text = a.container.required("--heartbeat-interval");
     let heartbeat = duration(&text).unwrap_or_else(|e| panic!("{}: --heartbeat-interval: {e}", a.deployment));
-    assert!(!heartbeat.is_zero(), "{}: --heartbeat-interval is 0 (off): quiet streams would be reset by the mesh", a.deployment);
+    assert!(
+        !heartbeat.is_zero(),
+        "{}: --heartbeat-interval is 0 (off): quiet streams would be reset by the mesh",
+        a.deployment
+    );
 
     let mut timeouts: Vec<(String, Duration)> = Vec::new();
     let dr = only(&docs, "DestinationRule");
@@ -589,7 +636,10 @@ fn heartbeat_is_at_most_a_third_of_every_idle_timeout() {
     for doc in envoy() {
         for (i, hcm) in hcms(&doc.value).into_iter().enumerate() {
             let v = hcm.get("stream_idle_timeout").and_then(Value::as_str).unwrap_or_else(|| {
-                panic!("{doc}: http_connection_manager #{}: stream_idle_timeout is missing (write it explicitly)", i + 1)
+                panic!(
+                    "{doc}: http_connection_manager #{}: stream_idle_timeout is missing (write it explicitly)",
+                    i + 1
+                )
             });
             let t = duration(v).unwrap_or_else(|e| panic!("{doc}: stream_idle_timeout: {e}"));
             assert_eq!(
@@ -602,7 +652,11 @@ fn heartbeat_is_at_most_a_third_of_every_idle_timeout() {
             walk(hcm, &mut |v| {
                 if let Some(route) = v.get("route").filter(|r| r.get("cluster").is_some()) {
                     let t = route.get("timeout").and_then(Value::as_str).map(duration);
-                    assert_eq!(t, Some(Ok(Duration::ZERO)), "{doc}: route timeout must be 0s (no deadline on the stream)");
+                    assert_eq!(
+                        t,
+                        Some(Ok(Duration::ZERO)),
+                        "{doc}: route timeout must be 0s (no deadline on the stream)"
+                    );
                 }
             });
         }
@@ -632,7 +686,11 @@ fn peer_authentication_is_strict_in_the_principals_namespace() {
     assert_eq!(pa.str("spec.mtls.mode"), "STRICT", "{pa}: spec.mtls.mode");
     if let Some(levels) = pa.at("spec.portLevelMtls").and_then(Value::as_mapping) {
         for (port, level) in levels {
-            assert_eq!(at(level, "mode").and_then(Value::as_str), Some("STRICT"), "{pa}: spec.portLevelMtls.{port:?}.mode");
+            assert_eq!(
+                at(level, "mode").and_then(Value::as_str),
+                Some("STRICT"),
+                "{pa}: spec.portLevelMtls.{port:?}.mode"
+            );
         }
     }
     let ns = find(&docs, "Namespace", pa.namespace());
@@ -660,32 +718,70 @@ fn ports_and_names_agree() {
         || svc.str("spec.ports.0.name").starts_with("grpc");
     assert!(grpc, "{svc}: spec.ports.0: appProtocol grpc (or a grpc- name) is needed for Istio to set {XFCC}");
     assert_eq!(target, p.listen_port, "{svc}: spec.ports.0.targetPort differs from {d}'s --listen-port");
-    assert_eq!(d.u64("spec.template.spec.containers.0.ports.0.containerPort"), target, "{d}: containerPort differs from {svc}'s targetPort");
+    assert_eq!(
+        d.u64("spec.template.spec.containers.0.ports.0.containerPort"),
+        target,
+        "{d}: containerPort differs from {svc}'s targetPort"
+    );
     for (k, v) in svc.field("spec.selector").as_mapping().expect("selector is a map") {
-        assert_eq!(d.field("spec.template.metadata.labels").get(k), Some(v), "{svc}: spec.selector {k:?} does not select {d}");
+        assert_eq!(
+            d.field("spec.template.metadata.labels").get(k),
+            Some(v),
+            "{svc}: spec.selector {k:?} does not select {d}"
+        );
     }
 
     // The Sidecar forwards the captured port to the principal's loopback listener.
-    assert_eq!(sidecar.u64("spec.ingress.0.port.number"), target, "{sidecar}: spec.ingress.0.port.number differs from {svc}'s targetPort");
+    assert_eq!(
+        sidecar.u64("spec.ingress.0.port.number"),
+        target,
+        "{sidecar}: spec.ingress.0.port.number differs from {svc}'s targetPort"
+    );
     assert_eq!(
         sidecar.str("spec.ingress.0.defaultEndpoint"),
         format!("{}:{}", p.container.required("--listen-host"), p.listen_port),
         "{sidecar}: spec.ingress.0.defaultEndpoint must be {d}'s --listen-host:--listen-port"
     );
     for (k, v) in sidecar.field("spec.workloadSelector.labels").as_mapping().expect("labels") {
-        assert_eq!(d.field("spec.template.metadata.labels").get(k), Some(v), "{sidecar}: spec.workloadSelector {k:?} does not select {d}");
+        assert_eq!(
+            d.field("spec.template.metadata.labels").get(k),
+            Some(v),
+            "{sidecar}: spec.workloadSelector {k:?} does not select {d}"
+        );
     }
 
     let fqdn = format!("{}.{}.svc.cluster.local", svc.name(), svc.namespace());
     assert_eq!(dr.str("spec.host"), fqdn, "{dr}: spec.host must be {svc}");
-    assert_eq!(dr.u64("spec.trafficPolicy.portLevelSettings.0.port.number"), port, "{dr}: portLevelSettings port differs from {svc}'s port");
+    assert_eq!(
+        dr.u64("spec.trafficPolicy.portLevelSettings.0.port.number"),
+        port,
+        "{dr}: portLevelSettings port differs from {svc}'s port"
+    );
     assert_eq!(dr.str("spec.trafficPolicy.portLevelSettings.0.tls.mode"), "ISTIO_MUTUAL", "{dr}: tls.mode");
 
     let server = a.container.required("--server-address");
-    assert!(server == fqdn || server == svc.name(), "{}: --server-address {server} is not {svc} ({fqdn})", a.deployment);
-    assert_eq!(a.container.required("--server-port"), port.to_string(), "{}: --server-port differs from {svc}'s port", a.deployment);
-    assert!(a.container.switch("--insecure-plaintext"), "{}: --insecure-plaintext is missing: the sidecar adds mTLS", a.deployment);
-    assert_eq!(a.container.required("--creds"), "header:", "{}: --creds must be header: (identity from the mesh)", a.deployment);
+    assert!(
+        server == fqdn || server == svc.name(),
+        "{}: --server-address {server} is not {svc} ({fqdn})",
+        a.deployment
+    );
+    assert_eq!(
+        a.container.required("--server-port"),
+        port.to_string(),
+        "{}: --server-port differs from {svc}'s port",
+        a.deployment
+    );
+    assert!(
+        a.container.switch("--insecure-plaintext"),
+        "{}: --insecure-plaintext is missing: the sidecar adds mTLS",
+        a.deployment
+    );
+    assert_eq!(
+        a.container.required("--creds"),
+        "header:",
+        "{}: --creds must be header: (identity from the mesh)",
+        a.deployment
+    );
 }
 
 #[test]
