@@ -144,6 +144,58 @@ pub enum AuthError {
         /// Which rule the captured name breaks.
         reason: InvalidAgentName,
     },
+    /// `spiffe:x509`: the verified client certificate carries no usable SPIFFE ID.
+    #[error("method \"{method}\": the client X.509-SVID does not carry a usable SPIFFE ID: {source}")]
+    SvidPeerId {
+        /// The method.
+        method: &'static str,
+        /// What is wrong with the certificate.
+        #[source]
+        source: mesh::workload::PeerIdError,
+    },
+    /// A SPIFFE method's policy refused the caller's SPIFFE ID.
+    #[error("method \"{method}\": the SPIFFE ID is not an agent: {source}")]
+    SpiffePolicy {
+        /// The method.
+        method: &'static str,
+        /// Which policy rule the ID breaks.
+        #[source]
+        source: mesh::PolicyError,
+    },
+    /// `spiffe:jwt`: the call carries no JWT-SVID.
+    #[error(
+        "no JWT-SVID: method \"{method}\" identifies agents by a JWT-SVID for audience \"{audience}\" from their \
+         SPIFFE Workload API, sent in AuthRequest.credentials[\"{credential}\"] on Authenticate and in the \
+         `{header}` metadata on later calls"
+    )]
+    MissingJwtSvid {
+        /// The method.
+        method: &'static str,
+        /// The audience the principal expects.
+        audience: String,
+        /// The `AuthRequest.credentials` key.
+        credential: &'static str,
+        /// The metadata key.
+        header: &'static str,
+    },
+    /// `spiffe:jwt`: the JWT-SVID was refused.
+    #[error("method \"{method}\": JWT-SVID refused: {source}")]
+    JwtSvidRejected {
+        /// The method.
+        method: &'static str,
+        /// Why.
+        #[source]
+        source: mesh::workload::JwtSvidRejection,
+    },
+    /// `spiffe:jwt` was built without a Workload API connection.
+    #[error(
+        "method \"{method}\" has no SPIFFE Workload API connection for its JWT bundles: the principal must build it \
+         with AuthMethodSpec::connect_authenticator"
+    )]
+    WorkloadApiUnavailable {
+        /// The method.
+        method: &'static str,
+    },
     /// The agent's name is the principal's namespace, which upstream reserves.
     #[error(
         "agent name \"{name}\" is the principal's namespace, which cannot be an agent name: give the \

@@ -6,6 +6,7 @@
 //! - [`identity`]: from a forwarded header (XFCC or `l5d-client-id`) to an authorized agent.
 //! - [`trust`]: [`trust::TrustedHops`], the addresses a forwarded header is believed from.
 //! - [`profile`]: [`profile::MeshProfile`] defaults for Istio, Linkerd and Envoy.
+//! - [`workload`]: SPIFFE Workload API sources (X.509-SVIDs for rustls mTLS, JWT-SVIDs and bundles).
 #![forbid(unsafe_code)]
 
 pub mod identity;
@@ -13,6 +14,7 @@ pub mod policy;
 pub mod profile;
 pub mod spiffe;
 pub mod trust;
+pub mod workload;
 pub mod xfcc;
 
 pub use identity::{IdentityError, identity_from_xfcc};

@@ -8,13 +8,17 @@
 //! Native mTLS is [`mtls`]. The header-based mesh methods read `metadata` instead of the peer
 //! certificate, and only on connections from a trusted hop (the `forwarded` module): [`xfcc`] parses the
 //! forwarded identity structurally and binds to a SPIFFE ID ([`crate::Binding::SpiffeId`]);
-//! [`header`] is upstream's regex mode. SPIFFE X.509 and JWT SVIDs plug in with the same trait.
+//! [`header`] is upstream's regex mode. SPIFFE SVIDs from the Workload API: [`spiffe_x509`] (the
+//! verified client X.509-SVID) and [`spiffe_jwt`] (a JWT-SVID for the principal's audience), both
+//! binding to the SPIFFE ID.
 
 pub mod dn;
 pub(crate) mod forwarded;
 pub mod header;
 pub mod mtls;
 pub mod spec;
+pub mod spiffe_jwt;
+pub mod spiffe_x509;
 pub mod xfcc;
 
 use std::collections::HashMap;

@@ -8,7 +8,8 @@
 //! | `mtls:<regex>` | deprecated upstream alias of `mtls:subject:<regex>` |
 //! | `xfcc:[<key>=<value>;…]` | [`XfccAuthenticator`]: the SPIFFE ID a mesh sidecar forwards, checked by a policy |
 //! | `header:<header-name>:<regex>` | [`HeaderAuthenticator`]: upstream's regex over a forwarded header |
-//! | `spiffe:x509…`, `spiffe:jwt…` | recognised, not supported yet (SPIFFE Workload API) |
+//! | `spiffe:x509[:<key>=<value>;…]` | [`SpiffeX509Authenticator`]: the verified client X.509-SVID's SPIFFE ID, checked by a policy |
+//! | `spiffe:jwt[:<key>=<value>;…]` | [`SpiffeJwtAuthenticator`]: a JWT-SVID verified against the Workload API's JWT bundles |
 //! | `userpass:<file>` | recognised, not supported (deprecated upstream) |
 //!
 //! Stricter than upstream, at startup instead of on the first agent: an empty regex or one
@@ -32,6 +33,28 @@
 //!
 //! e.g. `xfcc:profile=istio;trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent};namespaces=agents;trusted-hops=127.0.0.1/32,::1/128;header=x-forwarded-client-cert`.
 //!
+//! # `spiffe:x509` and `spiffe:jwt`
+//!
+//! Both use the SPIFFE Workload API (`SPIFFE_ENDPOINT_SOCKET`, or the `endpoint` key). Options
+//! follow the method after a `:`, as `;`-separated `key=value` items like `xfcc:`:
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `trust-domain` | accepted trust domains, comma separated | `cluster.local` |
+//! | `pattern` | SPIFFE path patterns, `{agent}` is the agent name | `/ns/{namespace}/sa/{agent}` |
+//! | `namespaces` | only agents whose `{namespace}` is listed | any namespace |
+//! | `denied-namespaces` | agents whose `{namespace}` is listed are refused | none |
+//! | `endpoint` | the Workload API endpoint, e.g. `unix:///run/spire/sockets/agent.sock` | `SPIFFE_ENDPOINT_SOCKET` |
+//! | `audience` | (`spiffe:jwt` only) the audience JWT-SVIDs must carry | `argocd-agent-principal` |
+//!
+//! e.g. `spiffe:x509:trust-domain=prod.example;pattern=/ns/{namespace}/sa/{agent};namespaces=agents`
+//! or `spiffe:jwt:audience=argocd-agent-principal;trust-domain=prod.example`.
+//!
+//! `spiffe:x509` needs TLS served with [`mesh::workload::X509Identity::server_config`] (client
+//! SVIDs required and verified against the Workload API bundles). `spiffe:jwt` needs a Workload
+//! API connection for its JWT bundles: build it with [`AuthMethodSpec::connect_authenticator`]
+//! ([`AuthMethodSpec::authenticator`] returns one that refuses every call).
+//!
 //! # `header:`
 //!
 //! `header:<header-name>:<regex>` as upstream: the header name (case-insensitive) ends at the
@@ -51,6 +74,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::HeaderName;
+use mesh::workload::{JwtIdentity, WorkloadError};
 use mesh::{MeshProfile, PathPattern, SpiffePolicy, TrustDomain, TrustedHops};
 use regex::Regex;
 
@@ -58,6 +82,8 @@ use super::Authenticator;
 use super::forwarded::describe;
 use super::header::HeaderAuthenticator;
 use super::mtls::{IdentitySource, MtlsAuthenticator};
+use super::spiffe_jwt::SpiffeJwtAuthenticator;
+use super::spiffe_x509::SpiffeX509Authenticator;
 use super::xfcc::XfccAuthenticator;
 
 /// The regex upstream's documentation and `argocd-agentctl pki issue agent` pair with: agent
@@ -71,6 +97,17 @@ const XFCC_KEY_LIST: [&str; 7] =
     ["profile", "trust-domain", "pattern", "namespaces", "denied-namespaces", "trusted-hops", "header"];
 
 const XFCC_EXAMPLE: &str = "xfcc:profile=istio;trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent}";
+
+/// The keys `spiffe:x509` accepts, as error messages list them.
+pub const SPIFFE_X509_KEYS: &str = "trust-domain, pattern, namespaces, denied-namespaces, endpoint";
+
+/// The keys `spiffe:jwt` accepts, as error messages list them.
+pub const SPIFFE_JWT_KEYS: &str = "trust-domain, pattern, namespaces, denied-namespaces, endpoint, audience";
+
+const SPIFFE_KEY_LIST: [&str; 6] =
+    ["trust-domain", "pattern", "namespaces", "denied-namespaces", "endpoint", "audience"];
+
+const SPIFFE_DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 
 const HEADER_EXAMPLE: &str = "header:x-forwarded-client-cert:^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)";
 
@@ -98,6 +135,23 @@ pub enum AuthMethodSpec {
         /// The hops the header is believed from; `None`: loopback (the default).
         trusted_hops: Option<TrustedHops>,
     },
+    /// `spiffe:x509[:key=value;…]`: the verified client X.509-SVID's SPIFFE ID, checked by a policy.
+    SpiffeX509 {
+        /// Which SPIFFE IDs are agents.
+        policy: SpiffePolicy,
+        /// The Workload API endpoint; `None`: `SPIFFE_ENDPOINT_SOCKET`.
+        endpoint: Option<String>,
+    },
+    /// `spiffe:jwt[:key=value;…]`: a JWT-SVID for `audience`, verified against the Workload API's
+    /// JWT bundles, its subject checked by a policy.
+    SpiffeJwt {
+        /// Which SPIFFE IDs are agents.
+        policy: SpiffePolicy,
+        /// The audience JWT-SVIDs must carry.
+        audience: String,
+        /// The Workload API endpoint; `None`: `SPIFFE_ENDPOINT_SOCKET`.
+        endpoint: Option<String>,
+    },
     /// `header:<name>:<regex>`: upstream's regex over a forwarded header.
     Header {
         /// The header read (lower case).
@@ -121,8 +175,9 @@ pub enum SpecError {
     MissingConfig(String),
     /// A method neither upstream nor this build knows.
     #[error(
-        "--auth method \"{0}\" is unknown: use mtls:subject:<regex>, mtls:uri:<regex>, xfcc:[key=value;...] \
-         or header:<header-name>:<regex> (upstream also knows userpass)"
+        "--auth method \"{0}\" is unknown: use mtls:subject:<regex>, mtls:uri:<regex>, xfcc:[key=value;...], \
+         header:<header-name>:<regex>, spiffe:x509[:key=value;...] or spiffe:jwt[:key=value;...] (upstream also \
+         knows userpass)"
     )]
     UnknownMethod(String),
     /// A method that is recognised but not implemented yet.
@@ -208,6 +263,37 @@ pub enum SpecError {
         /// Why.
         reason: &'static str,
     },
+    /// A `spiffe:` item that is not `key=value`, a key given twice, or an unknown key.
+    #[error("--auth \"{spec}\": {reason}; the syntax is spiffe:{kind}[:key=value;...] with keys {keys}")]
+    SpiffeSyntax {
+        /// The `--auth` value.
+        spec: String,
+        /// `x509` or `jwt`.
+        kind: &'static str,
+        /// What is wrong.
+        reason: String,
+        /// The valid keys.
+        keys: &'static str,
+    },
+    /// A `spiffe:` value that is not valid for its key.
+    #[error("--auth \"{spec}\": spiffe key {key}: {reason}")]
+    SpiffeValue {
+        /// The `--auth` value.
+        spec: String,
+        /// The key.
+        key: &'static str,
+        /// What is wrong with the value.
+        reason: String,
+    },
+    /// The SPIFFE Workload API could not be reached for a `spiffe:` method.
+    #[error("--auth \"{spec}\": {source}")]
+    WorkloadApi {
+        /// The `--auth` value.
+        spec: String,
+        /// What failed.
+        #[source]
+        source: Box<WorkloadError>,
+    },
     /// A header-based method on a TLS listener.
     #[error(
         "--auth \"{spec}\" reads the agent identity a mesh sidecar forwards, so the principal must serve \
@@ -244,9 +330,6 @@ pub enum SpecError {
     },
 }
 
-const SPIFFE_LATER: &str =
-    "it comes with SPIFFE Workload API support; behind a mesh sidecar use xfcc:, or mtls:uri:<regex> with SVIDs";
-
 impl AuthMethodSpec {
     /// Parses an `--auth` value.
     ///
@@ -269,11 +352,10 @@ impl AuthMethodSpec {
             "xfcc" => Self::parse_xfcc(spec, config),
             "header" => Self::parse_header(spec, config),
             "spiffe" => {
-                let kind = config.split(':').next().unwrap_or_default();
+                let (kind, options) = config.split_once(':').unwrap_or((config, ""));
                 match kind {
-                    "x509" | "jwt" => {
-                        Err(SpecError::NotSupportedYet { method: format!("spiffe:{kind}"), reason: SPIFFE_LATER })
-                    }
+                    "x509" => Self::parse_spiffe(spec, "x509", options),
+                    "jwt" => Self::parse_spiffe(spec, "jwt", options),
                     _ => Err(SpecError::UnknownMethod(format!("spiffe:{kind}"))),
                 }
             }
@@ -402,6 +484,121 @@ impl AuthMethodSpec {
         Ok(Self::Xfcc { profile, header, policy, trusted_hops })
     }
 
+    fn parse_spiffe(spec: &str, kind: &'static str, config: &str) -> Result<Self, SpecError> {
+        let keys = if kind == "jwt" { SPIFFE_JWT_KEYS } else { SPIFFE_X509_KEYS };
+        let syntax = |reason: String| SpecError::SpiffeSyntax { spec: spec.to_owned(), kind, reason, keys };
+        let mut items: BTreeMap<&'static str, &str> = BTreeMap::new();
+        if !config.trim().is_empty() {
+            for item in config.split(';') {
+                let item = item.trim();
+                if item.is_empty() {
+                    return Err(syntax("an item is empty (two ';' in a row, or a trailing ';')".to_owned()));
+                }
+                let Some((key, value)) = item.split_once('=') else {
+                    return Err(syntax(format!("\"{item}\" is not key=value")));
+                };
+                let key = key.trim();
+                let known = SPIFFE_KEY_LIST.iter().copied().find(|k| *k == key && (kind == "jwt" || *k != "audience"));
+                let Some(known) = known else {
+                    return Err(syntax(format!("unknown key \"{key}\"")));
+                };
+                if items.insert(known, value.trim()).is_some() {
+                    return Err(syntax(format!("key {known} is given twice")));
+                }
+            }
+        }
+        let value_error =
+            |key: &'static str, reason: String| SpecError::SpiffeValue { spec: spec.to_owned(), key, reason };
+        let list = |key: &'static str| -> Option<Vec<&str>> {
+            items.get(key).map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).collect())
+        };
+        let non_empty = |key: &'static str| -> Result<Option<Vec<&str>>, SpecError> {
+            match list(key) {
+                Some(values) if values.is_empty() => {
+                    Err(value_error(key, "the list is empty; omit the key for the default".to_owned()))
+                }
+                other => Ok(other),
+            }
+        };
+        let trust_domains = non_empty("trust-domain")?
+            .unwrap_or_else(|| vec![SPIFFE_DEFAULT_TRUST_DOMAIN])
+            .into_iter()
+            .map(|n| TrustDomain::new(n).map_err(|e| value_error("trust-domain", format!("{n:?}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let patterns = non_empty("pattern")?
+            .unwrap_or_else(|| vec![mesh::policy::KUBERNETES_PATTERN])
+            .into_iter()
+            .map(|p| PathPattern::new(p).map_err(|e| value_error("pattern", e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut policy =
+            SpiffePolicy::new(trust_domains, patterns).map_err(|e| value_error("pattern", e.to_string()))?;
+        if let Some(denied) = list("denied-namespaces").filter(|d| !d.is_empty()) {
+            policy =
+                policy.with_denied_namespaces(denied).map_err(|e| value_error("denied-namespaces", e.to_string()))?;
+        }
+        if let Some(allowed) = non_empty("namespaces")? {
+            policy = policy.with_allowed_namespaces(allowed).map_err(|e| value_error("namespaces", e.to_string()))?;
+        }
+        let endpoint = match items.get("endpoint").copied() {
+            Some("") => {
+                return Err(value_error("endpoint", "empty; omit the key for SPIFFE_ENDPOINT_SOCKET".to_owned()));
+            }
+            Some(endpoint) => Some(endpoint.to_owned()),
+            None => None,
+        };
+        if kind == "x509" {
+            return Ok(Self::SpiffeX509 { policy, endpoint });
+        }
+        let audience = match items.get("audience").copied() {
+            Some("") => return Err(value_error("audience", "empty; omit the key for the default".to_owned())),
+            Some(audience) if audience.contains(',') => {
+                return Err(value_error("audience", "give exactly one audience".to_owned()));
+            }
+            Some(audience) => audience.to_owned(),
+            None => SpiffeJwtAuthenticator::DEFAULT_AUDIENCE.to_owned(),
+        };
+        Ok(Self::SpiffeJwt { policy, audience, endpoint })
+    }
+
+    /// The SPIFFE Workload API endpoint a `spiffe:` method was configured with (`None`:
+    /// `SPIFFE_ENDPOINT_SOCKET`, or not a `spiffe:` method).
+    #[must_use]
+    pub fn workload_endpoint(&self) -> Option<&str> {
+        match self {
+            Self::SpiffeX509 { endpoint, .. } | Self::SpiffeJwt { endpoint, .. } => endpoint.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the method needs the SPIFFE Workload API (`spiffe:x509` for the TLS config,
+    /// `spiffe:jwt` for the JWT bundles).
+    #[must_use]
+    pub fn uses_workload_api(&self) -> bool {
+        matches!(self, Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. })
+    }
+
+    /// Builds the authenticator, connecting to the SPIFFE Workload API when the method needs it
+    /// in the authenticator (`spiffe:jwt`: waits at most `initial_sync_timeout` for the JWT
+    /// bundles). For every other method the same as [`Self::authenticator`].
+    ///
+    /// # Errors
+    ///
+    /// [`SpecError::WorkloadApi`] when the Workload API gives no JWT bundles in time.
+    pub async fn connect_authenticator(
+        &self,
+        initial_sync_timeout: std::time::Duration,
+    ) -> Result<Arc<dyn Authenticator>, SpecError> {
+        match self {
+            Self::SpiffeJwt { policy, audience, endpoint } => {
+                let jwt = JwtIdentity::connect(endpoint.as_deref(), initial_sync_timeout)
+                    .await
+                    .map_err(|source| SpecError::WorkloadApi { spec: self.to_string(), source: Box::new(source) })?;
+                Ok(Arc::new(SpiffeJwtAuthenticator::new(policy.clone(), audience.clone(), jwt)))
+            }
+            _ => Ok(self.authenticator()),
+        }
+    }
+
     /// The method name agents send in `AuthRequest.method`: `mtls`, or `header` for both
     /// header-based methods (what `--creds header:` agents send).
     #[must_use]
@@ -410,6 +607,8 @@ impl AuthMethodSpec {
             Self::Mtls { .. } => MtlsAuthenticator::METHOD,
             Self::Xfcc { .. } => XfccAuthenticator::METHOD,
             Self::Header { .. } => HeaderAuthenticator::METHOD,
+            Self::SpiffeX509 { .. } => SpiffeX509Authenticator::METHOD,
+            Self::SpiffeJwt { .. } => SpiffeJwtAuthenticator::METHOD,
         }
     }
 
@@ -417,7 +616,7 @@ impl AuthMethodSpec {
     /// (upstream refuses `mtls` with `--insecure-plaintext` and forces `--require-client-certs`).
     #[must_use]
     pub fn requires_client_certificates(&self) -> bool {
-        matches!(self, Self::Mtls { .. })
+        matches!(self, Self::Mtls { .. } | Self::SpiffeX509 { .. })
     }
 
     /// Whether the method reads an identity header a sidecar forwards, so the principal must serve
@@ -432,7 +631,7 @@ impl AuthMethodSpec {
     #[must_use]
     pub fn trusted_hops(&self) -> Option<TrustedHops> {
         match self {
-            Self::Mtls { .. } => None,
+            Self::Mtls { .. } | Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } => None,
             Self::Xfcc { trusted_hops, .. } | Self::Header { trusted_hops, .. } => {
                 Some(trusted_hops.clone().unwrap_or_default())
             }
@@ -449,6 +648,9 @@ impl AuthMethodSpec {
         let conflict = |spec: &Self, reason| SpecError::TrustedHopsConflict { spec: spec.to_string(), reason };
         match &mut self {
             Self::Mtls { .. } => Err(conflict(&self, "mtls reads no forwarded header")),
+            Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } => {
+                Err(conflict(&self, "spiffe methods verify SVIDs themselves and read no forwarded header"))
+            }
             Self::Xfcc { trusted_hops: Some(_), .. } => {
                 Err(conflict(&self, "the xfcc: value already sets trusted-hops; set them in one place"))
             }
@@ -468,7 +670,8 @@ impl AuthMethodSpec {
         check_listener(self, plaintext, &self.trusted_hops().unwrap_or_default())
     }
 
-    /// Builds the authenticator.
+    /// Builds the authenticator. For `spiffe:jwt` it has no Workload API connection and refuses
+    /// every call: use [`Self::connect_authenticator`].
     #[must_use]
     pub fn authenticator(&self) -> Arc<dyn Authenticator> {
         match self {
@@ -482,6 +685,10 @@ impl AuthMethodSpec {
                 regex.clone(),
                 trusted_hops.clone().unwrap_or_default(),
             )),
+            Self::SpiffeX509 { policy, .. } => Arc::new(SpiffeX509Authenticator::new(policy.clone())),
+            Self::SpiffeJwt { policy, audience, .. } => {
+                Arc::new(SpiffeJwtAuthenticator::unconnected(policy.clone(), audience.clone()))
+            }
         }
     }
 }
@@ -536,6 +743,20 @@ fn join<T: fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     items.into_iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
+fn write_spiffe_options(f: &mut fmt::Formatter<'_>, policy: &SpiffePolicy, endpoint: Option<&str>) -> fmt::Result {
+    write!(f, "trust-domain={};pattern={}", join(policy.trust_domains()), join(policy.patterns()))?;
+    if let Some(allowed) = policy.allowed_namespaces() {
+        write!(f, ";namespaces={}", join(allowed))?;
+    }
+    if !policy.denied_namespaces().is_empty() {
+        write!(f, ";denied-namespaces={}", join(policy.denied_namespaces()))?;
+    }
+    if let Some(endpoint) = endpoint {
+        write!(f, ";endpoint={endpoint}")?;
+    }
+    Ok(())
+}
+
 impl fmt::Display for AuthMethodSpec {
     /// The canonical `--auth` form (the deprecated `mtls:<regex>` prints as `mtls:subject:<regex>`;
     /// `xfcc:` prints every key, so the defaults it ran with are visible in logs).
@@ -543,6 +764,14 @@ impl fmt::Display for AuthMethodSpec {
         match self {
             Self::Mtls { source, regex, .. } => write!(f, "mtls:{source}:{regex}"),
             Self::Header { header, regex, .. } => write!(f, "header:{header}:{regex}"),
+            Self::SpiffeX509 { policy, endpoint } => {
+                f.write_str("spiffe:x509:")?;
+                write_spiffe_options(f, policy, endpoint.as_deref())
+            }
+            Self::SpiffeJwt { policy, audience, endpoint } => {
+                write!(f, "spiffe:jwt:audience={audience};")?;
+                write_spiffe_options(f, policy, endpoint.as_deref())
+            }
             Self::Xfcc { profile, header, policy, trusted_hops } => {
                 write!(
                     f,
@@ -605,17 +834,102 @@ mod tests {
     }
 
     #[test]
-    fn spiffe_and_userpass_are_recognised_but_not_supported() {
-        for (spec, method) in
-            [("spiffe:x509", "spiffe:x509"), ("spiffe:jwt:aud", "spiffe:jwt"), ("userpass:/etc/users", "userpass")]
-        {
+    fn userpass_is_recognised_but_not_supported() {
+        match AuthMethodSpec::parse("userpass:/etc/users") {
+            Err(SpecError::NotSupportedYet { method, .. }) => assert_eq!(method, "userpass"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn spiffe_x509_defaults_and_options() {
+        let spec = AuthMethodSpec::parse("spiffe:x509").expect("parses");
+        let AuthMethodSpec::SpiffeX509 { policy, endpoint } = &spec else { panic!("{spec:?}") };
+        assert_eq!(join(policy.trust_domains()), "cluster.local");
+        assert_eq!(join(policy.patterns()), "/ns/{namespace}/sa/{agent}");
+        assert!(policy.denied_namespaces().is_empty() && policy.allowed_namespaces().is_none());
+        assert_eq!(endpoint, &None);
+        assert_eq!(spec.method(), "spiffe-x509");
+        assert!(spec.requires_client_certificates() && !spec.requires_plaintext_behind_proxy());
+        assert!(spec.uses_workload_api() && spec.trusted_hops().is_none());
+        assert!(matches!(spec.check_listener(true), Err(SpecError::TlsRequired { .. })));
+        assert!(spec.check_listener(false).is_ok());
+        assert_eq!(spec.authenticator().method(), "spiffe-x509");
+        assert_eq!(spec.to_string(), "spiffe:x509:trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent}");
+        assert!(matches!(
+            spec.clone().with_trusted_hops(TrustedHops::loopback()),
+            Err(SpecError::TrustedHopsConflict { .. })
+        ));
+
+        let spec = AuthMethodSpec::parse(
+            "spiffe:x509:trust-domain=prod.example,cluster.local; pattern=/agents/{namespace}/{agent};namespaces=a,b;\
+             denied-namespaces=kube-system;endpoint=unix:///run/spire/agent.sock",
+        )
+        .expect("parses");
+        let AuthMethodSpec::SpiffeX509 { policy, endpoint } = &spec else { panic!("{spec:?}") };
+        assert_eq!(join(policy.trust_domains()), "prod.example,cluster.local");
+        assert_eq!(policy.allowed_namespaces().map(join), Some("a,b".to_owned()));
+        assert_eq!(join(policy.denied_namespaces()), "kube-system");
+        assert_eq!(endpoint.as_deref(), Some("unix:///run/spire/agent.sock"));
+        assert_eq!(spec.workload_endpoint(), Some("unix:///run/spire/agent.sock"));
+        let again = AuthMethodSpec::parse(&spec.to_string()).expect("round trip");
+        assert_eq!(again.to_string(), spec.to_string());
+    }
+
+    #[test]
+    fn spiffe_jwt_defaults_and_options() {
+        let spec = AuthMethodSpec::parse("spiffe:jwt").expect("parses");
+        let AuthMethodSpec::SpiffeJwt { audience, .. } = &spec else { panic!("{spec:?}") };
+        assert_eq!(audience, "argocd-agent-principal");
+        assert_eq!(spec.method(), "spiffe-jwt");
+        assert!(!spec.requires_client_certificates() && !spec.requires_plaintext_behind_proxy());
+        assert!(spec.check_listener(true).is_ok() && spec.check_listener(false).is_ok());
+        let spec =
+            AuthMethodSpec::parse("spiffe:jwt:audience=principal.example;trust-domain=prod.example").expect("parses");
+        assert_eq!(
+            spec.to_string(),
+            "spiffe:jwt:audience=principal.example;trust-domain=prod.example;pattern=/ns/{namespace}/sa/{agent}"
+        );
+        let again = AuthMethodSpec::parse(&spec.to_string()).expect("round trip");
+        assert_eq!(again.to_string(), spec.to_string());
+        // Without a Workload API connection the authenticator refuses with a reason.
+        let t = crate::identity::TransportIdentity::plaintext(None);
+        let h = http::HeaderMap::new();
+        let creds = std::collections::HashMap::from([("token".to_owned(), "x.y.z".to_owned())]);
+        let cx = super::super::AuthContext { transport: &t, metadata: &h, credentials: Some(&creds) };
+        let err = spec.authenticator().authenticate(&cx).expect_err("unconnected");
+        assert!(err.to_string().contains("connect_authenticator"), "{err}");
+    }
+
+    #[test]
+    fn spiffe_errors_are_explained() {
+        for (spec, needle) in [
+            ("spiffe:x509:audience=a", "unknown key \"audience\""),
+            ("spiffe:x509:trust_domain=a", "unknown key"),
+            ("spiffe:jwt:audience", "is not key=value"),
+            ("spiffe:jwt:audience=a;audience=b", "given twice"),
+            ("spiffe:x509:pattern=/a;", "an item is empty"),
+        ] {
+            let err = AuthMethodSpec::parse(spec).expect_err(spec);
+            assert!(matches!(err, SpecError::SpiffeSyntax { .. }), "{spec}: {err}");
+            assert!(err.to_string().contains(needle), "{spec}: {err}");
+        }
+        assert!(AuthMethodSpec::parse("spiffe:x509:x=1").expect_err("x").to_string().contains(SPIFFE_X509_KEYS));
+        for (spec, key) in [
+            ("spiffe:x509:trust-domain=Bad.Domain", "trust-domain"),
+            ("spiffe:x509:trust-domain=", "trust-domain"),
+            ("spiffe:x509:pattern=/ns/{namespace}", "pattern"),
+            ("spiffe:x509:pattern=/agent/{agent};namespaces=a", "namespaces"),
+            ("spiffe:x509:endpoint=", "endpoint"),
+            ("spiffe:jwt:audience=", "audience"),
+            ("spiffe:jwt:audience=a,b", "audience"),
+        ] {
             match AuthMethodSpec::parse(spec) {
-                Err(SpecError::NotSupportedYet { method: m, .. }) => assert_eq!(m, method, "{spec}"),
+                Err(SpecError::SpiffeValue { key: k, .. }) => assert_eq!(k, key, "{spec}"),
                 other => panic!("{spec}: {other:?}"),
             }
         }
-        let msg = AuthMethodSpec::parse("spiffe:x509").expect_err("unsupported").to_string();
-        assert!(msg.contains("not supported yet") && msg.contains("xfcc:"), "{msg}");
+        assert!(matches!(AuthMethodSpec::parse("spiffe"), Err(SpecError::MissingConfig(_))));
     }
 
     fn xfcc(spec: &str) -> (MeshProfile, HeaderName, SpiffePolicy, Option<TrustedHops>) {
