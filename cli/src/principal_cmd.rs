@@ -274,6 +274,13 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
 async fn serve(args: Args) -> anyhow::Result<()> {
     use protocol::pb::authapi::authentication_server::AuthenticationServer;
     let spec = auth::AuthMethodSpec::parse(&args.auth).with_context(|| format!("--auth {:?}", args.auth))?;
+    if spec.uses_workload_api() {
+        // The auth crate has them; serving them needs the principal's TLS from the Workload API.
+        anyhow::bail!(
+            "--auth {:?}: not supported yet by argocd-agent principal (the SPIFFE Workload API methods are not wired into the binary); use mtls:, or xfcc: behind a mesh sidecar",
+            args.auth
+        );
+    }
     // Header-based identity only behind a TLS-terminating sidecar on a plaintext listener, from
     // trusted hops; mTLS identity only on a TLS listener. Refuse the rest before serving.
     spec.check_listener(args.insecure_plaintext)

@@ -42,6 +42,8 @@ fn required_settings_are_named() {
     assert!(!ok && err.contains("--auth"), "{err}");
     let (ok, err) = run(&["principal", "-n", "argocd", "--auth", "userpass:/x"], &[]);
     assert!(!ok && err.contains("--auth"), "{err}");
+    let (ok, err) = run(&["principal", "-n", "argocd", "--auth", "spiffe:jwt"], &[]);
+    assert!(!ok && err.contains("not supported yet") && err.contains("spiffe:jwt"), "{err}");
     let (ok, err) = run(&["agent"], &[]);
     assert!(!ok && err.contains("--server-address"), "{err}");
 }
