@@ -1,7 +1,6 @@
 //! The agent's configuration, with upstream's defaults (docs/upstream-argocd-agent.md §7.2).
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use protocol::outbox::RetryPolicy;
@@ -13,49 +12,8 @@ use crate::credentials::MetadataFn;
 /// Upstream's default namespace for the agent's Applications (`-n/--namespace`).
 pub const DEFAULT_NAMESPACE: &str = "argocd";
 
-/// How the agent relates to the hub (`--agent-mode`; upstream default `autonomous`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum AgentMode {
-    /// The hub is the source of truth for Application specs; the agent reports status.
-    Managed,
-    /// The agent is the source of truth; the hub holds copies.
-    #[default]
-    Autonomous,
-}
-
-impl AgentMode {
-    /// The wire and flag spelling (`managed`, `autonomous`).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Managed => "managed",
-            Self::Autonomous => "autonomous",
-        }
-    }
-}
-
-impl fmt::Display for AgentMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// An agent mode string was neither `managed` nor `autonomous`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("agent mode {0:?} is invalid: set --agent-mode to \"managed\" or \"autonomous\"")]
-pub struct BadMode(pub String);
-
-impl FromStr for AgentMode {
-    type Err = BadMode;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "managed" => Ok(Self::Managed),
-            "autonomous" => Ok(Self::Autonomous),
-            other => Err(BadMode(other.to_owned())),
-        }
-    }
-}
+/// The agent's mode (one type for principal, agent and auth).
+pub use protocol::mode::{AgentMode, InvalidAgentMode as BadMode};
 
 /// What the agent needs to run.
 #[derive(Clone)]

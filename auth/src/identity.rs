@@ -103,48 +103,8 @@ impl FromStr for AgentName {
 
 // === AgentMode ===
 
-/// The agent's mode of operation, as sent in `AuthRequest.mode` and kept in the token subject.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AgentMode {
-    /// The principal is the source of truth for Applications (`managed`).
-    Managed,
-    /// The agent is the source of truth for Applications (`autonomous`).
-    Autonomous,
-}
-
-/// A mode string that is neither `managed` nor `autonomous`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown or missing agent mode \"{0}\": must be \"managed\" or \"autonomous\"")]
-pub struct InvalidAgentMode(pub String);
-
-impl AgentMode {
-    /// The wire form: `managed` or `autonomous`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Managed => "managed",
-            Self::Autonomous => "autonomous",
-        }
-    }
-}
-
-impl fmt::Display for AgentMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for AgentMode {
-    type Err = InvalidAgentMode;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "managed" => Ok(Self::Managed),
-            "autonomous" => Ok(Self::Autonomous),
-            other => Err(InvalidAgentMode(other.to_owned())),
-        }
-    }
-}
+/// The agent's mode, as sent in `AuthRequest.mode` and kept in the token subject.
+pub use protocol::mode::{AgentMode, InvalidAgentMode};
 
 // === Binding ===
 

@@ -327,14 +327,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let name = name.context(
         "--agent-name is required with --insecure-plaintext (there is no client certificate to read it from)",
     )?;
-    let auth_mode: auth::AgentMode =
-        args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
 
     let creds = Arc::new(auth::Credentials::new());
     let params = auth::AuthParams {
         method: auth_method(&args.creds)?,
         credentials: Default::default(),
-        mode: auth_mode,
+        mode,
         version: VERSION.to_string(),
         agent_namespace: args.namespace.clone(),
     };

@@ -301,7 +301,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.version = VERSION.to_string();
     let identity: principal::IdentityFn = std::sync::Arc::new(|ext, _md| {
         let s = ext.get::<auth::AgentSession>()?;
-        Some(principal::AgentIdent { name: s.identity.name().to_string(), mode: s.mode.as_str().parse().ok()? })
+        Some(principal::AgentIdent { name: s.identity.name().to_string(), mode: s.mode })
     });
     let principal = principal::Principal::new(config, client, identity).await.context("cannot start the principal")?;
 

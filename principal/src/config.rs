@@ -1,8 +1,5 @@
 //! The principal's configuration, with upstream's defaults (docs/upstream-argocd-agent.md §7.1).
 
-use std::fmt;
-use std::str::FromStr;
-
 use protocol::outbox::RetryPolicy;
 
 /// The version string `versionapi.Version` reports (upstream: `argocd-agent-<version>`).
@@ -12,47 +9,7 @@ pub const DEFAULT_VERSION: &str = concat!("argocd-agent-", env!("CARGO_PKG_VERSI
 pub const DEFAULT_LISTEN_PORT: u16 = 8443;
 
 /// How an agent relates to the hub (upstream `--agent-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AgentMode {
-    /// The hub is the source of truth for Application specs; the agent reports status.
-    Managed,
-    /// The agent is the source of truth; the hub holds read-mostly copies.
-    Autonomous,
-}
-
-impl AgentMode {
-    /// The wire and flag spelling (`managed`, `autonomous`).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Managed => "managed",
-            Self::Autonomous => "autonomous",
-        }
-    }
-}
-
-impl fmt::Display for AgentMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// An agent mode string was neither `managed` nor `autonomous`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("agent mode {0:?} is invalid: use \"managed\" or \"autonomous\"")]
-pub struct BadMode(pub String);
-
-impl FromStr for AgentMode {
-    type Err = BadMode;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "managed" => Ok(Self::Managed),
-            "autonomous" => Ok(Self::Autonomous),
-            other => Err(BadMode(other.to_owned())),
-        }
-    }
-}
+pub use protocol::mode::{AgentMode, InvalidAgentMode as BadMode};
 
 /// What the principal needs to run. Agent mapping is namespace-based (§4.9): an agent's name
 /// is the hub namespace holding its Applications.

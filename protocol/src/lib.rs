@@ -18,6 +18,7 @@ pub mod event;
 pub mod fuzzing;
 #[cfg(feature = "kube")]
 pub mod kube_store;
+pub mod mode;
 pub mod outbox;
 pub mod payload;
 pub mod pb;
@@ -25,3 +26,5 @@ pub mod pb;
 pub use event::{Event, EventError, EventType, Target};
 pub use outbox::Outbox;
 pub use payload::Payload;
+
+pub use mode::{AgentMode, InvalidAgentMode};
