@@ -394,38 +394,13 @@ impl AuthMethodSpec {
 
     fn parse_xfcc(spec: &str, config: &str) -> Result<Self, SpecError> {
         let syntax = |reason: String| SpecError::XfccSyntax { spec: spec.to_owned(), reason };
-        let mut items: BTreeMap<&'static str, &str> = BTreeMap::new();
-        if !config.trim().is_empty() {
-            for item in config.split(';') {
-                let item = item.trim();
-                if item.is_empty() {
-                    return Err(syntax("an item is empty (two ';' in a row, or a trailing ';')".to_owned()));
-                }
-                let Some((key, value)) = item.split_once('=') else {
-                    return Err(syntax(format!("\"{item}\" is not key=value")));
-                };
-                let key = key.trim();
-                let Some(known) = XFCC_KEY_LIST.iter().copied().find(|k| *k == key) else {
-                    return Err(SpecError::XfccUnknownKey { spec: spec.to_owned(), key: key.to_owned() });
-                };
-                if items.insert(known, value.trim()).is_some() {
-                    return Err(syntax(format!("key {known} is given twice")));
-                }
-            }
-        }
+        let unknown = |key: &str| SpecError::XfccUnknownKey { spec: spec.to_owned(), key: key.to_owned() };
+        let items =
+            parse_options(config, |k| XFCC_KEY_LIST.iter().copied().find(|known| *known == k), &syntax, &unknown)?;
         let value_error =
             |key: &'static str, reason: String| SpecError::XfccValue { spec: spec.to_owned(), key, reason };
-        let list = |key: &'static str| -> Option<Vec<&str>> {
-            items.get(key).map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).collect())
-        };
-        let non_empty = |key: &'static str| -> Result<Option<Vec<&str>>, SpecError> {
-            match list(key) {
-                Some(values) if values.is_empty() => {
-                    Err(value_error(key, "the list is empty; omit the key for the default".to_owned()))
-                }
-                other => Ok(other),
-            }
-        };
+        let list = |key: &'static str| option_list(&items, key);
+        let non_empty = |key: &'static str| option_non_empty(&items, key, &value_error);
 
         let profile = match items.get("profile") {
             Some(name) => name.parse::<MeshProfile>().map_err(|e| value_error("profile", e.to_string()))?,
@@ -487,39 +462,15 @@ impl AuthMethodSpec {
     fn parse_spiffe(spec: &str, kind: &'static str, config: &str) -> Result<Self, SpecError> {
         let keys = if kind == "jwt" { SPIFFE_JWT_KEYS } else { SPIFFE_X509_KEYS };
         let syntax = |reason: String| SpecError::SpiffeSyntax { spec: spec.to_owned(), kind, reason, keys };
-        let mut items: BTreeMap<&'static str, &str> = BTreeMap::new();
-        if !config.trim().is_empty() {
-            for item in config.split(';') {
-                let item = item.trim();
-                if item.is_empty() {
-                    return Err(syntax("an item is empty (two ';' in a row, or a trailing ';')".to_owned()));
-                }
-                let Some((key, value)) = item.split_once('=') else {
-                    return Err(syntax(format!("\"{item}\" is not key=value")));
-                };
-                let key = key.trim();
-                let known = SPIFFE_KEY_LIST.iter().copied().find(|k| *k == key && (kind == "jwt" || *k != "audience"));
-                let Some(known) = known else {
-                    return Err(syntax(format!("unknown key \"{key}\"")));
-                };
-                if items.insert(known, value.trim()).is_some() {
-                    return Err(syntax(format!("key {known} is given twice")));
-                }
-            }
-        }
+        let unknown = |key: &str| syntax(format!("unknown key \"{key}\""));
+        let known = |k: &str| {
+            SPIFFE_KEY_LIST.iter().copied().find(|known| *known == k && (kind == "jwt" || *known != "audience"))
+        };
+        let items = parse_options(config, known, &syntax, &unknown)?;
         let value_error =
             |key: &'static str, reason: String| SpecError::SpiffeValue { spec: spec.to_owned(), key, reason };
-        let list = |key: &'static str| -> Option<Vec<&str>> {
-            items.get(key).map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).collect())
-        };
-        let non_empty = |key: &'static str| -> Result<Option<Vec<&str>>, SpecError> {
-            match list(key) {
-                Some(values) if values.is_empty() => {
-                    Err(value_error(key, "the list is empty; omit the key for the default".to_owned()))
-                }
-                other => Ok(other),
-            }
-        };
+        let list = |key: &'static str| option_list(&items, key);
+        let non_empty = |key: &'static str| option_non_empty(&items, key, &value_error);
         let trust_domains = non_empty("trust-domain")?
             .unwrap_or_else(|| vec![SPIFFE_DEFAULT_TRUST_DOMAIN])
             .into_iter()
@@ -791,6 +742,56 @@ impl fmt::Display for AuthMethodSpec {
                 )
             }
         }
+    }
+}
+
+/// The `key=value;key=value` options of `xfcc:` and `spiffe:` methods: every item non-empty,
+/// `key=value`, a key `known` maps to its canonical name, and no key twice.
+fn parse_options<'a>(
+    config: &'a str,
+    known: impl Fn(&str) -> Option<&'static str>,
+    syntax: &dyn Fn(String) -> SpecError,
+    unknown: &dyn Fn(&str) -> SpecError,
+) -> Result<BTreeMap<&'static str, &'a str>, SpecError> {
+    let mut items = BTreeMap::new();
+    if config.trim().is_empty() {
+        return Ok(items);
+    }
+    for item in config.split(';') {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(syntax("an item is empty (two ';' in a row, or a trailing ';')".to_owned()));
+        }
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(syntax(format!("\"{item}\" is not key=value")));
+        };
+        let key = key.trim();
+        let Some(known) = known(key) else {
+            return Err(unknown(key));
+        };
+        if items.insert(known, value.trim()).is_some() {
+            return Err(syntax(format!("key {known} is given twice")));
+        }
+    }
+    Ok(items)
+}
+
+/// An option's comma-separated values, blanks dropped; `None` when the key is absent.
+fn option_list<'a>(items: &BTreeMap<&'static str, &'a str>, key: &'static str) -> Option<Vec<&'a str>> {
+    items.get(key).map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).collect())
+}
+
+/// Like [`option_list`], but a key given with no values is an error (omit it for the default).
+fn option_non_empty<'a>(
+    items: &BTreeMap<&'static str, &'a str>,
+    key: &'static str,
+    value_error: &dyn Fn(&'static str, String) -> SpecError,
+) -> Result<Option<Vec<&'a str>>, SpecError> {
+    match option_list(items, key) {
+        Some(values) if values.is_empty() => {
+            Err(value_error(key, "the list is empty; omit the key for the default".to_owned()))
+        }
+        other => Ok(other),
     }
 }
 
