@@ -4,10 +4,10 @@ use std::fmt;
 use std::time::Duration;
 
 use protocol::outbox::RetryPolicy;
-use tonic::transport::ClientTlsConfig;
 
 use crate::backoff::BackoffConfig;
 use crate::credentials::MetadataFn;
+use crate::transport::AgentTls;
 
 /// Upstream's default namespace for the agent's Applications (`-n/--namespace`).
 pub const DEFAULT_NAMESPACE: &str = "argocd";
@@ -23,7 +23,7 @@ pub struct AgentConfig {
     pub principal_addr: String,
     /// TLS for the connection; `None` = plaintext h2c (`--insecure-plaintext`, or a mesh
     /// sidecar on loopback).
-    pub tls: Option<ClientTlsConfig>,
+    pub tls: Option<AgentTls>,
     /// The agent's name (as the principal knows it; its hub namespace).
     pub name: String,
     /// Managed or autonomous.

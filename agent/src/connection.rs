@@ -23,12 +23,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
-use tonic::transport::Endpoint;
 use tracing::Instrument;
 
 use crate::inbound;
 use crate::resync;
 use crate::spoke::Spoke;
+use crate::transport::TransportError;
 
 /// Events buffered between the sender task and the transport (the sender waits when full).
 const STREAM_BUFFER: usize = 64;
@@ -36,24 +36,9 @@ const STREAM_BUFFER: usize = 64;
 /// Why a connection attempt failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// The principal address is not a valid URI.
-    #[error("principal address {addr:?} is invalid (expected e.g. https://principal:8443): {source}")]
-    BadAddress {
-        /// The address.
-        addr: String,
-        /// The parse error.
-        #[source]
-        source: tonic::transport::Error,
-    },
-    /// TCP/TLS/HTTP2 connection failed.
-    #[error("cannot connect to the principal at {addr}: {source}")]
-    Dial {
-        /// The address.
-        addr: String,
-        /// The transport error.
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// The address, TLS settings or the connection itself.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
     /// The principal refused the stream.
     #[error("the principal refused the event stream: {0}")]
     Refused(#[source] tonic::Status),
@@ -114,16 +99,7 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
 async fn connect(spoke: &Spoke) -> Result<Stream, ConnectError> {
     let cfg = &spoke.config;
     let addr = cfg.principal_addr.clone();
-    let mut endpoint = Endpoint::from_shared(addr.clone())
-        .map_err(|source| ConnectError::BadAddress { addr: addr.clone(), source })?
-        .user_agent(concat!("argocd-agent/v", env!("CARGO_PKG_VERSION")))
-        .map_err(|source| ConnectError::BadAddress { addr: addr.clone(), source })?;
-    if let Some(tls) = &cfg.tls {
-        endpoint = endpoint
-            .tls_config(tls.clone())
-            .map_err(|source| ConnectError::BadAddress { addr: addr.clone(), source })?;
-    }
-    let channel = endpoint.connect().await.map_err(|source| ConnectError::Dial { addr: addr.clone(), source })?;
+    let channel = crate::transport::connect(&addr, cfg.tls.as_ref()).await?;
     let mut client = EventStreamClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

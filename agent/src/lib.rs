@@ -18,6 +18,7 @@ pub mod inbound;
 pub mod outbound;
 pub mod resync;
 pub mod spoke;
+pub mod transport;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 pub use backoff::BackoffConfig;
 pub use config::{AgentConfig, AgentMode, DEFAULT_NAMESPACE};
 pub use credentials::{MetadataFn, bearer_token, static_headers};
+pub use transport::AgentTls;
 
 use spoke::Spoke;
 

@@ -113,10 +113,15 @@ struct Tokens {
     refresh: Token,
 }
 
+/// Adds metadata to the agent's `Authenticate` and `RefreshToken` calls (e.g. a fresh JWT-SVID
+/// in `x-spiffe-jwt-svid`, which `spiffe:jwt` sessions present on every call).
+pub type CallMetadata = Arc<dyn Fn(&mut tonic::metadata::MetadataMap) + Send + Sync>;
+
 /// The agent's session tokens, shared by the interceptors of all its clients. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Credentials {
     tokens: Arc<RwLock<Option<Tokens>>>,
+    call_metadata: Option<CallMetadata>,
 }
 
 impl fmt::Debug for Credentials {
@@ -135,6 +140,21 @@ impl Credentials {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Adds `metadata` to every `Authenticate` and `RefreshToken` call these credentials make.
+    #[must_use]
+    pub fn with_call_metadata(mut self, metadata: CallMetadata) -> Self {
+        self.call_metadata = Some(metadata);
+        self
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(add) = &self.call_metadata {
+            add(request.metadata_mut());
+        }
+        request
     }
 
     /// Calls `Authenticate` and keeps the tokens.
@@ -157,7 +177,7 @@ impl Credentials {
             agent_namespace: params.agent_namespace.clone(),
         };
         let response = client
-            .authenticate(request)
+            .authenticate(self.request(request))
             .await
             .map_err(|status| ClientError::Refused { call: "Authenticate", status })?
             .into_inner();
@@ -187,7 +207,7 @@ impl Credentials {
                 .map_err(|e| ClientError::BadToken { which: "refresh", reason: e.to_string() })?
         };
         let response = client
-            .refresh_token(RefreshTokenRequest { refresh_token })
+            .refresh_token(self.request(RefreshTokenRequest { refresh_token }))
             .await
             .map_err(|status| ClientError::Refused { call: "RefreshToken", status })?
             .into_inner();

@@ -9,7 +9,7 @@
 //!    `authapi.Authentication`; services read the caller from [`AgentSession::from_request`].
 //!
 //! On the agent: [`Credentials`] authenticates, keeps the tokens fresh and provides the
-//! interceptor for every other client.
+//! interceptor for every other client; [`JwtSvidSource`] keeps a JWT-SVID for `spiffe:jwt`.
 //!
 //! Every session token is bound to the transport identity it was issued on (the client
 //! certificate's SHA-256 for native mTLS, a SPIFFE ID for the mesh methods), and refused on a
@@ -25,15 +25,17 @@
 pub mod client;
 pub mod error;
 pub mod identity;
+pub mod jwt_svid;
 pub mod layer;
 pub mod method;
 pub mod service;
 pub mod session;
 pub mod tls;
 
-pub use client::{AccessTokenInterceptor, AuthParams, ClientError, Credentials, PrincipalInfo};
+pub use client::{AccessTokenInterceptor, AuthParams, CallMetadata, ClientError, Credentials, PrincipalInfo};
 pub use error::AuthError;
 pub use identity::{AgentIdentity, AgentMode, AgentName, AgentSession, Binding, InvalidAgentName, TransportIdentity};
+pub use jwt_svid::JwtSvidSource;
 pub use layer::{Auth, AuthLayer, PUBLIC_PATHS};
 pub use mesh::{MeshProfile, TrustedHops};
 pub use method::header::HeaderAuthenticator;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::agent_creds::Creds;
 use crate::ctl::kube::Secrets;
 use crate::material::{VERSION, common_name, pem_from};
 use crate::unsupported::Unsupported;
@@ -26,7 +27,9 @@ pub struct Args {
     /// Namespace of Argo CD on this cluster.
     #[arg(short = 'n', long, env = "ARGOCD_AGENT_NAMESPACE", default_value = "argocd")]
     pub namespace: String,
-    /// Credentials: `mtls:any` (client certificate) or `userpass:<file>` (upstream, not supported).
+    /// Credentials: `mtls:any` (client certificate), `header:` (behind a mesh sidecar),
+    /// `spiffe:x509[:endpoint=…;principal-id=…]` or `spiffe:jwt[:audience=…;endpoint=…]` (SPIFFE
+    /// Workload API); upstream's `userpass:<file>` is not supported.
     #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "")]
     pub creds: String,
     /// Log level.
@@ -80,7 +83,8 @@ pub struct Args {
     /// kubeconfig context.
     #[arg(long)]
     pub kubecontext: Option<String>,
-    /// Agent name, when it cannot be taken from the client certificate (plaintext behind a mesh).
+    /// Agent name. Default: the client certificate's CN, or the name the principal authenticated
+    /// this agent as (behind a mesh, or with SPIFFE credentials).
     #[arg(long, env = "ARGOCD_AGENT_NAME")]
     pub agent_name: Option<String>,
 
@@ -191,22 +195,6 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
     Ok(total)
 }
 
-/// The `Authenticate` method for `--creds`: `mtls:any` (or empty) authenticates with the client
-/// certificate; `header:` relies on the identity a mesh sidecar forwards (principal `--auth
-/// xfcc:` or `header:`), as upstream's `--creds header:`.
-///
-/// # Errors
-/// An unknown credentials kind.
-pub fn auth_method(creds: &str) -> anyhow::Result<String> {
-    match creds.split(':').next().unwrap_or_default() {
-        "" | "mtls" => Ok("mtls".into()),
-        "header" => Ok("header".into()),
-        other => {
-            anyhow::bail!("--creds {creds:?}: unknown kind {other:?}; use mtls:any, or header: behind a mesh sidecar")
-        }
-    }
-}
-
 /// The heartbeat interval: explicit `--heartbeat-interval` wins (0 = off); otherwise the mesh
 /// profile's interval when the stream runs through a sidecar (`--mesh-profile`, or
 /// `--creds header:`), so a quiet stream is never closed by the sidecar's idle timeout; otherwise
@@ -221,7 +209,7 @@ pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
     }
     let profile = match &args.mesh_profile {
         Some(p) => Some(p.parse::<mesh::profile::MeshProfile>().map_err(|e| anyhow::anyhow!("--mesh-profile: {e}"))?),
-        None if args.creds.starts_with("header") => Some(mesh::profile::MeshProfile::Envoy),
+        None if Creds::parse(&args.creds)?.implies_sidecar() => Some(mesh::profile::MeshProfile::Envoy),
         None => None,
     };
     Ok(profile.map(mesh::profile::MeshProfile::heartbeat_interval))
@@ -244,13 +232,13 @@ async fn authenticate(
     client: &mut protocol::pb::authapi::authentication_client::AuthenticationClient<tonic::transport::Channel>,
     creds: &auth::Credentials,
     params: &auth::AuthParams,
-) {
+) -> auth::PrincipalInfo {
     let mut delay = Duration::from_millis(250);
     loop {
         match creds.authenticate(client, params).await {
             Ok(info) => {
                 tracing::info!(agent = %info.agent_name, principal_version = %info.version, "authenticated to the principal");
-                return;
+                return info;
             }
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "authentication failed"),
         }
@@ -267,39 +255,83 @@ async fn keep_session(channel: tonic::transport::Channel, creds: Arc<auth::Crede
     loop {
         let e = creds.keep_fresh(&mut client).await;
         tracing::warn!(error = %e, "session ended; authenticating again");
-        authenticate(&mut client, &creds, &params).await;
+        let _ = authenticate(&mut client, &creds, &params).await;
     }
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
-    let mode: agent::AgentMode =
-        args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
-    let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
-    let secrets = Secrets::new(client.clone(), &args.namespace);
-    let scheme = if args.insecure_plaintext { "http" } else { "https" };
-    let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
-    let mut endpoint =
-        tonic::transport::Endpoint::from_shared(addr.clone()).with_context(|| format!("--server-address {addr:?}"))?;
-    let mut tls = None;
-    let mut name = args.agent_name.clone();
-    if !args.insecure_plaintext {
+/// What `--creds` and the TLS flags give the connection: TLS (none = plaintext), the name from
+/// the client certificate, and metadata every call carries (a JWT-SVID).
+struct Transport {
+    tls: Option<agent::AgentTls>,
+    cert_name: Option<String>,
+    call_metadata: Option<auth::CallMetadata>,
+    /// Keeps the Workload API streams (SVID rotation, JWT-SVID refresh) alive.
+    _workload: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// Waits this long for the first SVID or JWT-SVID from the Workload API.
+const WORKLOAD_API_TIMEOUT: Duration = mesh::workload::DEFAULT_INITIAL_SYNC_TIMEOUT;
+
+async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Result<Transport> {
+    let mut out = Transport { tls: None, cert_name: None, call_metadata: None, _workload: None };
+    if let Creds::SpiffeX509 { endpoint, principal_ids } = creds {
         anyhow::ensure!(
-            !args.insecure_tls,
-            "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name"
+            !args.insecure_plaintext,
+            "--creds spiffe:x509 is mTLS with the Workload API's SVIDs: drop --insecure-plaintext"
         );
-        let ca = pem_from(
-            args.root_ca_path.as_deref(),
-            "--root-ca-path",
-            &secrets,
-            &args.root_ca_secret_name,
-            &["ca.crt", "tls.crt"],
-            "--root-ca-secret-name",
-        )
-        .await?;
+        let identity = mesh::workload::X509Identity::connect(endpoint.as_deref(), WORKLOAD_API_TIMEOUT)
+            .await
+            .with_context(|| format!("--creds {:?}: no X.509-SVID from the SPIFFE Workload API", args.creds))?;
+        let own = identity.spiffe_id().context("the Workload API's X.509-SVID has no SPIFFE ID")?;
+        let peers = if principal_ids.is_empty() {
+            mesh::workload::PeerAuthorization::TrustDomains(vec![own.trust_domain().clone()])
+        } else {
+            mesh::workload::PeerAuthorization::Exact(principal_ids.clone())
+        };
+        tracing::info!(spiffe_id = %own, principal = ?peers, "mTLS with X.509-SVIDs from the SPIFFE Workload API");
+        let config = identity.client_config(&peers).context("cannot build the SPIFFE mTLS client configuration")?;
+        out.tls = Some(agent::AgentTls::Rustls { config, server_name: args.server_address.clone() });
+        out._workload = Some(Box::new(identity));
+        return Ok(out);
+    }
+    if let Creds::SpiffeJwt { endpoint, audience } = creds {
+        let identity = mesh::workload::JwtIdentity::connect(endpoint.as_deref(), WORKLOAD_API_TIMEOUT)
+            .await
+            .with_context(|| format!("--creds {:?}: the SPIFFE Workload API is unavailable", args.creds))?;
+        let source = Arc::new(
+            auth::JwtSvidSource::start(identity, audience.clone())
+                .await
+                .with_context(|| format!("--creds {:?}: no JWT-SVID for audience {audience:?}", args.creds))?,
+        );
+        tracing::info!(%audience, "JWT-SVIDs from the SPIFFE Workload API");
+        out.call_metadata = Some(source.call_metadata());
+        out._workload = Some(Box::new(source));
+    }
+    if args.insecure_plaintext {
+        return Ok(out);
+    }
+    anyhow::ensure!(
+        !args.insecure_tls,
+        "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name"
+    );
+    let ca = pem_from(
+        args.root_ca_path.as_deref(),
+        "--root-ca-path",
+        secrets,
+        &args.root_ca_secret_name,
+        &["ca.crt", "tls.crt"],
+        "--root-ca-secret-name",
+    )
+    .await?;
+    let mut cfg = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
+        .domain_name(args.server_address.clone());
+    // A JWT-SVID is the credential; TLS only authenticates the principal.
+    if !matches!(creds, Creds::SpiffeJwt { .. }) {
         let cert = pem_from(
             args.tls_client_cert.as_deref(),
             "--tls-client-cert",
-            &secrets,
+            secrets,
             &args.tls_secret_name,
             &["tls.crt"],
             "--tls-secret-name",
@@ -308,48 +340,75 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         let key = pem_from(
             args.tls_client_key.as_deref(),
             "--tls-client-key",
-            &secrets,
+            secrets,
             &args.tls_secret_name,
             &["tls.key"],
             "--tls-secret-name",
         )
         .await?;
-        if name.is_none() {
-            name = Some(common_name(&cert)?);
-        }
-        let cfg = tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
-            .identity(tonic::transport::Identity::from_pem(&cert, &key))
-            .domain_name(args.server_address.clone());
-        endpoint = endpoint.tls_config(cfg.clone()).context("TLS configuration")?;
-        tls = Some(cfg);
+        out.cert_name = Some(common_name(&cert)?);
+        cfg = cfg.identity(tonic::transport::Identity::from_pem(&cert, &key));
     }
-    let name = name.context(
-        "--agent-name is required with --insecure-plaintext (there is no client certificate to read it from)",
-    )?;
+    out.tls = Some(cfg.into());
+    Ok(out)
+}
 
-    let creds = Arc::new(auth::Credentials::new());
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let mode: agent::AgentMode =
+        args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
+    let creds_kind = Creds::parse(&args.creds)?;
+    if let Creds::SpiffeX509 { endpoint, .. } | Creds::SpiffeJwt { endpoint, .. } = &creds_kind {
+        mesh::workload::resolve_endpoint(endpoint.as_deref()).with_context(|| format!("--creds {:?}", args.creds))?;
+    }
+    let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
+    let secrets = Secrets::new(client.clone(), &args.namespace);
+    let scheme = if args.insecure_plaintext { "http" } else { "https" };
+    let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
+    let transport = transport(&args, &creds_kind, &secrets).await?;
+    let channel = agent::transport::lazy_channel(&addr, transport.tls.as_ref())
+        .with_context(|| format!("--server-address {:?}", args.server_address))?;
+
+    let mut creds = auth::Credentials::new();
+    if let Some(metadata) = &transport.call_metadata {
+        creds = creds.with_call_metadata(metadata.clone());
+    }
+    let creds = Arc::new(creds);
     let params = auth::AuthParams {
-        method: auth_method(&args.creds)?,
+        method: creds_kind.method().to_owned(),
         credentials: Default::default(),
         mode,
         version: VERSION.to_string(),
         agent_namespace: args.namespace.clone(),
     };
-    let channel = endpoint.connect_lazy();
     // The stream needs a token: authenticate before dialling it (or stop on a signal).
     let mut auth_client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel.clone());
-    tokio::select! {
-        () = authenticate(&mut auth_client, &creds, &params) => {}
+    let info = tokio::select! {
+        info = authenticate(&mut auth_client, &creds, &params) => info,
         () = crate::signals::wait() => return Ok(()),
-    }
+    };
+    let name = match (args.agent_name.clone().or(transport.cert_name.clone()), info.agent_name.as_str()) {
+        (Some(name), principal) if !principal.is_empty() && principal != name => {
+            tracing::warn!(agent = %name, authenticated_as = %principal, "the principal knows this agent by another name");
+            name
+        }
+        (Some(name), _) => name,
+        (None, "") => anyhow::bail!("the principal did not say which agent this is; pass --agent-name"),
+        (None, principal) => principal.to_owned(),
+    };
     let session = tokio::spawn(keep_session(channel, creds.clone(), params));
 
     let mut config = agent::AgentConfig::new(addr, name.clone(), mode);
-    config.tls = tls;
+    config.tls = transport.tls.clone();
     config.namespace = args.namespace.clone();
     let token_source = creds.clone();
-    config.credentials = Some(agent::credentials::bearer_token(move || token_source.access_token()));
+    let bearer = agent::credentials::bearer_token(move || token_source.access_token());
+    config.credentials = Some(match transport.call_metadata.clone() {
+        None => bearer,
+        Some(extra) => Arc::new(move |md: &mut tonic::metadata::MetadataMap| {
+            bearer(md);
+            extra(md);
+        }),
+    });
     let heartbeat = heartbeat_interval(&args)?;
     if let Some(h) = heartbeat {
         tracing::info!(interval = ?h, "application heartbeats on");
@@ -368,6 +427,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     }
     session.abort();
+    drop(transport);
     Ok(())
 }
 
@@ -396,14 +456,6 @@ mod tests {
         assert_eq!(hb(&["--mesh-profile", "istio", "--heartbeat-interval", "10s"]), Some(Duration::from_secs(10)));
         assert_eq!(hb(&["--mesh-profile", "istio", "--heartbeat-interval", "0"]), None, "explicit 0 turns them off");
         assert!(super::heartbeat_interval(&args(&["--mesh-profile", "consul"])).is_err());
-    }
-
-    #[test]
-    fn creds_select_the_method() {
-        assert_eq!(super::auth_method("").ok().as_deref(), Some("mtls"));
-        assert_eq!(super::auth_method("mtls:any").ok().as_deref(), Some("mtls"));
-        assert_eq!(super::auth_method("header:").ok().as_deref(), Some("header"));
-        assert!(super::auth_method("kerberos:x").is_err());
     }
 
     #[test]

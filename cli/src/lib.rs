@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod agent_cmd;
+mod agent_creds;
 mod apiserver_cmd;
 pub mod ctl;
 mod logging;

@@ -271,24 +271,44 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
     auth::tls::server_config(settings).context("cannot build the TLS server configuration")
 }
 
+/// Waits this long for the first SVID or JWT bundles from the SPIFFE Workload API.
+const WORKLOAD_API_TIMEOUT: std::time::Duration = mesh::workload::DEFAULT_INITIAL_SYNC_TIMEOUT;
+
 async fn serve(args: Args) -> anyhow::Result<()> {
     use protocol::pb::authapi::authentication_server::AuthenticationServer;
     let spec = auth::AuthMethodSpec::parse(&args.auth).with_context(|| format!("--auth {:?}", args.auth))?;
-    if spec.uses_workload_api() {
-        // The auth crate has them; serving them needs the principal's TLS from the Workload API.
-        anyhow::bail!(
-            "--auth {:?}: not supported yet by argocd-agent principal (the SPIFFE Workload API methods are not wired into the binary); use mtls:, or xfcc: behind a mesh sidecar",
-            args.auth
-        );
-    }
     // Header-based identity only behind a TLS-terminating sidecar on a plaintext listener, from
     // trusted hops; mTLS identity only on a TLS listener. Refuse the rest before serving.
     spec.check_listener(args.insecure_plaintext)
         .with_context(|| format!("--auth {:?} with --insecure-plaintext={}", args.auth, args.insecure_plaintext))?;
+    if spec.uses_workload_api() {
+        mesh::workload::resolve_endpoint(spec.workload_endpoint())
+            .with_context(|| format!("--auth {:?}", args.auth))?;
+    }
     let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
     let secrets = Secrets::new(client.clone(), &args.namespace);
     let key = jwt_key(&args, &secrets).await?;
-    let sessions = auth::Sessions::new(auth::SessionIssuer::new(key), auth::AuthMethods::single(spec.authenticator()))
+    // spiffe:jwt waits here for the JWT bundles; spiffe:x509 for the principal's own SVID below.
+    let authenticator = spec
+        .connect_authenticator(WORKLOAD_API_TIMEOUT)
+        .await
+        .with_context(|| format!("--auth {:?}: the SPIFFE Workload API gave no JWT bundles", args.auth))?;
+    let workload_tls = if matches!(spec, auth::AuthMethodSpec::SpiffeX509 { .. }) {
+        let identity = mesh::workload::X509Identity::connect(spec.workload_endpoint(), WORKLOAD_API_TIMEOUT)
+            .await
+            .with_context(|| format!("--auth {:?}: no X.509-SVID from the SPIFFE Workload API", args.auth))?;
+        let id = identity.spiffe_id().context("the Workload API's X.509-SVID has no SPIFFE ID")?;
+        tracing::info!(spiffe_id = %id, "serving mTLS with X.509-SVIDs from the SPIFFE Workload API");
+        // Any peer whose chain verifies against the bundles; the policy in the auth layer decides
+        // and explains refusals in a gRPC status instead of a bare TLS alert.
+        let tls = identity
+            .server_config(&mesh::workload::PeerAuthorization::Any)
+            .context("cannot build the SPIFFE mTLS server configuration")?;
+        Some((identity, tls))
+    } else {
+        None
+    };
+    let sessions = auth::Sessions::new(auth::SessionIssuer::new(key), auth::AuthMethods::single(authenticator))
         .with_principal_namespace(args.namespace.clone());
 
     let mut config = principal::PrincipalConfig::new(&args.namespace);
@@ -350,7 +370,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         );
         router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown).await
     } else {
-        let tls = server_tls(&args, &secrets).await?;
+        // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
+        let tls = match &workload_tls {
+            Some((_identity, tls)) => tls.clone(),
+            None => server_tls(&args, &secrets).await?,
+        };
         router.serve_with_incoming_shutdown(auth::tls::TlsIncoming::new(listener, tls), shutdown).await
     };
     cancel.cancel();

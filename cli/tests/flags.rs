@@ -5,7 +5,7 @@ use std::process::Command;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_argocd-agent"));
-    cmd.args(args).env("KUBECONFIG", "/nonexistent");
+    cmd.args(args).env("KUBECONFIG", "/nonexistent").env_remove("SPIFFE_ENDPOINT_SOCKET");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -42,8 +42,13 @@ fn required_settings_are_named() {
     assert!(!ok && err.contains("--auth"), "{err}");
     let (ok, err) = run(&["principal", "-n", "argocd", "--auth", "userpass:/x"], &[]);
     assert!(!ok && err.contains("--auth"), "{err}");
+    // The SPIFFE methods need a Workload API: the error names the variable or option to set.
     let (ok, err) = run(&["principal", "-n", "argocd", "--auth", "spiffe:jwt"], &[]);
-    assert!(!ok && err.contains("not supported yet") && err.contains("spiffe:jwt"), "{err}");
+    assert!(!ok && err.contains("spiffe:jwt") && err.contains("SPIFFE_ENDPOINT_SOCKET"), "{err}");
+    let (ok, err) = run(&["agent", "--server-address", "p", "--creds", "spiffe:x509"], &[]);
+    assert!(!ok && err.contains("spiffe:x509") && err.contains("SPIFFE_ENDPOINT_SOCKET"), "{err}");
+    let (ok, err) = run(&["agent", "--server-address", "p", "--creds", "spiffe:x509:colour=blue"], &[]);
+    assert!(!ok && err.contains("unknown option \"colour\""), "{err}");
     let (ok, err) = run(&["agent"], &[]);
     assert!(!ok && err.contains("--server-address"), "{err}");
 }

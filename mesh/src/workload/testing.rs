@@ -118,15 +118,29 @@ impl TestCa {
     ///
     /// [`TestingError::Rcgen`].
     pub fn issue(&self, spiffe_id: &str) -> Result<TestSvid, TestingError> {
+        let now = SystemTime::now();
+        self.issue_valid(spiffe_id, now - Duration::from_secs(60), now + Duration::from_secs(3600))
+    }
+
+    /// As [`Self::issue`], valid from `not_before` to `not_after` (e.g. already expired).
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Rcgen`].
+    pub fn issue_valid(
+        &self,
+        spiffe_id: &str,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<TestSvid, TestingError> {
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, "svid");
         params.subject_alt_names = vec![SanType::URI(spiffe_id.try_into()?)];
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        let now = SystemTime::now();
-        params.not_before = (now - Duration::from_secs(60)).into();
-        params.not_after = (now + Duration::from_secs(3600)).into();
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(TestSvid { spiffe_id: spiffe_id.to_owned(), cert_der: cert.der().to_vec(), key_der: key.serialize_der() })

@@ -1,0 +1,174 @@
+//! How the agent reaches the principal: plaintext h2c (behind a mesh sidecar on loopback), TLS
+//! configured by tonic (a CA file and a client certificate), or TLS from a rustls configuration
+//! supplied by the caller (e.g. X.509-SVIDs from the SPIFFE Workload API, whose resolver presents
+//! the current SVID on every handshake, so a rotation reaches the next connection).
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+/// TLS towards the principal.
+#[derive(Clone)]
+pub enum AgentTls {
+    /// tonic's TLS (CA certificate, client identity, domain name).
+    Tonic(ClientTlsConfig),
+    /// A caller-built rustls client configuration; `server_name` is the name sent in SNI and
+    /// checked by the configuration's verifier (SPIFFE verifiers ignore it and check the peer's
+    /// SPIFFE ID instead). ALPN `h2` is added when the configuration has no ALPN protocols.
+    Rustls {
+        /// The client configuration.
+        config: Arc<rustls::ClientConfig>,
+        /// The server name for SNI.
+        server_name: String,
+    },
+}
+
+impl fmt::Debug for AgentTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tonic(_) => f.write_str("AgentTls::Tonic"),
+            Self::Rustls { server_name, .. } => {
+                f.debug_struct("AgentTls::Rustls").field("server_name", server_name).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
+impl From<ClientTlsConfig> for AgentTls {
+    fn from(config: ClientTlsConfig) -> Self {
+        Self::Tonic(config)
+    }
+}
+
+/// Why a channel to the principal cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The address is not a valid URI, or tonic refused the TLS settings.
+    #[error("principal address {addr:?} is invalid (expected e.g. https://principal:8443): {source}")]
+    BadAddress {
+        /// The address.
+        addr: String,
+        /// The parse error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The TLS server name is not a DNS name or IP address.
+    #[error("TLS server name {0:?} is not a DNS name or IP address")]
+    BadServerName(String),
+    /// TCP/TLS/HTTP2 connection failed.
+    #[error("cannot connect to the principal at {addr}: {source}")]
+    Dial {
+        /// The address.
+        addr: String,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// The endpoint for `addr` with the agent's user agent. With [`AgentTls::Rustls`] the connector
+/// does TLS itself, and tonic refuses an `https` URI without its own TLS: the endpoint gets `http`.
+fn endpoint(addr: &str, tls: Option<&AgentTls>) -> Result<Endpoint, TransportError> {
+    let bad = |source| TransportError::BadAddress { addr: addr.to_owned(), source };
+    let uri = match (tls, addr.strip_prefix("https://")) {
+        (Some(AgentTls::Rustls { .. }), Some(rest)) => format!("http://{rest}"),
+        _ => addr.to_owned(),
+    };
+    Endpoint::from_shared(uri)
+        .map_err(bad)?
+        .user_agent(concat!("argocd-agent/v", env!("CARGO_PKG_VERSION")))
+        .map_err(bad)
+}
+
+/// What a connector needs for [`AgentTls::Rustls`].
+#[derive(Clone)]
+struct RustlsConnector {
+    connector: tokio_rustls::TlsConnector,
+    server_name: ServerName<'static>,
+}
+
+impl RustlsConnector {
+    fn new(config: &Arc<rustls::ClientConfig>, server_name: &str) -> Result<Self, TransportError> {
+        let server_name = ServerName::try_from(server_name.to_owned())
+            .map_err(|_| TransportError::BadServerName(server_name.to_owned()))?;
+        let config = if config.alpn_protocols.is_empty() {
+            let mut with_alpn = (**config).clone();
+            with_alpn.alpn_protocols = vec![b"h2".to_vec()];
+            Arc::new(with_alpn)
+        } else {
+            config.clone()
+        };
+        Ok(Self { connector: tokio_rustls::TlsConnector::from(config), server_name })
+    }
+
+    fn service(
+        self,
+    ) -> impl tower::Service<
+        Uri,
+        Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
+        Error = std::io::Error,
+        Future = impl Future<Output = std::io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(move |uri: Uri| {
+            let this = self.clone();
+            async move {
+                let host = uri.host().ok_or_else(|| std::io::Error::other(format!("{uri} has no host")))?;
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let port = uri.port_u16().unwrap_or(443);
+                let tcp = TcpStream::connect((host, port)).await?;
+                tcp.set_nodelay(true)?;
+                let tls = this.connector.connect(this.server_name, tcp).await?;
+                Ok(TokioIo::new(tls))
+            }
+        })
+    }
+}
+
+/// A channel to `addr` that connects on first use (and reconnects after failures on later
+/// calls), with `tls` when given.
+///
+/// # Errors
+///
+/// A malformed address or server name, or TLS settings tonic refuses.
+pub fn lazy_channel(addr: &str, tls: Option<&AgentTls>) -> Result<Channel, TransportError> {
+    let endpoint = endpoint(addr, tls)?;
+    match tls {
+        None => Ok(endpoint.connect_lazy()),
+        Some(AgentTls::Tonic(config)) => Ok(endpoint
+            .tls_config(config.clone())
+            .map_err(|source| TransportError::BadAddress { addr: addr.to_owned(), source })?
+            .connect_lazy()),
+        Some(AgentTls::Rustls { config, server_name }) => {
+            Ok(endpoint.connect_with_connector_lazy(RustlsConnector::new(config, server_name)?.service()))
+        }
+    }
+}
+
+/// Connects a channel to `addr` now, with `tls` when given.
+///
+/// # Errors
+///
+/// As [`lazy_channel`], or [`TransportError::Dial`] when the connection fails.
+pub async fn connect(addr: &str, tls: Option<&AgentTls>) -> Result<Channel, TransportError> {
+    let endpoint = endpoint(addr, tls)?;
+    let dial = |source| TransportError::Dial { addr: addr.to_owned(), source };
+    match tls {
+        None => endpoint.connect().await.map_err(dial),
+        Some(AgentTls::Tonic(config)) => endpoint
+            .tls_config(config.clone())
+            .map_err(|source| TransportError::BadAddress { addr: addr.to_owned(), source })?
+            .connect()
+            .await
+            .map_err(dial),
+        Some(AgentTls::Rustls { config, server_name }) => {
+            endpoint.connect_with_connector(RustlsConnector::new(config, server_name)?.service()).await.map_err(dial)
+        }
+    }
+}
