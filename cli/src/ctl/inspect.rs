@@ -74,7 +74,7 @@ pub fn summarize(pem: &str, expect_ca: bool) -> anyhow::Result<CertificateSummar
         }
     }
     Ok(CertificateSummary {
-        subject: go_subject(&cert),
+        subject: go_name(cert.subject()),
         key_type,
         key_length,
         not_before: rfc1123z(cert.validity().not_before.to_datetime())?,
@@ -100,9 +100,9 @@ fn key_info(cert: &X509Certificate<'_>) -> (String, usize) {
     }
 }
 
-/// The subject as Go's `pkix.Name.String()` prints it: RDNs in reverse order, comma-separated.
-fn go_subject(cert: &X509Certificate<'_>) -> String {
-    let rdns: Vec<_> = cert.subject().iter().collect();
+/// A subject or issuer as Go's `pkix.Name.String()` prints it: RDNs in reverse order, comma-separated.
+pub(crate) fn go_name(name: &x509_parser::x509::X509Name<'_>) -> String {
+    let rdns: Vec<_> = name.iter().collect();
     let mut parts = Vec::new();
     for rdn in rdns.iter().rev() {
         for attr in rdn.iter() {

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -142,6 +142,54 @@ impl Secrets {
             .await
             .map_err(|e| self.api_error(e, "replace", name))?;
         Ok(Written::Replaced)
+    }
+
+    /// The client these secrets are read through (for other kinds in the same cluster).
+    #[must_use]
+    pub fn client(&self) -> Client {
+        self.api.clone().into_client()
+    }
+
+    /// List the secrets matching `label_selector` (all with `None`).
+    ///
+    /// # Errors
+    /// The API call fails.
+    pub async fn list(&self, label_selector: Option<&str>) -> anyhow::Result<Vec<Secret>> {
+        let mut params = ListParams::default();
+        if let Some(selector) = label_selector {
+            params = params.labels(selector);
+        }
+        let what = label_selector.map_or_else(String::new, |s| format!(" labelled {s}"));
+        let list = self.api.list(&params).await.with_context(|| {
+            format!(
+                "cannot list secrets{what} in namespace {} (check the context, the namespace and RBAC on secrets)",
+                self.namespace
+            )
+        })?;
+        Ok(list.items)
+    }
+
+    /// Create `secret` as it is (labels, annotations and all); `false` when one of that name exists.
+    ///
+    /// # Errors
+    /// The API call fails for another reason.
+    pub async fn create(&self, secret: &Secret) -> anyhow::Result<bool> {
+        let name = secret.metadata.name.as_deref().unwrap_or_default();
+        match self.api.create(&PostParams::default(), secret).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
+            Err(e) => Err(self.api_error(e, "create", name)),
+        }
+    }
+
+    /// Replace `secret` (read before, so its resourceVersion guards against concurrent writers).
+    ///
+    /// # Errors
+    /// The API call fails, e.g. with a conflict when the secret changed in between.
+    pub async fn replace(&self, secret: &Secret) -> anyhow::Result<()> {
+        let name = secret.metadata.name.as_deref().unwrap_or_default();
+        self.api.replace(name, &PostParams::default(), secret).await.map_err(|e| self.api_error(e, "replace", name))?;
+        Ok(())
     }
 
     /// Delete a secret; `false` when it did not exist.

@@ -1,11 +1,15 @@
 //! `argocd-agentctl`: administration of principals and agents, with upstream's command and flag
 //! names (`cmd/ctl` of argocd-agent).
 //!
-//! Implemented: `pki init|issue principal|issue resource-proxy|issue agent|propagate|inspect|dump|delete`
-//! and `jwt create-key|inspect-key|delete-key`. Additions over upstream: `--kubeconfig`,
-//! `--out-dir` (PEM files beside the secrets) and the SPIFFE URI SAN of `pki issue agent`.
+//! Implemented: `pki init|issue principal|issue resource-proxy|issue agent|propagate|inspect|dump|delete`,
+//! `jwt create-key|inspect-key|delete-key`, `agent create|list|inspect|print-tls|reconfigure`,
+//! `validate principal|agent` and `version`. Additions over upstream: `--kubeconfig`, `--out-dir`
+//! (PEM files beside the secrets), the SPIFFE URI SAN of `pki issue agent`, and more checks in
+//! `validate` (see docs/operations/agentctl.md). Not implemented: `blocklist`, `ha`, `config`.
 
+mod agent;
 pub(crate) mod certs;
+mod cluster;
 mod inspect;
 mod jwt;
 mod keys;
@@ -13,6 +17,8 @@ pub(crate) mod kube;
 mod names;
 mod out;
 mod pki;
+mod validate;
+mod x509;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,9 +34,10 @@ pub const DEFAULT_NAMESPACE: &str = "argocd";
     name = "argocd-agentctl",
     version,
     about = "Inspect and manipulate argocd-agent configuration",
-    long_about = "A CLI to manage configuration for argocd-agent: certificates (pki) and JWT signing keys (jwt), \
-                  stored as Kubernetes secrets in the principal's and the agents' clusters.\n\nThe PKI it creates is \
-                  for development and testing; do not use it in production."
+    long_about = "A CLI to manage configuration for argocd-agent: certificates (pki), JWT signing keys (jwt) and \
+                  agents (agent), stored as Kubernetes secrets in the principal's and the agents' clusters, and to \
+                  validate an installation (validate).\n\nThe PKI it creates is for development and testing; do not \
+                  use it in production."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -97,6 +104,47 @@ enum Command {
     /// Inspect and manage JWT signing keys.
     #[command(subcommand)]
     Jwt(jwt::JwtCommand),
+    /// Inspect and manage agent configuration (Argo CD cluster secrets on the principal).
+    #[command(subcommand, visible_alias = "agents")]
+    Agent(agent::AgentCommand),
+    /// Validate principal and agent installations.
+    #[command(subcommand, visible_alias = "check-config")]
+    Validate(validate::ValidateCommand),
+    /// Display the version of argocd-agentctl.
+    Version(VersionArgs),
+}
+
+/// `version` flags.
+#[derive(Debug, clap::Args)]
+pub struct VersionArgs {
+    /// Display indented JSON.
+    #[arg(short, long)]
+    indent: bool,
+}
+
+/// Upstream's version JSON (`internal/version`): name, component, version, git revision and status.
+fn version(args: &VersionArgs) -> anyhow::Result<()> {
+    let info = serde_json::json!({
+        "name": "argocd-agent",
+        "component": "ctl",
+        "version": env!("CARGO_PKG_VERSION"),
+        "gitRevision": option_env!("ARGOCD_AGENT_GIT_REVISION").unwrap_or("unknown"),
+        "gitStatus": option_env!("ARGOCD_AGENT_GIT_STATUS").unwrap_or("unknown"),
+    });
+    let text = if args.indent { serde_json::to_string_pretty(&info)? } else { serde_json::to_string(&info)? };
+    println!("{text}");
+    Ok(())
+}
+
+/// Run the parsed command.
+async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Pki(cmd) => pki::run(&cli.global, cmd).await,
+        Command::Jwt(cmd) => jwt::run(&cli.global, cmd).await,
+        Command::Agent(cmd) => agent::run(&cli.global, cmd).await,
+        Command::Validate(cmd) => validate::run(&cli.global, cmd).await,
+        Command::Version(args) => version(&args),
+    }
 }
 
 /// Entry point of `argocd-agentctl`.
@@ -110,12 +158,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Pki(cmd) => pki::run(&cli.global, cmd).await,
-            Command::Jwt(cmd) => jwt::run(&cli.global, cmd).await,
-        }
-    });
+    let result = runtime.block_on(dispatch(cli));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -137,12 +180,7 @@ where
 {
     let cli = Cli::try_parse_from(args)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async move {
-        match cli.command {
-            Command::Pki(cmd) => pki::run(&cli.global, cmd).await,
-            Command::Jwt(cmd) => jwt::run(&cli.global, cmd).await,
-        }
-    })
+    runtime.block_on(dispatch(cli))
 }
 
 /// Ask a question on the terminal and return the trimmed answer.

@@ -69,7 +69,7 @@ pub struct KeyGenFlags {
 }
 
 impl KeyGenFlags {
-    fn parse(&self) -> anyhow::Result<KeyAlgorithm> {
+    pub(super) fn parse(&self) -> anyhow::Result<KeyAlgorithm> {
         KeyAlgorithm::parse(&self.algorithm, self.size)
     }
 }
@@ -462,7 +462,7 @@ async fn delete(global: &GlobalFlags, args: DeleteArgs) -> anyhow::Result<()> {
 }
 
 /// Read and check the CA from the principal's secret.
-async fn load_ca(secrets: &Secrets) -> anyhow::Result<Ca> {
+pub(super) async fn load_ca(secrets: &Secrets) -> anyhow::Result<Ca> {
     let secret = secrets.get(SECRET_PRINCIPAL_CA).await?.with_context(|| ca_missing(secrets))?;
     let cert = field_text(&secret, "tls.crt")?;
     let key = field_text(&secret, "tls.key")?;
