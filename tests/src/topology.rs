@@ -45,6 +45,8 @@ struct AgentSlot {
     process: Option<ChildProcess>,
     /// Mesh transport: the agent's sidecar, which the agent dials in plaintext.
     sidecar: Option<crate::envoy::EnvoySidecar>,
+    /// Where the agent dials instead of the principal (see [`Topology::start_agent_via`]).
+    server: Option<std::net::SocketAddr>,
 }
 
 /// Knobs of the mesh transport.
@@ -70,6 +72,16 @@ pub enum Transport {
     /// Envoy sidecars terminate mTLS; the principal listens in plaintext on loopback and
     /// identifies agents from `x-forwarded-client-cert` (`--auth xfcc:`).
     Mesh,
+    /// Envoy in front of the principal only: agents outside the mesh do mTLS with their own
+    /// certificates straight to the principal's sidecar (`--creds header:` over TLS).
+    PrincipalSidecarOnly,
+}
+
+impl Transport {
+    /// Whether the principal listens in plaintext behind its Envoy sidecar.
+    fn principal_sidecar(self) -> bool {
+        matches!(self, Self::Mesh | Self::PrincipalSidecarOnly)
+    }
 }
 
 /// The running topology. Dropping it stops every process.
@@ -125,6 +137,15 @@ impl Topology {
         Self::start_with(agents, Transport::Mtls, MeshOptions::default()).await
     }
 
+    /// Like [`Self::start`] (mTLS) but without starting the agents: start each with
+    /// [`Self::start_agent`] or [`Self::start_agent_via`] (e.g. behind a fault proxy).
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_without_agents(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
+        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), false).await
+    }
+
     /// The same behind Envoy sidecars (see [`Transport::Mesh`]).
     ///
     /// # Errors
@@ -141,17 +162,37 @@ impl Topology {
         Self::start_with(agents, Transport::Mesh, options).await
     }
 
+    /// Envoy in front of the principal only (see [`Transport::PrincipalSidecarOnly`]).
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_principal_sidecar_only(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
+        Self::start_with(agents, Transport::PrincipalSidecarOnly, MeshOptions::default()).await
+    }
+
     async fn start_with(
         agents: &[(&str, Mode)],
         transport: Transport,
         mesh_options: MeshOptions,
+    ) -> anyhow::Result<Self> {
+        Self::start_parts(agents, transport, mesh_options, true).await
+    }
+
+    async fn start_parts(
+        agents: &[(&str, Mode)],
+        transport: Transport,
+        mesh_options: MeshOptions,
+        start_agents: bool,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("topology-").tempdir()?;
         let hub = ApiServerProcess::start_on(dir.path().join("hub")).await?;
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
             let spoke = ApiServerProcess::start_on(dir.path().join(format!("spoke-{name}"))).await?;
-            slots.insert((*name).to_string(), AgentSlot { mode: *mode, spoke, process: None, sidecar: None });
+            slots.insert(
+                (*name).to_string(),
+                AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },
+            );
         }
         let mut parts = vec![("hub".to_string(), hub.kubeconfig_path())];
         parts.extend(slots.iter().map(|(n, s)| (n.clone(), s.spoke.kubeconfig_path())));
@@ -193,7 +234,7 @@ impl Topology {
             let mut args =
                 vec!["--agent-context", name, "pki", "issue", "agent", name, "--key-algorithm", "ecdsa-p256"];
             args.extend(["--out-dir", &pki]);
-            if transport == Transport::Mesh {
+            if transport.principal_sidecar() {
                 // The agent's SVID: spiffe://cluster.local/ns/argocd/sa/<name>.
                 args.extend(["--spiffe-trust-domain", "cluster.local"]);
             }
@@ -201,8 +242,10 @@ impl Topology {
             t.ctl(&["--agent-context", name, "pki", "propagate"])?;
         }
         t.start_principal().await?;
-        for name in &names {
-            t.start_agent(name).await?;
+        if start_agents {
+            for name in &names {
+                t.start_agent(name).await?;
+            }
         }
         Ok(t)
     }
@@ -251,11 +294,11 @@ impl Topology {
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         let auth = match self.transport {
             Transport::Mtls => "mtls:subject:CN=([^,]+)",
-            Transport::Mesh => "xfcc:",
+            Transport::Mesh | Transport::PrincipalSidecarOnly => "xfcc:",
         };
         cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", ARGOCD_NS, "--auth", auth])
             .args(["--listen-host", "127.0.0.1"]);
-        if self.transport == Transport::Mesh {
+        if self.transport.principal_sidecar() {
             cmd.arg("--insecure-plaintext");
         }
         cmd.args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
@@ -273,7 +316,7 @@ impl Topology {
         let port: u16 = addr.rsplit(':').next().and_then(|p| p.parse().ok()).context("principal address")?;
         self.principal_port = Some(port);
         self.principal = Some(child);
-        if self.transport == Transport::Mesh && self.principal_sidecar.is_none() {
+        if self.transport.principal_sidecar() && self.principal_sidecar.is_none() {
             let pki = self.pki_dir();
             let params = crate::envoy::SidecarParams::new(
                 std::net::SocketAddr::from(([127, 0, 0, 1], port)),
@@ -291,6 +334,35 @@ impl Topology {
             self.principal_sidecar = Some(sidecar);
         }
         Ok(())
+    }
+
+    /// Where agents reach the principal: its listener with mTLS, the principal's sidecar behind
+    /// a mesh. `None` before the principal has first started.
+    #[must_use]
+    pub fn principal_addr(&self) -> Option<std::net::SocketAddr> {
+        match self.transport {
+            Transport::Mtls => self.principal_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))),
+            Transport::Mesh | Transport::PrincipalSidecarOnly => {
+                self.principal_sidecar.as_ref().map(crate::envoy::EnvoySidecar::listen_addr)
+            }
+        }
+    }
+
+    /// Start (or restart) an agent that dials `addr` (on 127.0.0.1, e.g. a
+    /// [`crate::faultproxy::FaultProxy`] in front of [`Self::principal_addr`]) instead of the
+    /// principal; later [`Self::start_agent`] restarts keep dialling `addr`. Behind a mesh,
+    /// `addr` is where the agent's sidecar goes (the sidecar is restarted).
+    ///
+    /// # Errors
+    /// As [`Self::start_agent`].
+    pub async fn start_agent_via(&mut self, name: &str, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+        if addr.ip() != std::net::Ipv4Addr::LOCALHOST {
+            bail!("agents dial 127.0.0.1 only, not {addr}");
+        }
+        let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
+        slot.server = Some(addr);
+        slot.sidecar = None;
+        self.start_agent(name).await
     }
 
     fn pki_dir(&self) -> PathBuf {
@@ -334,7 +406,10 @@ impl Topology {
         let slot = self.agents.get_mut(name).with_context(|| format!("no agent {name}"))?;
         if transport == Transport::Mesh {
             if slot.sidecar.is_none() {
-                let upstream = principal_sidecar.context("the principal sidecar is not running")?;
+                let upstream = match slot.server {
+                    Some(addr) => addr,
+                    None => principal_sidecar.context("the principal sidecar is not running")?,
+                };
                 let params = crate::envoy::SidecarParams::new(
                     upstream,
                     pki.join(format!("{name}.crt")),
@@ -352,6 +427,14 @@ impl Topology {
             }
             let sidecar = slot.sidecar.as_ref().context("agent sidecar")?;
             port = sidecar.listen_addr().port().to_string();
+        } else if transport == Transport::PrincipalSidecarOnly {
+            let target = match slot.server {
+                Some(addr) => addr,
+                None => principal_sidecar.context("the principal sidecar is not running")?,
+            };
+            port = target.port().to_string();
+        } else if let Some(addr) = slot.server {
+            port = addr.port().to_string();
         }
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         cmd.args([
@@ -379,6 +462,10 @@ impl Topology {
                 "--heartbeat-interval",
                 &heartbeat,
             ]);
+        } else if transport == Transport::PrincipalSidecarOnly {
+            // mTLS with its own certificate (from the spoke's secrets) to the principal's sidecar,
+            // which forwards the identity; heartbeats from the mesh profile.
+            cmd.args(["--creds", "header:", "--mesh-profile", "envoy"]);
         }
         let child = ChildProcess::spawn(&format!("agent-{name}"), cmd)?;
         slot.process = Some(child);

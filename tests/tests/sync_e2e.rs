@@ -280,6 +280,29 @@ async fn behind_envoy_sidecars_agents_are_identified_by_their_spiffe_id() -> Res
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_envoy_in_front_of_the_principal_only_agents_are_identified_by_their_spiffe_id() -> Result<()> {
+    // agent outside the mesh -> mTLS with its own certificate -> principal sidecar (Envoy,
+    // SANITIZE_SET x-forwarded-client-cert) -> plaintext principal on loopback, --auth xfcc:.
+    let t = Topology::start_principal_sidecar_only(&[("m8", Mode::Managed), ("a8", Mode::Autonomous)]).await?;
+    let hub_m = apps(&t.hub(), "m8");
+    let spoke_m = apps(&t.spoke("m8")?, ARGOCD_NS);
+    hub_m.create(&PostParams::default(), &app("edge", "m8", "v1")?).await?;
+    wait_app(&t, &spoke_m, "edge", "a managed app crosses the principal's sidecar", path_is("v1")).await?;
+    spoke_m
+        .patch("edge", &PatchParams::default(), &Patch::Merge(json!({"status": {"health": {"status": "Healthy"}}})))
+        .await?;
+    wait_app(&t, &hub_m, "edge", "its status comes back", |o| {
+        o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")
+    })
+    .await?;
+    let spoke_a = apps(&t.spoke("a8")?, ARGOCD_NS);
+    let hub_a = apps(&t.hub(), "a8");
+    spoke_a.create(&PostParams::default(), &app("up", ARGOCD_NS, "v1")?).await?;
+    wait_app(&t, &hub_a, "up", "an autonomous app reaches the hub", path_is("v1")).await?;
+    Ok(())
+}
+
 /// Through Envoy sidecars whose stream idle timeout is shorter than a quiet period: with the
 /// agent's heartbeat below it the one stream stays up; without heartbeats Envoy cuts it and the
 /// agent has to reconnect (the control that shows the first half measures something).
