@@ -1,6 +1,7 @@
 //! The principal's configuration, with upstream's defaults (docs/upstream-argocd-agent.md §7.1).
 
 use protocol::outbox::RetryPolicy;
+use protocol::pb::MAX_MESSAGE_BYTES;
 
 /// The version string `versionapi.Version` reports (upstream: `argocd-agent-<version>`).
 pub const DEFAULT_VERSION: &str = concat!("argocd-agent-", env!("CARGO_PKG_VERSION"));
@@ -30,6 +31,11 @@ pub struct PrincipalConfig {
     pub version: String,
     /// Retry timing for un-ACKed events sent to agents.
     pub retry: RetryPolicy,
+    /// The largest gRPC message the principal reads or sends on `EventStream` (default
+    /// [`MAX_MESSAGE_BYTES`], upstream's 200 MiB). A larger message from an agent ends its
+    /// stream (`OutOfRange`); an event for an agent that would encode larger is never sent
+    /// but given up on at once (docs/reliability.md).
+    pub max_message_bytes: usize,
 }
 
 impl PrincipalConfig {
@@ -43,6 +49,7 @@ impl PrincipalConfig {
             namespace_create_labels: std::collections::BTreeMap::new(),
             version: DEFAULT_VERSION.to_owned(),
             retry: RetryPolicy::default(),
+            max_message_bytes: MAX_MESSAGE_BYTES,
         }
     }
 

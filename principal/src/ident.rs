@@ -2,6 +2,7 @@
 //! authenticated name and mode.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use tonic::metadata::MetadataMap;
 
@@ -37,4 +38,38 @@ pub fn insecure_metadata_identity() -> IdentityFn {
         let mode = md.get(INSECURE_AGENT_MODE_HEADER)?.to_str().ok()?.parse().ok()?;
         Some(AgentIdent { name, mode })
     })
+}
+
+/// The identity [`auth::AuthLayer`] established: the [`auth::AgentSession`] it put into the
+/// request extensions. What the `argocd-agent principal` binary serves behind the auth layer.
+#[must_use]
+pub fn auth_layer_identity() -> IdentityFn {
+    Arc::new(|ext, _md| {
+        let session = ext.get::<auth::AgentSession>()?;
+        Some(AgentIdent { name: session.identity.name().to_string(), mode: session.mode })
+    })
+}
+
+/// What the auth layer established about the access token a call carries: its id and expiry.
+/// Empty when the call did not pass through [`auth::AuthLayer`] (e.g. with
+/// [`insecure_metadata_identity`]); such streams never expire and cannot be revoked by token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamGrant {
+    /// The access token's `jti`.
+    pub token_id: Option<String>,
+    /// When the access token expires: the stream is closed then.
+    pub expires_at: Option<SystemTime>,
+}
+
+impl StreamGrant {
+    /// The grant of a call by `agent`: read from the [`auth::AgentSession`] in the request
+    /// extensions when it names the same agent, else empty.
+    #[must_use]
+    pub fn of(extensions: &http::Extensions, agent: &str) -> Self {
+        extensions
+            .get::<auth::AgentSession>()
+            .filter(|s| s.identity.name().as_str() == agent)
+            .map(|s| Self { token_id: Some(s.token_id.clone()), expires_at: Some(s.expires_at) })
+            .unwrap_or_default()
+    }
 }

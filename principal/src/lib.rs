@@ -24,7 +24,6 @@ pub mod state;
 
 use std::sync::Arc;
 
-use protocol::pb::MAX_MESSAGE_BYTES;
 use protocol::pb::eventstreamapi::event_stream_server::EventStreamServer;
 use protocol::pb::versionapi::version_server::VersionServer;
 use tokio::net::TcpListener;
@@ -32,7 +31,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{AgentMode, PrincipalConfig};
-pub use ident::{AgentIdent, IdentityFn, insecure_metadata_identity};
+pub use ident::{AgentIdent, IdentityFn, StreamGrant, auth_layer_identity, insecure_metadata_identity};
 pub use service::eventstream::EventStreamService;
 pub use service::version::VersionService;
 
@@ -100,8 +99,8 @@ impl Principal {
     #[must_use]
     pub fn event_stream_service(&self) -> EventStreamServer<EventStreamService> {
         EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.identity.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(self.hub.config.max_message_bytes)
+            .max_encoding_message_size(self.hub.config.max_message_bytes)
     }
 
     /// The `Version` service.
@@ -122,6 +121,20 @@ impl Principal {
     /// server that carries [`Self::event_stream_service`], before waiting for it to drain.
     pub fn disconnect_all(&self) {
         self.hub.sessions.disconnect_all();
+    }
+
+    /// Revokes the live session of `agent` now: its stream ends with `Unauthenticated`, and
+    /// the access token that opened it is refused on new streams until it expires (the agent
+    /// must authenticate or refresh). Returns whether a live stream was closed. The hook for
+    /// a blocklist; see [`session::Sessions::revoke`].
+    pub fn revoke(&self, agent: &str) -> bool {
+        self.hub.sessions.revoke(agent)
+    }
+
+    /// Whether `agent` has a live stream.
+    #[must_use]
+    pub fn is_connected(&self, agent: &str) -> bool {
+        self.hub.sessions.get(agent).is_some_and(|s| s.is_connected())
     }
 
     /// Runs the watchers and serves `EventStream` and `Version` in plaintext (h2c) on

@@ -1,22 +1,99 @@
-//! Per-agent sessions: one outbox per agent that outlives its streams, and the registry of
-//! sessions.
+//! Agent sessions: each agent's outbox (surviving reconnects), its one live stream, and the
+//! registry of sessions.
+//!
+//! Policies (docs/reliability.md):
+//! * **one live stream per agent, the newest wins**: attaching a stream closes the agent's
+//!   previous one (status `Aborted`), and only the current stream may take events from the
+//!   outbox, so two streams never share an agent's events;
+//! * **a stream lives no longer than the access token that opened it**: see
+//!   [`crate::service::eventstream`];
+//! * **revocation** ([`Sessions::revoke`]) closes the live stream now (status
+//!   `Unauthenticated`) and refuses the access token it was opened with until that expires.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use protocol::Event;
 use protocol::outbox::{Outbox, RetryPolicy};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tonic::Status;
 
 use crate::config::AgentMode;
+use crate::ident::StreamGrant;
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the guarded state is
 /// always left consistent between statements).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One attached stream: how to end it, and the status the agent sees when it ends.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamHandle {
+    generation: u64,
+    cancel: CancellationToken,
+    /// `None` while open; `Some(reason)` once closed (`Some(None)`: a clean end).
+    end: Arc<Mutex<Option<Option<Status>>>>,
+}
+
+impl StreamHandle {
+    fn new(generation: u64) -> Self {
+        Self { generation, cancel: CancellationToken::new(), end: Arc::new(Mutex::new(None)) }
+    }
+
+    /// Which attachment of its session this stream is.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Ends the stream with `status` as its final status (`None`: a clean end). The first
+    /// reason given wins.
+    pub(crate) fn close(&self, status: Option<Status>) {
+        {
+            let mut end = lock(&self.end);
+            if end.is_none() {
+                *end = Some(status);
+            }
+        }
+        self.cancel.cancel();
+    }
+
+    /// Whether the stream was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves once the stream is closed.
+    pub(crate) async fn closed(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// The status the stream ends with (`None`: a clean end, or still open).
+    pub(crate) fn end_status(&self) -> Option<Status> {
+        lock(&self.end).clone().flatten()
+    }
+}
+
+/// The stream currently attached to a session.
+#[derive(Debug)]
+struct Attached {
+    handle: StreamHandle,
+    grant: StreamGrant,
+}
+
+/// A session's stream slot: the attachment counter and the current stream.
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u64,
+    attached: Option<Attached>,
+}
+
+impl Slot {
+    fn is_current(&self, generation: u64) -> bool {
+        self.attached.as_ref().is_some_and(|a| a.handle.generation == generation)
+    }
 }
 
 /// One agent as the principal sees it: its mode, its outbox (surviving reconnects, so nothing
@@ -27,8 +104,8 @@ pub struct AgentSession {
     mode: Mutex<AgentMode>,
     outbox: Mutex<Outbox<Event>>,
     notify: Notify,
-    generation: AtomicU64,
-    current: Mutex<Option<(u64, CancellationToken)>>,
+    /// Lock order: `current` before `outbox`.
+    current: Mutex<Slot>,
 }
 
 impl AgentSession {
@@ -38,8 +115,7 @@ impl AgentSession {
             mode: Mutex::new(mode),
             outbox: Mutex::new(Outbox::new(retry)),
             notify: Notify::new(),
-            generation: AtomicU64::new(0),
-            current: Mutex::new(None),
+            current: Mutex::new(Slot::default()),
         }
     }
 
@@ -58,7 +134,7 @@ impl AgentSession {
     /// Whether a stream is attached.
     #[must_use]
     pub fn is_connected(&self) -> bool {
-        lock(&self.current).is_some()
+        lock(&self.current).attached.is_some()
     }
 
     /// Queues an event for the agent and wakes the sender.
@@ -76,8 +152,22 @@ impl AgentSession {
         self.notify.notify_one();
     }
 
-    /// Events due now, and when to look again at the latest.
-    pub(crate) fn take_ready(&self) -> (Vec<Event>, Option<Instant>) {
+    /// Gives up on in-flight event `event` at once (it can never be delivered); the resource's
+    /// next event proceeds and the next resync repairs what it carried.
+    pub(crate) fn reject(&self, event: &Event, reason: String) {
+        let outcome = lock(&self.outbox).reject(&event.resource_id, &event.event_id, reason, Instant::now());
+        tracing::trace!(agent = %self.name, resource_id = %event.resource_id, event_id = %event.event_id, ?outcome,
+            "rejected");
+        self.notify.notify_one();
+    }
+
+    /// Events due now, and when to look again at the latest; `None` once stream `generation`
+    /// is no longer the current one (a replaced stream must not take its successor's events).
+    pub(crate) fn take_ready(&self, generation: u64) -> Option<(Vec<Event>, Option<Instant>)> {
+        let slot = lock(&self.current);
+        if !slot.is_current(generation) {
+            return None;
+        }
         let mut outbox = lock(&self.outbox);
         let now = Instant::now();
         let mut ready = Vec::new();
@@ -88,7 +178,7 @@ impl AgentSession {
             tracing::warn!(agent = %self.name, resource_id = %parked.item.resource_id, event_id = %parked.item.event_id,
                 attempts = parked.attempts, reason = ?parked.reason, "gave up delivering an event; resync will repair");
         }
-        (ready, outbox.next_deadline())
+        Some((ready, outbox.next_deadline()))
     }
 
     /// Waits until something is pushed or ACKed.
@@ -96,30 +186,47 @@ impl AgentSession {
         self.notify.notified().await;
     }
 
-    /// Attaches a new stream, cancelling the previous one (a second connection of the same
-    /// agent replaces the first instead of interleaving with it, unlike upstream §3.7).
-    pub(crate) fn attach(&self, mode: AgentMode) -> (u64, CancellationToken) {
+    /// Attaches a new stream opened with `grant`, closing the previous one with `Aborted` (a
+    /// second connection of the same agent replaces the first instead of interleaving with
+    /// it, unlike upstream §3.7).
+    pub(crate) fn attach(&self, mode: AgentMode, grant: StreamGrant) -> StreamHandle {
+        let mut slot = lock(&self.current);
         *lock(&self.mode) = mode;
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        let token = CancellationToken::new();
-        if let Some((_, old)) = lock(&self.current).replace((generation, token.clone())) {
-            old.cancel();
+        slot.generation = slot.generation.wrapping_add(1);
+        let handle = StreamHandle::new(slot.generation);
+        if let Some(old) = slot.attached.replace(Attached { handle: handle.clone(), grant }) {
+            tracing::warn!(agent = %self.name, "a new stream of this agent replaces its live one (one stream per agent, \
+                the newest wins; if this repeats, two agents share this identity)");
+            old.handle.close(Some(Status::aborted(format!(
+                "replaced by a newer stream of agent {:?}: the principal keeps one stream per agent and the newest \
+                 wins (if this repeats, two agents share this identity)",
+                self.name
+            ))));
         }
         // Whatever the old stream had in flight is due again on the new one.
         lock(&self.outbox).on_disconnect();
-        (generation, token)
+        handle
     }
 
-    /// Detaches stream `generation` if it is still the current one; its in-flight events
-    /// become due again on the next stream.
-    pub(crate) fn detach(&self, generation: u64) {
-        let mut current = lock(&self.current);
-        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
-            *current = None;
-            drop(current);
+    /// Detaches stream `handle` if it is still the current one; its in-flight events become
+    /// due again on the next stream.
+    pub(crate) fn detach(&self, handle: &StreamHandle) {
+        let mut slot = lock(&self.current);
+        if slot.is_current(handle.generation) {
+            slot.attached = None;
             let put_back = lock(&self.outbox).on_disconnect();
+            drop(slot);
             tracing::info!(agent = %self.name, put_back, "agent stream ended");
         }
+    }
+
+    /// Closes the current stream, if any, with `status`; returns the grant it was opened with.
+    fn close_current(&self, status: Option<Status>) -> Option<StreamGrant> {
+        let slot = lock(&self.current);
+        slot.attached.as_ref().map(|a| {
+            a.handle.close(status);
+            a.grant.clone()
+        })
     }
 }
 
@@ -128,13 +235,15 @@ impl AgentSession {
 pub struct Sessions {
     retry: RetryPolicy,
     by_name: Mutex<HashMap<String, Arc<AgentSession>>>,
+    /// Revoked access tokens (`jti`), until they expire.
+    revoked: Mutex<HashMap<String, SystemTime>>,
 }
 
 impl Sessions {
     /// An empty registry whose outboxes use `retry`.
     #[must_use]
     pub fn new(retry: RetryPolicy) -> Self {
-        Self { retry, by_name: Mutex::new(HashMap::new()) }
+        Self { retry, by_name: Mutex::new(HashMap::new()), revoked: Mutex::new(HashMap::new()) }
     }
 
     /// The session of `agent`, if it ever connected.
@@ -151,19 +260,112 @@ impl Sessions {
             .clone()
     }
 
-    /// Ends every attached stream (on shutdown, so a graceful server stop does not wait
-    /// for agents to hang up); agents reconnect with backoff.
+    /// Ends every attached stream with `Unavailable` (on shutdown, so a graceful server stop
+    /// does not wait for agents to hang up); agents reconnect with backoff.
     pub fn disconnect_all(&self) {
         for session in self.all() {
-            if let Some((_, token)) = lock(&session.current).as_ref() {
-                token.cancel();
-            }
+            session.close_current(Some(Status::unavailable("the principal is shutting down; reconnect with backoff")));
         }
+    }
+
+    /// Revokes the live session of `agent`: its stream is closed now with `Unauthenticated`,
+    /// and the access token it was opened with is refused on new streams until it expires, so
+    /// the agent has to obtain a new one (`Authenticate` or `RefreshToken`). Returns whether a
+    /// live stream was closed.
+    ///
+    /// Keeping the agent out for good (a blocklist) also needs `Authenticate` and
+    /// `RefreshToken` to refuse it, in the auth crate; this is the principal's half.
+    pub fn revoke(&self, agent: &str) -> bool {
+        let Some(session) = self.get(agent) else {
+            return false;
+        };
+        let status = Status::unauthenticated(format!(
+            "the session of agent {agent:?} was revoked by the principal: authenticate again"
+        ));
+        let Some(grant) = session.close_current(Some(status)) else {
+            return false;
+        };
+        tracing::warn!(%agent, token_id = ?grant.token_id, "session revoked: stream closed");
+        if let (Some(id), Some(expires_at)) = (grant.token_id, grant.expires_at) {
+            lock(&self.revoked).insert(id, expires_at);
+        }
+        true
+    }
+
+    /// Whether access token `token_id` was revoked (and has not expired since).
+    #[must_use]
+    pub fn is_revoked(&self, token_id: &str) -> bool {
+        let mut revoked = lock(&self.revoked);
+        let now = SystemTime::now();
+        revoked.retain(|_, expires_at| *expires_at > now);
+        revoked.contains_key(token_id)
     }
 
     /// Every session.
     #[must_use]
     pub fn all(&self) -> Vec<Arc<AgentSession>> {
         lock(&self.by_name).values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn grant(id: &str, ttl: Duration) -> StreamGrant {
+        StreamGrant { token_id: Some(id.to_owned()), expires_at: Some(SystemTime::now() + ttl) }
+    }
+
+    #[test]
+    fn the_newest_stream_wins_and_the_replaced_one_takes_nothing() {
+        let sessions = Sessions::new(RetryPolicy::default());
+        let session = sessions.get_or_create("agent-1", AgentMode::Managed);
+        let old = session.attach(AgentMode::Managed, StreamGrant::default());
+        let new = session.attach(AgentMode::Managed, StreamGrant::default());
+        assert!(old.is_closed() && !new.is_closed());
+        assert_eq!(old.end_status().map(|s| s.code()), Some(tonic::Code::Aborted));
+
+        session.push(Event::heartbeat());
+        assert!(session.take_ready(old.generation()).is_none(), "a replaced stream must not take events");
+        let (ready, _) = session.take_ready(new.generation()).expect("current stream");
+        assert_eq!(ready.len(), 1);
+
+        session.detach(&old);
+        assert!(session.is_connected(), "detaching the replaced stream leaves the newest attached");
+        session.detach(&new);
+        assert!(!session.is_connected());
+    }
+
+    #[test]
+    fn revoking_closes_the_stream_and_refuses_its_token_until_it_expires() {
+        let sessions = Sessions::new(RetryPolicy::default());
+        assert!(!sessions.revoke("agent-1"), "unknown agent");
+        let session = sessions.get_or_create("agent-1", AgentMode::Managed);
+        let handle = session.attach(AgentMode::Managed, grant("jti-1", Duration::from_secs(60)));
+        assert!(sessions.revoke("agent-1"));
+        assert_eq!(handle.end_status().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+        assert!(sessions.is_revoked("jti-1") && !sessions.is_revoked("jti-2"));
+
+        // An already expired token is pruned: the auth layer refuses it anyway.
+        session.detach(&handle);
+        let expired = session.attach(AgentMode::Managed, grant("jti-3", Duration::ZERO));
+        assert!(sessions.revoke("agent-1"));
+        assert!(expired.is_closed());
+        assert!(!sessions.is_revoked("jti-3"));
+    }
+
+    #[test]
+    fn the_first_close_reason_wins() {
+        let handle = StreamHandle::new(1);
+        handle.close(Some(Status::unauthenticated("expired")));
+        handle.close(None);
+        handle.close(Some(Status::aborted("replaced")));
+        assert_eq!(handle.end_status().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+        let clean = StreamHandle::new(2);
+        clean.close(None);
+        clean.close(Some(Status::aborted("replaced")));
+        assert!(clean.is_closed() && clean.end_status().is_none());
     }
 }

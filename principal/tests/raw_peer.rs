@@ -1,15 +1,14 @@
 //! A raw tonic peer (no agent library) sends malformed and unknown events: each is answered
 //! with an ACK and the stream stays up.
 
-use std::collections::HashMap;
+mod common;
+
 use std::time::Duration;
 
+use common::raw;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use principal::{Principal, PrincipalConfig, insecure_metadata_identity};
-use protocol::pb::cloudevents::CloudEvent;
-use protocol::pb::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
-use protocol::pb::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
 use protocol::pb::eventstreamapi::Event as WireEvent;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use protocol::pb::versionapi::VersionRequest;
@@ -18,29 +17,6 @@ use protocol::{Event, EventType, Target};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-
-fn attr(s: &str) -> CloudEventAttributeValue {
-    CloudEventAttributeValue { attr: Some(Attr::CeString(s.to_owned())) }
-}
-
-fn raw(spec_version: &str, ty: &str, schema: &str, resource_id: &str, data: &str) -> WireEvent {
-    let attributes = HashMap::from([
-        ("dataschema".to_owned(), attr(schema)),
-        ("resourceid".to_owned(), attr(resource_id)),
-        ("eventid".to_owned(), attr(&format!("{resource_id}-1"))),
-        ("datacontenttype".to_owned(), attr("application/json")),
-    ]);
-    WireEvent {
-        event: Some(CloudEvent {
-            id: "x".into(),
-            source: "raw".into(),
-            spec_version: spec_version.into(),
-            r#type: ty.into(),
-            attributes,
-            data: Some(Data::BinaryData(data.as_bytes().to_vec())),
-        }),
-    }
-}
 
 #[tokio::test]
 async fn malformed_and_unknown_events_are_acked_and_the_stream_stays_up() -> anyhow::Result<()> {

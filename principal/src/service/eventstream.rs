@@ -1,33 +1,55 @@
 //! `eventstreamapi.EventStream`: the agent's bidirectional stream of CloudEvents.
 //!
-//! Per stream: the caller's identity comes from the [`IdentityFn`] seam; the agent's session
-//! is attached (replacing any older stream of the same agent); a sender task drains the
-//! session's outbox onto the stream; the receive loop applies each event in order and ACKs
-//! it. A malformed, unknown or failing event is answered (ACKed) and logged; it never ends
-//! the stream and is never retried forever.
+//! Per stream: the caller's identity comes from the [`IdentityFn`] seam, the id and expiry of
+//! the access token it presented from the auth layer ([`StreamGrant`]); the agent's session is
+//! attached (closing any older stream of the same agent); a sender task drains the session's
+//! outbox onto the stream; the receive loop applies each event in order and ACKs it.
+//!
+//! Policies (docs/reliability.md, "Delivery guarantees"):
+//! * **Bad events.** A malformed, unknown or failing event is answered (ACKed) and logged; it
+//!   never ends the stream and is never retried forever. Two cannot be answered and are only
+//!   logged: a message without a usable `resourceid` (no sender can be tracking it) and an
+//!   undecodable ACK (an ACK is never ACKed, so two peers cannot ping-pong).
+//! * **Oversized messages.** A message from the agent above
+//!   [`PrincipalConfig::max_message_bytes`](crate::PrincipalConfig::max_message_bytes) cannot
+//!   be skipped (tonic fails the stream at decode time): the stream ends with `OutOfRange`
+//!   and the agent sees that status. An event for the agent that would encode above the limit
+//!   is never sent: it is given up on at once and logged, and the next resync repairs.
+//! * **One stream per agent, the newest wins**: the older stream ends with `Aborted`.
+//! * **Expiry and revocation.** A stream ends with `Unauthenticated` when the access token
+//!   that opened it expires, or when [`crate::Principal::revoke`] revokes the session; the
+//!   agent refreshes or re-authenticates and reconnects. Expired or revoked tokens are refused
+//!   when a stream opens.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::SystemTime;
 
+use futures::Stream;
 use protocol::event::AckRef;
+use protocol::pb::cloudevents::CloudEvent;
+use protocol::pb::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use protocol::pb::eventstreamapi::event_stream_server::EventStream;
 use protocol::pb::eventstreamapi::{Event as WireEvent, PingRequest, PongReply, PushSummary};
 use protocol::{Event, EventType, Target};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::config::AgentMode;
 use crate::hub::Hub;
-use crate::ident::IdentityFn;
+use crate::ident::{IdentityFn, StreamGrant};
 use crate::inbound;
 use crate::resync;
-use crate::session::AgentSession;
+use crate::session::{AgentSession, StreamHandle};
 
 /// Events buffered between the sender task and the transport; the sender waits when it is
 /// full (nothing is dropped; the outbox holds the rest).
 const STREAM_BUFFER: usize = 64;
+
+/// What the principal sends on a `Subscribe` stream: the outbox's events, then the status the
+/// stream was closed with.
+pub type Outgoing = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send + 'static>>;
 
 /// The `EventStream` service.
 #[derive(Clone)]
@@ -47,7 +69,9 @@ impl EventStreamService {
         Self { hub, identity }
     }
 
-    fn session_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentSession>, AgentMode), Status> {
+    /// The caller's session, mode and token grant; refuses unidentified, unadmitted, expired
+    /// and revoked callers.
+    fn session_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentSession>, AgentMode, StreamGrant), Status> {
         let ident = (self.identity)(request.extensions(), request.metadata()).ok_or_else(|| {
             Status::unauthenticated("no authenticated agent on this call (the auth layer must identify the agent)")
         })?;
@@ -57,25 +81,69 @@ impl EventStreamService {
                 ident.name
             )));
         }
+        let grant = StreamGrant::of(request.extensions(), &ident.name);
+        if let Some(expires_at) = grant.expires_at
+            && expires_at <= SystemTime::now()
+        {
+            return Err(expired(&ident.name, expires_at));
+        }
+        if self.is_revoked(&grant) {
+            return Err(revoked(&ident.name));
+        }
         let session = self.hub.sessions.get_or_create(&ident.name, ident.mode);
-        Ok((session, ident.mode))
+        Ok((session, ident.mode, grant))
     }
+
+    fn is_revoked(&self, grant: &StreamGrant) -> bool {
+        grant.token_id.as_deref().is_some_and(|id| self.hub.sessions.is_revoked(id))
+    }
+}
+
+/// The status a stream ends with when its access token expires.
+fn expired(agent: &str, expires_at: SystemTime) -> Status {
+    let at = chrono::DateTime::<chrono::Utc>::from(expires_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    Status::unauthenticated(format!(
+        "the session of agent {agent:?} expired at {at}: refresh the access token or authenticate again, then reconnect"
+    ))
+}
+
+/// The status a stream opened with a revoked token is refused with.
+fn revoked(agent: &str) -> Status {
+    Status::unauthenticated(format!(
+        "the session of agent {agent:?} was revoked by the principal: authenticate again, then reconnect"
+    ))
 }
 
 fn ack_for(r: &AckRef) -> Event {
     Event::new(EventType::Processed, Target::EventProcessed, r.resource_id.clone(), r.event_id.clone())
 }
 
+/// Whether a raw CloudEvent claims to be an ACK (by type or by `dataschema`).
+fn claims_to_be_ack(ce: &CloudEvent) -> bool {
+    let schema = ce.attributes.get("dataschema").and_then(|v| match &v.attr {
+        Some(Attr::CeString(s) | Attr::CeUri(s) | Attr::CeUriRef(s)) => Some(s.as_str()),
+        _ => None,
+    });
+    ce.r#type == EventType::Processed.as_str() || schema == Some(Target::EventProcessed.as_str())
+}
+
 /// Handles one message from the agent; returns whether it was processed.
 async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
     let ack_ref = msg.event.as_ref().and_then(AckRef::of);
+    let is_ack = msg.event.as_ref().is_some_and(claims_to_be_ack);
     let ev = match Event::from_wire(msg) {
         Ok(ev) => ev,
         Err(e) => {
-            tracing::warn!(agent = %session.name(), error = %e, "undecodable event from agent");
             match ack_ref {
-                Some(r) => session.push(ack_for(&r)),
-                None => tracing::warn!(agent = %session.name(), "it has no resourceid either; cannot answer it"),
+                Some(r) if is_ack => tracing::warn!(agent = %session.name(), error = %e, resource_id = %r.resource_id,
+                    event_id = %r.event_id, "undecodable ACK from agent; ignored (an ACK is never answered)"),
+                Some(r) => {
+                    tracing::warn!(agent = %session.name(), error = %e, resource_id = %r.resource_id,
+                        event_id = %r.event_id, "undecodable event from agent; acknowledged so it is not resent");
+                    session.push(ack_for(&r));
+                }
+                None => tracing::warn!(agent = %session.name(), error = %e,
+                    "undecodable event from agent without a resourceid; cannot answer it, ignored"),
             }
             return false;
         }
@@ -103,17 +171,37 @@ async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
     true
 }
 
-/// Drains the session's outbox onto the stream until `cancel` fires or the stream closes.
-async fn send_loop(session: Arc<AgentSession>, tx: mpsc::Sender<Result<WireEvent, Status>>, cancel: CancellationToken) {
+/// Drains the session's outbox onto the stream until the stream is closed or replaced, or the
+/// transport goes away. Events that would encode above `max_bytes` are given up on.
+async fn send_loop(
+    session: Arc<AgentSession>,
+    tx: mpsc::Sender<Result<WireEvent, Status>>,
+    handle: StreamHandle,
+    max_bytes: usize,
+) {
     loop {
-        if cancel.is_cancelled() {
-            return; // a replaced stream must not take events meant for its successor
+        if handle.is_closed() {
+            return;
         }
-        let (ready, deadline) = session.take_ready();
+        // `None`: a newer stream replaced this one and must not lose events to it.
+        let Some((ready, deadline)) = session.take_ready(handle.generation()) else {
+            return;
+        };
         for mut ev in ready {
             ev.stamp_sent_at(chrono::Utc::now());
-            if tx.send(Ok(ev.to_wire())).await.is_err() {
-                return;
+            let wire = ev.to_wire();
+            let len = prost::Message::encoded_len(&wire);
+            if len > max_bytes {
+                tracing::warn!(agent = %session.name(), event_type = %ev.event_type, target = %ev.target,
+                    resource_id = %ev.resource_id, event_id = %ev.event_id, bytes = len, limit = max_bytes,
+                    "event too large to send; given up (the next resync repairs)");
+                session.reject(&ev, format!("encodes to {len} bytes, above the {max_bytes}-byte message limit"));
+                continue;
+            }
+            tokio::select! {
+                biased;
+                () = handle.closed() => return,
+                sent = tx.send(Ok(wire)) => if sent.is_err() { return },
             }
         }
         let sleep = async {
@@ -124,7 +212,7 @@ async fn send_loop(session: Arc<AgentSession>, tx: mpsc::Sender<Result<WireEvent
         };
         tokio::select! {
             biased;
-            () = cancel.cancelled() => return,
+            () = handle.closed() => return,
             () = tx.closed() => return,
             () = session.changed() => {}
             () = sleep => {}
@@ -132,22 +220,58 @@ async fn send_loop(session: Arc<AgentSession>, tx: mpsc::Sender<Result<WireEvent
     }
 }
 
-/// One attached stream of an agent.
-struct Stream {
-    session: Arc<AgentSession>,
-    generation: u64,
-    cancel: CancellationToken,
+/// Closes the stream with `Unauthenticated` when its access token expires.
+async fn expire_at(handle: StreamHandle, agent: String, expires_at: SystemTime) {
+    let remaining = expires_at.duration_since(SystemTime::now()).unwrap_or_default();
+    tokio::select! {
+        () = handle.closed() => {}
+        () = tokio::time::sleep(remaining) => {
+            tracing::info!(%agent, "the access token that opened the agent's stream expired; stream closed");
+            handle.close(Some(expired(&agent, expires_at)));
+        }
+    }
+}
+
+/// The outgoing half: what the sender task queues until the stream is closed, then the status
+/// it was closed with. Whatever is still buffered then is dropped: the outbox has those events
+/// in flight and sends them again on the next stream.
+fn outgoing(rx: mpsc::Receiver<Result<WireEvent, Status>>, handle: StreamHandle) -> Outgoing {
+    Box::pin(futures::stream::unfold(Some((rx, handle)), |state| async move {
+        let (mut rx, handle) = state?;
+        let item = tokio::select! {
+            biased;
+            () = handle.closed() => None,
+            item = rx.recv() => item,
+        };
+        match item {
+            Some(item) => Some((item, Some((rx, handle)))),
+            None => handle.end_status().map(|status| (Err(status), None)),
+        }
+    }))
+}
+
+/// The status relayed to the agent when reading its stream failed.
+fn inbound_failure(agent: &str, status: Status, limit: usize) -> Status {
+    if status.code() == Code::OutOfRange {
+        tracing::warn!(%agent, %status, limit,
+            "the agent sent a message above the maximum message size; its stream is closed");
+        Status::out_of_range(format!(
+            "the principal closed the stream: {} (an event this large can never be delivered; the agent must give it up)",
+            status.message()
+        ))
+    } else {
+        tracing::info!(%agent, %status, "agent stream failed");
+        status
+    }
 }
 
 async fn run_stream(
     hub: Arc<Hub>,
-    stream: Stream,
+    session: Arc<AgentSession>,
+    handle: StreamHandle,
     mut inbound: Streaming<WireEvent>,
-    tx: mpsc::Sender<Result<WireEvent, Status>>,
 ) {
-    let Stream { session, generation, cancel } = stream;
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
-    tokio::spawn(send_loop(session.clone(), tx, cancel.clone()));
     if hub.config.namespace_create_enable && session.mode() == AgentMode::Autonomous {
         match crate::state::ensure_namespace(&hub.apps.client(), session.name(), &hub.config.namespace_create_labels)
             .await
@@ -161,8 +285,10 @@ async fn run_stream(
         tracing::warn!(agent = %session.name(), error = %e, "cannot start resync; it runs again on the next connect");
     }
     loop {
+        // Biased: once replaced, expired or revoked, nothing more from this stream is applied.
         let msg = tokio::select! {
-            () = cancel.cancelled() => break,
+            biased;
+            () = handle.closed() => break,
             msg = inbound.message() => msg,
         };
         match msg {
@@ -171,37 +297,62 @@ async fn run_stream(
             }
             Ok(None) => break,
             Err(status) => {
-                tracing::info!(agent = %session.name(), %status, "agent stream failed");
+                handle.close(Some(inbound_failure(session.name(), status, hub.config.max_message_bytes)));
                 break;
             }
         }
     }
-    cancel.cancel();
-    session.detach(generation);
+    if let Some(status) = handle.end_status() {
+        tracing::info!(agent = %session.name(), code = ?status.code(), reason = status.message(), "agent stream closed");
+    }
+    handle.close(None);
+    session.detach(&handle);
 }
 
 #[tonic::async_trait]
 impl EventStream for EventStreamService {
-    type SubscribeStream = ReceiverStream<Result<WireEvent, Status>>;
+    type SubscribeStream = Outgoing;
 
     async fn subscribe(
         &self,
         request: Request<Streaming<WireEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let (session, mode) = self.session_for(&request)?;
+        let (session, mode, grant) = self.session_for(&request)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        // Attach now, so an older stream of this agent is cancelled before this one runs.
-        let (generation, cancel) = session.attach(mode);
-        let stream = Stream { session, generation, cancel };
-        tokio::spawn(run_stream(self.hub.clone(), stream, request.into_inner(), tx));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let expires_at = grant.expires_at;
+        // Attach now, so an older stream of this agent is closed before this one runs.
+        let handle = session.attach(mode, grant);
+        if let Some(expires_at) = expires_at {
+            tokio::spawn(expire_at(handle.clone(), session.name().to_owned(), expires_at));
+        }
+        tokio::spawn(send_loop(session.clone(), tx, handle.clone(), self.hub.config.max_message_bytes));
+        tokio::spawn(run_stream(self.hub.clone(), session, handle.clone(), request.into_inner()));
+        Ok(Response::new(outgoing(rx, handle)))
     }
 
     async fn push(&self, request: Request<Streaming<WireEvent>>) -> Result<Response<PushSummary>, Status> {
-        let (session, _mode) = self.session_for(&request)?;
+        let (session, _mode, grant) = self.session_for(&request)?;
         let mut inbound = request.into_inner();
+        let expiry = async {
+            match grant.expires_at {
+                Some(at) => {
+                    tokio::time::sleep(at.duration_since(SystemTime::now()).unwrap_or_default()).await;
+                    at
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expiry);
         let (mut received, mut processed) = (0i32, 0i32);
-        while let Some(msg) = inbound.message().await? {
+        loop {
+            let msg = tokio::select! {
+                at = &mut expiry => return Err(expired(session.name(), at)),
+                msg = inbound.message() => msg?,
+            };
+            let Some(msg) = msg else { break };
+            if self.is_revoked(&grant) {
+                return Err(revoked(session.name()));
+            }
             received = received.saturating_add(1);
             if on_message(&self.hub, &session, msg).await {
                 processed = processed.saturating_add(1);
