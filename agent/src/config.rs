@@ -9,6 +9,13 @@ use crate::backoff::BackoffConfig;
 use crate::credentials::MetadataFn;
 use crate::transport::AgentTls;
 
+/// HTTP/2 keepalive PING interval unless configured (upstream's code default is off, its Helm
+/// chart's 50 s; a dead connection should not go unnoticed, so it is on here).
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// The shortest [`AgentConfig::stream_silence_limit`].
+pub const MIN_SILENCE_LIMIT: Duration = Duration::from_secs(10);
+
 /// Upstream's default namespace for the agent's Applications (`-n/--namespace`).
 pub const DEFAULT_NAMESPACE: &str = "argocd";
 
@@ -37,8 +44,20 @@ pub struct AgentConfig {
     pub backoff: BackoffConfig,
     /// Retry timing for un-ACKed events sent to the principal.
     pub retry: RetryPolicy,
-    /// Heartbeat interval (`--heartbeat-interval`; `None` = off, upstream's default).
+    /// Heartbeat interval (`--heartbeat-interval`; `None` = off, upstream's default). While
+    /// heartbeats are on, a stream on which nothing arrives for [`Self::stream_silence_limit`]
+    /// (the principal ACKs every heartbeat) is taken as dead and replaced: this works through
+    /// sidecars, where HTTP/2 PINGs only reach the local proxy.
     pub heartbeat_interval: Option<Duration>,
+    /// HTTP/2 keepalive PING interval (`--keep-alive-ping-interval`; `None` = off).
+    pub keepalive: Option<Duration>,
+    /// Notified when the principal refuses the stream's session (`Unauthenticated`: expired,
+    /// revoked, blocklisted), so the credentials' owner refreshes or authenticates at once; the
+    /// reconnect then picks up the new token from [`Self::credentials`].
+    pub renew_session: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Largest gRPC message sent or received (`--grpc-max-message-size`); a larger outgoing
+    /// event is given up (the next resync repairs) instead of failing the stream.
+    pub max_message_bytes: usize,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -52,6 +71,7 @@ impl fmt::Debug for AgentConfig {
             .field("credentials", &self.credentials.is_some())
             .field("backoff", &self.backoff)
             .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("keepalive", &self.keepalive)
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +91,16 @@ impl AgentConfig {
             backoff: BackoffConfig::default(),
             retry: RetryPolicy::default(),
             heartbeat_interval: None,
+            keepalive: Some(DEFAULT_KEEPALIVE),
+            max_message_bytes: protocol::pb::MAX_MESSAGE_BYTES,
+            renew_session: None,
         }
+    }
+
+    /// With heartbeats on, how long the stream may stay silent before it is replaced: three
+    /// heartbeat intervals, at least [`MIN_SILENCE_LIMIT`]; `None` without heartbeats.
+    #[must_use]
+    pub fn stream_silence_limit(&self) -> Option<Duration> {
+        self.heartbeat_interval.map(|h| (h * 3).max(MIN_SILENCE_LIMIT))
     }
 }

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use protocol::event::AckRef;
-use protocol::pb::MAX_MESSAGE_BYTES;
 use protocol::pb::eventstreamapi::Event as WireEvent;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use protocol::{Event, EventType, Target};
@@ -82,13 +81,20 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
                 Ok(stream) => State::Connected(Box::new(stream)),
                 Err(e) => {
                     tracing::warn!(error = %e, attempt, "cannot connect to the principal");
+                    if let ConnectError::Refused(status) = &e {
+                        session_refused(&spoke, status);
+                    }
+                    let cause = if matches!(e, ConnectError::Refused(_)) { "refused" } else { "connect_failed" };
+                    crate::metrics::global().reconnect(cause);
                     State::Disconnected { attempt: attempt.saturating_add(1) }
                 }
             },
             State::Connected(stream) => {
                 spoke.connected.store(true, Ordering::Relaxed);
+                crate::metrics::global().connected();
                 serve(&spoke, *stream, &cancel).await;
                 spoke.connected.store(false, Ordering::Relaxed);
+                crate::metrics::global().disconnected();
                 spoke.mailbox.on_disconnect();
                 State::Disconnected { attempt: 1 }
             }
@@ -99,10 +105,10 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
 async fn connect(spoke: &Spoke) -> Result<Stream, ConnectError> {
     let cfg = &spoke.config;
     let addr = cfg.principal_addr.clone();
-    let channel = crate::transport::connect(&addr, cfg.tls.as_ref()).await?;
+    let channel = crate::transport::connect(&addr, cfg.tls.as_ref(), cfg.keepalive).await?;
     let mut client = EventStreamClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(credentials) = &cfg.credentials {
@@ -119,25 +125,41 @@ async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
     let sender = {
         let cancel = stream_cancel.clone();
         let heartbeat = spoke.config.heartbeat_interval;
-        async move { spoke.mailbox.send_loop(tx, cancel, heartbeat).await }
+        let max_bytes = spoke.config.max_message_bytes;
+        async move { spoke.mailbox.send_loop(tx, cancel, heartbeat, max_bytes).await }
     };
     let receiver = async {
         if let Err(e) = resync::on_connect(spoke).await {
             tracing::warn!(error = %e, "cannot start resync; it runs again on the next connect");
         }
+        let silence_limit = spoke.config.stream_silence_limit();
         loop {
+            let silent = async {
+                match silence_limit {
+                    Some(limit) => tokio::time::sleep(limit).await,
+                    None => std::future::pending().await,
+                }
+            };
             let msg = tokio::select! {
                 () = stream_cancel.cancelled() => break,
+                () = silent => {
+                    tracing::warn!(silent_for = ?silence_limit, "nothing from the principal (not even heartbeat ACKs); \
+                        the stream is taken as dead and replaced");
+                    break;
+                }
                 msg = inbound.message() => msg,
             };
             match msg {
                 Ok(Some(msg)) => on_message(spoke, msg).await,
                 Ok(None) => {
                     tracing::info!("the principal closed the stream");
+                    crate::metrics::global().reconnect(crate::metrics::stream_end_cause(None));
                     break;
                 }
                 Err(status) => {
                     tracing::info!(%status, "event stream failed");
+                    session_refused(spoke, &status);
+                    crate::metrics::global().reconnect(crate::metrics::stream_end_cause(Some(&status)));
                     break;
                 }
             }
@@ -147,11 +169,22 @@ async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
     tokio::join!(sender, receiver);
 }
 
+/// The principal refused the session (expired, revoked, blocklisted): tell whoever holds the
+/// credentials to refresh or authenticate now instead of at the next scheduled refresh.
+fn session_refused(spoke: &Spoke, status: &tonic::Status) {
+    if status.code() == tonic::Code::Unauthenticated
+        && let Some(renew) = &spoke.config.renew_session
+    {
+        renew.notify_one();
+    }
+}
+
 fn ack_for(r: &AckRef) -> Event {
     Event::new(EventType::Processed, Target::EventProcessed, r.resource_id.clone(), r.event_id.clone())
 }
 
 async fn on_message(spoke: &Spoke, msg: WireEvent) {
+    crate::metrics::global().event_received();
     let ack_ref = msg.event.as_ref().and_then(AckRef::of);
     let ev = match Event::from_wire(msg) {
         Ok(ev) => ev,
@@ -167,10 +200,12 @@ async fn on_message(spoke: &Spoke, msg: WireEvent) {
         spoke.mailbox.ack(&ev.resource_id, &ev.event_id);
         return;
     }
-    let span = tracing::info_span!("inbound", agent = %spoke.config.name, mode = %spoke.config.mode,
-        event_type = %ev.event_type, target = %ev.target, resource_id = %ev.resource_id, event_id = %ev.event_id);
+    let span = crate::otel::received_span(&spoke.config, &ev);
     async {
-        match inbound::process(spoke, &ev).await {
+        let started = std::time::Instant::now();
+        let result = inbound::process(spoke, &ev).await;
+        crate::metrics::global().event_processed(spoke.config.mode, &ev, &result, started.elapsed());
+        match result {
             Ok(()) => spoke.mailbox.push(ev.processed_ack()),
             Err(e) if e.is_retryable() => {
                 tracing::warn!(error = %e, "cannot apply event now; the principal will resend it")

@@ -15,6 +15,8 @@ pub mod config;
 pub mod connection;
 pub mod credentials;
 pub mod inbound;
+pub mod metrics;
+mod otel;
 pub mod outbound;
 pub mod resync;
 pub mod spoke;
@@ -75,6 +77,12 @@ impl Agent {
     #[must_use]
     pub fn is_connected(&self) -> bool {
         self.spoke.connected.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus exposition of [`metrics::global`], with this agent's outbox.
+    #[must_use]
+    pub fn metrics_text(&self) -> String {
+        metrics::global().render(Some(&self.spoke.mailbox))
     }
 
     /// Runs the spoke watcher and the connection (reconnecting with backoff) until `cancel`

@@ -44,6 +44,12 @@ impl Mailbox {
         self.notify.notify_one();
     }
 
+    /// Events queued or awaiting an ACK, and how long the oldest has waited (for metrics).
+    pub fn backlog(&self) -> (usize, Option<std::time::Duration>) {
+        let outbox = lock(&self.outbox);
+        (outbox.queued() + outbox.inflight(), outbox.oldest_pending_age(Instant::now()))
+    }
+
     /// The stream ended: in-flight events are due again on the next one.
     pub fn on_disconnect(&self) {
         lock(&self.outbox).on_disconnect();
@@ -59,6 +65,7 @@ impl Mailbox {
         for parked in outbox.take_parked() {
             tracing::warn!(resource_id = %parked.item.resource_id, event_id = %parked.item.event_id,
                 attempts = parked.attempts, reason = ?parked.reason, "gave up delivering an event; resync will repair");
+            crate::metrics::global().event_discarded(&parked.item);
         }
         (ready, outbox.next_deadline())
     }
@@ -70,6 +77,7 @@ impl Mailbox {
         tx: mpsc::Sender<WireEvent>,
         cancel: CancellationToken,
         heartbeat: Option<std::time::Duration>,
+        max_bytes: usize,
     ) {
         let mut ticker = heartbeat.map(tokio::time::interval);
         loop {
@@ -79,9 +87,21 @@ impl Mailbox {
             let (ready, deadline) = self.take_ready();
             for mut ev in ready {
                 ev.stamp_sent_at(chrono::Utc::now());
-                if tx.send(ev.to_wire()).await.is_err() {
+                let wire = ev.to_wire();
+                let len = prost::Message::encoded_len(&wire);
+                if len > max_bytes {
+                    // Sending it would fail the stream on every reconnect; give it up at once.
+                    tracing::warn!(event_type = %ev.event_type, target = %ev.target, resource_id = %ev.resource_id,
+                        event_id = %ev.event_id, bytes = len, limit = max_bytes,
+                        "event too large to send; given up (the next resync repairs)");
+                    let reason = format!("encodes to {len} bytes, above the message limit");
+                    lock(&self.outbox).reject(&ev.resource_id, &ev.event_id, reason, Instant::now());
+                    continue;
+                }
+                if tx.send(wire).await.is_err() {
                     return;
                 }
+                crate::metrics::global().event_sent();
             }
             let sleep = async {
                 match deadline {

@@ -74,6 +74,13 @@ async fn send_request_updates(spoke: &Spoke) -> Result<Vec<ResourceKey>, StoreEr
 
 /// Starts the resync after a (re)connect.
 pub(crate) async fn on_connect(spoke: &Spoke) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let result = start(spoke).await;
+    crate::metrics::global().resync(spoke.config.mode, started.elapsed(), result.is_ok());
+    result
+}
+
+async fn start(spoke: &Spoke) -> Result<(), StoreError> {
     match spoke.config.mode {
         AgentMode::Managed => {
             let keys = send_request_updates(spoke).await?;

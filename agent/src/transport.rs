@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Uri;
 use hyper_util::rt::TokioIo;
@@ -73,17 +74,29 @@ pub enum TransportError {
 
 /// The endpoint for `addr` with the agent's user agent. With [`AgentTls::Rustls`] the connector
 /// does TLS itself, and tonic refuses an `https` URI without its own TLS: the endpoint gets `http`.
-fn endpoint(addr: &str, tls: Option<&AgentTls>) -> Result<Endpoint, TransportError> {
+fn endpoint(addr: &str, tls: Option<&AgentTls>, keepalive: Option<Duration>) -> Result<Endpoint, TransportError> {
     let bad = |source| TransportError::BadAddress { addr: addr.to_owned(), source };
     let uri = match (tls, addr.strip_prefix("https://")) {
         (Some(AgentTls::Rustls { .. }), Some(rest)) => format!("http://{rest}"),
         _ => addr.to_owned(),
     };
-    Endpoint::from_shared(uri)
+    let endpoint = Endpoint::from_shared(uri)
         .map_err(bad)?
         .user_agent(concat!("argocd-agent/v", env!("CARGO_PKG_VERSION")))
-        .map_err(bad)
+        .map_err(bad)?;
+    Ok(match keepalive {
+        // HTTP/2 PINGs, also while no call is open, so a peer that vanished without closing the
+        // connection (host gone, path dropped, NAT entry expired) is noticed.
+        Some(interval) => endpoint
+            .http2_keep_alive_interval(interval)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true),
+        None => endpoint,
+    })
 }
+
+/// How long an HTTP/2 PING may go unanswered before the connection is considered dead.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What a connector needs for [`AgentTls::Rustls`].
 #[derive(Clone)]
@@ -132,13 +145,17 @@ impl RustlsConnector {
 }
 
 /// A channel to `addr` that connects on first use (and reconnects after failures on later
-/// calls), with `tls` when given.
+/// calls), with `tls` when given and HTTP/2 keepalive PINGs every `keepalive` when given.
 ///
 /// # Errors
 ///
 /// A malformed address or server name, or TLS settings tonic refuses.
-pub fn lazy_channel(addr: &str, tls: Option<&AgentTls>) -> Result<Channel, TransportError> {
-    let endpoint = endpoint(addr, tls)?;
+pub fn lazy_channel(
+    addr: &str,
+    tls: Option<&AgentTls>,
+    keepalive: Option<Duration>,
+) -> Result<Channel, TransportError> {
+    let endpoint = endpoint(addr, tls, keepalive)?;
     match tls {
         None => Ok(endpoint.connect_lazy()),
         Some(AgentTls::Tonic(config)) => Ok(endpoint
@@ -151,13 +168,17 @@ pub fn lazy_channel(addr: &str, tls: Option<&AgentTls>) -> Result<Channel, Trans
     }
 }
 
-/// Connects a channel to `addr` now, with `tls` when given.
+/// Connects a channel to `addr` now, as [`lazy_channel`] configures it.
 ///
 /// # Errors
 ///
 /// As [`lazy_channel`], or [`TransportError::Dial`] when the connection fails.
-pub async fn connect(addr: &str, tls: Option<&AgentTls>) -> Result<Channel, TransportError> {
-    let endpoint = endpoint(addr, tls)?;
+pub async fn connect(
+    addr: &str,
+    tls: Option<&AgentTls>,
+    keepalive: Option<Duration>,
+) -> Result<Channel, TransportError> {
+    let endpoint = endpoint(addr, tls, keepalive)?;
     let dial = |source| TransportError::Dial { addr: addr.to_owned(), source };
     match tls {
         None => endpoint.connect().await.map_err(dial),

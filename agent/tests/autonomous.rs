@@ -168,3 +168,25 @@ async fn autonomous_ignore_sync_label_removes_the_hub_copy() {
     assert!(get(&spoke, "skip").await.is_some());
     env.shutdown().await;
 }
+
+/// An event too large for the stream is given up at once on the agent (logged; the next resync
+/// repairs) instead of failing the stream on every reconnect: other resources keep flowing, and
+/// a later, smaller state of the same resource goes through.
+#[tokio::test]
+async fn autonomous_oversized_event_is_given_up_and_the_stream_keeps_working() {
+    let mut env = Env::new(AgentMode::Autonomous).await;
+    env.stop_agent().await;
+    env.max_message_bytes = Some(16 * 1024);
+    env.start_agent().await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    let mut big = app_json("big", SPOKE_NS, "guestbook");
+    big["metadata"]["annotations"] = json!({"filler": "x".repeat(64 * 1024)});
+    create(&spoke, big).await;
+    create(&spoke, app_json("small", SPOKE_NS, "guestbook")).await;
+    wait_obj(&hub, "small", "a normal event after the oversized one", |_| true).await;
+    assert!(get(&hub, "big").await.is_none(), "the oversized create must not reach the hub");
+
+    merge(&spoke, "big", json!({"metadata": {"annotations": {"filler": null}}})).await;
+    wait_obj(&hub, "big", "the resource's next, smaller state", |_| true).await;
+    env.shutdown().await;
+}

@@ -28,6 +28,7 @@ use tower::{Layer, Service};
 use crate::error::AuthError;
 use crate::identity::{AgentIdentity, AgentSession, TransportIdentity};
 use crate::method::AuthContext;
+use crate::service::AuthObserver;
 use crate::session::Sessions;
 
 /// Full gRPC paths callable without a token (upstream's no-auth list).
@@ -41,6 +42,7 @@ pub const AUTHORIZATION: &str = "authorization";
 #[derive(Clone, Debug)]
 pub struct AuthLayer {
     sessions: Sessions,
+    observer: Option<AuthObserver>,
 }
 
 /// Authenticates each call before `S` sees it.
@@ -48,6 +50,7 @@ pub struct AuthLayer {
 pub struct Auth<S> {
     inner: S,
     sessions: Sessions,
+    observer: Option<AuthObserver>,
 }
 
 // === impl AuthLayer ===
@@ -56,7 +59,14 @@ impl AuthLayer {
     /// A layer verifying calls against `sessions`.
     #[must_use]
     pub fn new(sessions: Sessions) -> Self {
-        Self { sessions }
+        Self { sessions, observer: None }
+    }
+
+    /// Reports every refused call to `observer` (method `access_token`).
+    #[must_use]
+    pub fn with_observer(mut self, observer: AuthObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 }
 
@@ -64,7 +74,7 @@ impl<S> Layer<S> for AuthLayer {
     type Service = Auth<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Auth { inner, sessions: self.sessions.clone() }
+        Auth { inner, sessions: self.sessions.clone(), observer: self.observer.clone() }
     }
 }
 
@@ -119,6 +129,9 @@ where
             Err(error) => {
                 let remote = TransportIdentity::from_extensions(req.extensions()).remote_addr();
                 tracing::info!(path = req.uri().path(), ?remote, %error, "call refused");
+                if let Some(observer) = &self.observer {
+                    observer.refused("access_token", crate::service::failure_reason(&error));
+                }
                 ResponseFuture::refused(error.to_status().into_http())
             }
         }
@@ -200,5 +213,26 @@ mod tests {
         assert_eq!(bearer_token(&h), Some("a.b.c"));
         h.insert(AUTHORIZATION, http::HeaderValue::from_static("Bearer "));
         assert_eq!(bearer_token(&h), None);
+    }
+
+    #[tokio::test]
+    async fn refused_calls_are_reported_to_the_observer() {
+        use std::sync::{Arc, Mutex};
+        use tower::ServiceExt as _;
+        let key = crate::SigningKey::from_pem(include_str!("../tests/fixtures/jwt-key-a.pem")).expect("key");
+        let sessions = Sessions::new(crate::SessionIssuer::new(key), crate::AuthMethods::new());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observer = {
+            let seen = seen.clone();
+            AuthObserver::new(move |method, reason| seen.lock().unwrap().push(format!("{method}/{reason}")))
+        };
+        let inner = tower::service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        });
+        let svc = AuthLayer::new(sessions).with_observer(observer).layer(inner);
+        let call = |path: &str| http::Request::builder().uri(path).body(()).unwrap();
+        svc.clone().oneshot(call("/versionapi.Version/Version")).await.unwrap();
+        svc.oneshot(call("/eventstreamapi.EventStream/Subscribe")).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec!["access_token/missing_token".to_owned()]);
     }
 }

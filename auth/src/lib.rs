@@ -43,5 +43,5 @@ pub use method::mtls::{IdentitySource, MtlsAuthenticator};
 pub use method::spec::{AuthMethodSpec, DEFAULT_SUBJECT_REGEX, SpecError, XFCC_KEYS, check_listener};
 pub use method::xfcc::XfccAuthenticator;
 pub use method::{AuthContext, AuthMethods, Authenticator};
-pub use service::{AuthService, AuthServiceConfig, NewSession, SessionHook, VersionCheck};
+pub use service::{AuthObserver, AuthService, AuthServiceConfig, NewSession, SessionHook, VersionCheck};
 pub use session::{SessionIssuer, Sessions, SigningKey, TokenKind, TokenLifetimes};

@@ -15,11 +15,14 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use protocol::pb::authapi::authentication_server::Authentication;
 use protocol::pb::authapi::{AuthRequest, AuthResponse, RefreshTokenRequest};
 use tonic::{Request, Response, Status};
 
+use crate::error::AuthError;
 use crate::identity::{AgentIdentity, AgentMode, TransportIdentity};
 use crate::method::AuthContext;
 use crate::session::Sessions;
@@ -48,6 +51,21 @@ pub trait SessionHook: Send + Sync + 'static {
     ///
     /// A status for the agent; `Authenticate` then fails with it and no tokens are returned.
     fn on_authenticated(&self, session: &NewSession) -> impl Future<Output = Result<(), Status>> + Send;
+
+    /// Called after `RefreshToken` verified the refresh token for `identity` (bound to the same
+    /// transport identity as before) and signed a new access token expiring at
+    /// `access_expires_at`, before it is returned. The principal refuses a blocked agent here,
+    /// and otherwise extends the live stream of that identity to the new expiry, so an agent that
+    /// keeps its session fresh keeps its stream, and one that stops refreshing loses it when its
+    /// token expires.
+    ///
+    /// # Errors
+    ///
+    /// A status for the agent; `RefreshToken` then fails with it and no token is returned.
+    fn on_refreshed(&self, identity: &AgentIdentity, access_expires_at: SystemTime) -> Result<(), Status> {
+        let _ = (identity, access_expires_at);
+        Ok(())
+    }
 }
 
 /// No reaction.
@@ -78,19 +96,108 @@ pub struct AuthServiceConfig {
     pub version_check: VersionCheck,
 }
 
+/// Told about every refused authentication or call, for metrics; it cannot change the outcome.
+/// Arguments: the method (the `Authenticate` method when configured, else `unknown`;
+/// `access_token` for calls [`crate::AuthLayer`] refused; `refresh_token` for `RefreshToken`)
+/// and a short reason ([`failure_reason`], or `invalid_mode`, `no_version`, `version_mismatch`,
+/// `refused_by_principal`, `missing_token`).
+#[derive(Clone)]
+pub struct AuthObserver(Arc<RefusalFn>);
+
+/// `f(method, reason)`, see [`AuthObserver`].
+type RefusalFn = dyn Fn(&str, &str) + Send + Sync;
+
+impl AuthObserver {
+    /// An observer calling `f(method, reason)`.
+    pub fn new(f: impl Fn(&str, &str) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Reports a refusal.
+    pub fn refused(&self, method: &str, reason: &str) {
+        (self.0)(method, reason);
+    }
+}
+
+impl std::fmt::Debug for AuthObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthObserver")
+    }
+}
+
+/// A short, stable label for why authentication failed (the variant in snake case).
+#[must_use]
+pub fn failure_reason(error: &AuthError) -> &'static str {
+    match error {
+        AuthError::NotTls { .. } => "not_tls",
+        AuthError::NoClientCertificate { .. } => "no_client_certificate",
+        AuthError::BadCertificate { .. } => "bad_certificate",
+        AuthError::SubjectMismatch { .. } => "subject_mismatch",
+        AuthError::NoUriSan => "no_uri_san",
+        AuthError::UriMismatch { .. } => "uri_mismatch",
+        AuthError::EmptyAgentName { .. } => "empty_agent_name",
+        AuthError::InvalidAgentName { .. } => "invalid_agent_name",
+        AuthError::UntrustedHop { .. } => "untrusted_hop",
+        AuthError::MissingHeader { .. } => "missing_header",
+        AuthError::BadHeader { .. } => "bad_header",
+        AuthError::MeshIdentity { .. } => "mesh_identity",
+        AuthError::HeaderMismatch { .. } => "header_mismatch",
+        AuthError::HeaderAgentName { .. } => "header_agent_name",
+        AuthError::SvidPeerId { .. } => "svid_peer_id",
+        AuthError::SpiffePolicy { .. } => "spiffe_policy",
+        AuthError::MissingJwtSvid { .. } => "missing_jwt_svid",
+        AuthError::JwtSvidRejected { .. } => "jwt_svid_rejected",
+        AuthError::WorkloadApiUnavailable { .. } => "workload_api_unavailable",
+        AuthError::ReservedAgentName { .. } => "reserved_agent_name",
+        AuthError::UnknownMethod { .. } => "unknown_method",
+        AuthError::MissingToken => "missing_token",
+        AuthError::MalformedToken { .. } => "malformed_token",
+        AuthError::TokenAlgorithm { .. } => "token_algorithm",
+        AuthError::TokenSignature { .. } => "token_signature",
+        AuthError::TokenIssuer { .. } => "token_issuer",
+        AuthError::TokenAudience { .. } => "token_audience",
+        AuthError::TokenExpired { .. } => "token_expired",
+        AuthError::TokenNotYetValid { .. } => "token_not_yet_valid",
+        AuthError::TokenWithoutExpiry { .. } => "token_without_expiry",
+        AuthError::TokenSubject { .. } => "token_subject",
+        AuthError::TokenUnbound { .. } => "token_unbound",
+        AuthError::TokenMethod { .. } => "token_method",
+        AuthError::BindingMismatch { .. } => "binding_mismatch",
+        AuthError::BindingAbsent { .. } => "binding_absent",
+        AuthError::TokenIssue { .. } => "token_issue",
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
+
 /// The `authapi.Authentication` service.
 #[derive(Debug)]
 pub struct AuthService<H = ()> {
     sessions: Sessions,
     config: AuthServiceConfig,
     hook: H,
+    observer: Option<AuthObserver>,
 }
 
 impl<H: SessionHook> AuthService<H> {
     /// A service authenticating with `sessions` and reporting to `hook`.
     #[must_use]
     pub fn new(sessions: Sessions, config: AuthServiceConfig, hook: H) -> Self {
-        Self { sessions, config, hook }
+        Self { sessions, config, hook, observer: None }
+    }
+
+    /// Reports every refusal to `observer` (metrics).
+    #[must_use]
+    pub fn with_observer(mut self, observer: AuthObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn refused(&self, method: &str, reason: &str) {
+        if let Some(observer) = &self.observer {
+            let method = self.sessions.methods().names().find(|m| *m == method).unwrap_or("unknown");
+            observer.refused(method, reason);
+        }
     }
 
     fn check_version(&self, agent: &str) -> Result<(), Status> {
@@ -121,6 +228,7 @@ impl<H: SessionHook> Authentication for AuthService<H> {
         let req = request.get_ref();
         let mode: AgentMode = req.mode.parse().map_err(|e: crate::identity::InvalidAgentMode| {
             tracing::info!(?remote_addr, error = %e, "authentication refused");
+            self.refused(&req.method, "invalid_mode");
             Status::invalid_argument(e.to_string())
         })?;
         let cx = AuthContext {
@@ -130,10 +238,13 @@ impl<H: SessionHook> Authentication for AuthService<H> {
         };
         let identity = self.sessions.authenticate(&req.method, &cx).map_err(|error| {
             tracing::info!(method = %req.method, ?remote_addr, %error, "authentication refused");
+            self.refused(&req.method, failure_reason(&error));
             error.to_status()
         })?;
         self.check_version(&req.version).inspect_err(|status| {
             tracing::info!(agent = %identity.name(), ?remote_addr, error = status.message(), "authentication refused");
+            let no_version = status.code() == tonic::Code::InvalidArgument;
+            self.refused(&req.method, if no_version { "no_version" } else { "version_mismatch" });
         })?;
         let tokens = self.sessions.issue(&identity, mode).map_err(|error| {
             tracing::error!(agent = %identity.name(), %error, "cannot sign session tokens");
@@ -146,7 +257,10 @@ impl<H: SessionHook> Authentication for AuthService<H> {
             agent_version: req.version.clone(),
             remote_addr,
         };
-        self.hook.on_authenticated(&session).await?;
+        self.hook
+            .on_authenticated(&session)
+            .await
+            .inspect_err(|_| self.refused(&req.method, "refused_by_principal"))?;
         tracing::info!(
             agent = %session.identity.name(),
             method = session.identity.method(),
@@ -167,12 +281,21 @@ impl<H: SessionHook> Authentication for AuthService<H> {
         let transport = TransportIdentity::from_extensions(request.extensions());
         let token = &request.get_ref().refresh_token;
         if token.is_empty() {
+            if let Some(observer) = &self.observer {
+                observer.refused("refresh_token", "missing_token");
+            }
             return Err(Status::unauthenticated("no refresh token in the RefreshTokenRequest"));
         }
         let cx = AuthContext::new(&transport, request.metadata().as_ref());
-        let refreshed = self.sessions.refresh(token, &cx).map_err(|error| {
+        let (refreshed, identity) = self.sessions.refresh_session(token, &cx).map_err(|error| {
             tracing::info!(remote_addr = ?transport.remote_addr(), %error, "token refresh refused");
+            if let Some(observer) = &self.observer {
+                observer.refused("refresh_token", failure_reason(&error));
+            }
             error.to_status()
+        })?;
+        self.hook.on_refreshed(&identity, refreshed.access_expires_at).inspect_err(|status| {
+            tracing::info!(agent = %identity.name(), reason = status.message(), "token refresh refused");
         })?;
         // Upstream leaves version and principalNamespace empty here, and the refresh token empty
         // unless it was renewed.
@@ -182,5 +305,41 @@ impl<H: SessionHook> Authentication for AuthService<H> {
             version: String::new(),
             principal_namespace: String::new(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn refusals_are_reported_to_the_observer_with_bounded_labels() {
+        let key = crate::SigningKey::from_pem(include_str!("../tests/fixtures/jwt-key-a.pem")).unwrap();
+        let sessions = Sessions::new(crate::SessionIssuer::new(key), crate::AuthMethods::new());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observer = {
+            let seen = seen.clone();
+            AuthObserver::new(move |method, reason| seen.lock().unwrap().push(format!("{method}/{reason}")))
+        };
+        let config = AuthServiceConfig {
+            principal_version: "v1".into(),
+            principal_namespace: "argocd".into(),
+            version_check: VersionCheck::Exact,
+        };
+        let service = AuthService::new(sessions, config, ()).with_observer(observer);
+        let request = |method: &str, mode: &str| {
+            Request::new(AuthRequest { method: method.into(), mode: mode.into(), ..Default::default() })
+        };
+        assert!(service.authenticate(request("attacker-chosen", "managed")).await.is_err());
+        assert!(service.authenticate(request("mtls", "bogus")).await.is_err());
+        let refresh = Request::new(RefreshTokenRequest::default());
+        assert!(service.refresh_token(refresh).await.is_err());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["unknown/unknown_method", "unknown/invalid_mode", "refresh_token/missing_token"],
+            "a method that is not configured is never used as a label value"
+        );
     }
 }

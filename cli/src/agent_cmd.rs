@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::agent_creds::Creds;
 use crate::ctl::kube::Secrets;
@@ -68,15 +69,29 @@ pub struct Args {
     /// implies a sidecar (envoy profile) when this is not given.
     #[arg(long, env = "ARGOCD_AGENT_MESH_PROFILE")]
     pub mesh_profile: Option<String>,
+    /// HTTP/2 keepalive PING interval towards the principal (e.g. 30s; 0 = off). Default 30s
+    /// (upstream: off in code, 50s in its Helm chart), so a connection whose peer vanished is
+    /// noticed; behind a sidecar the heartbeats do that end to end.
+    #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL")]
+    pub keep_alive_ping_interval: Option<String>,
     /// Largest gRPC message in bytes.
     #[arg(long, env = "ARGOCD_AGENT_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
     pub grpc_max_message_size: usize,
-    /// Port of the metrics endpoint.
+    /// Port of the metrics endpoint (`/metrics` on all addresses; 0: off).
     #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
     pub metrics_port: u16,
-    /// Port of the health endpoint.
+    /// Port of the health endpoint (`/healthz`, `/readyz` on all addresses: 200 while connected
+    /// to the principal, else 503; 0: off).
     #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_PORT", default_value_t = 8001)]
     pub healthz_port: u16,
+    /// HOST:PORT of the metrics endpoint, instead of --metrics-port on all addresses (port 0: a
+    /// free port, printed at startup).
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_ADDRESS")]
+    pub metrics_address: Option<String>,
+    /// HOST:PORT of the health endpoint, instead of --healthz-port on all addresses (port 0: a
+    /// free port, printed at startup).
+    #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_ADDRESS")]
+    pub healthz_address: Option<String>,
     /// kubeconfig of this cluster (default: in-cluster or $KUBECONFIG).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -110,9 +125,7 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT", hide = true)]
     pub pprof_port: Option<u16>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", hide = true)]
-    pub keep_alive_ping_interval: Option<String>,
+
     /// Not supported yet (the resource proxy comes with live resources).
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY", hide = true)]
     pub enable_resource_proxy: Option<bool>,
@@ -128,9 +141,15 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_REDIS_ADDR", hide = true)]
     pub redis_addr: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS", hide = true)]
+    /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS")]
     pub otlp_address: Option<String>,
+    /// Accepted for upstream compatibility: traces are always exported in plaintext.
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_INSECURE", hide = true)]
+    pub otlp_insecure: Option<bool>,
+    /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
+    pub otlp_sampling_ratio: f64,
 }
 
 impl Args {
@@ -147,16 +166,12 @@ impl Args {
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check("--enable-compression", self.enable_compression == Some(true))
             .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
-            .check_opt("--keep-alive-ping-interval", &self.keep_alive_ping_interval)
             .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
             .check("--create-namespace", self.create_namespace == Some(true))
             .check_opt("--label-selector", &self.label_selector)
             .check_opt("--redis-addr", &self.redis_addr)
-            .check_opt("--otlp-address", &self.otlp_address)
-            .check("--creds userpass", self.creds.starts_with("userpass:"))
-            .check("--metrics-port", self.metrics_port != 8181)
-            .check("--healthz-port", self.healthz_port != 8001);
+            .check("--creds userpass", self.creds.starts_with("userpass:"));
         u.finish("argocd-agent agent")?;
         if self.server_address.is_empty() {
             anyhow::bail!("argocd-agent agent: --server-address (ARGOCD_AGENT_REMOTE_SERVER) is required");
@@ -221,8 +236,17 @@ pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
 /// Flags, key material or the spoke cannot be used.
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.check_supported()?;
-    crate::logging::init(&args.log_level, args.log_format == "json");
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    // Inside the runtime (the exporter's channel runs on it); dropped, and so flushed, first.
+    let _telemetry = rt.block_on(async {
+        crate::otel::init(&crate::otel::Options {
+            log_level: &args.log_level,
+            json: args.log_format == "json",
+            otlp_address: args.otlp_address.as_deref(),
+            sampling_ratio: args.otlp_sampling_ratio,
+            service_name: "argocd-agent-agent",
+        })
+    })?;
     rt.block_on(serve(args))
 }
 
@@ -240,7 +264,10 @@ async fn authenticate(
                 tracing::info!(agent = %info.agent_name, principal_version = %info.version, "authenticated to the principal");
                 return info;
             }
-            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "authentication failed"),
+            Err(e) => {
+                agent::metrics::global().auth_failed();
+                tracing::warn!(error = %e, retry_in = ?delay, "authentication failed");
+            }
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(30));
@@ -250,10 +277,25 @@ async fn authenticate(
 /// Keep the session fresh for as long as the agent runs; when it ends (refresh refused,
 /// principal restarted with another key), authenticate again. The stream's own reconnect
 /// loop picks up the new tokens.
-async fn keep_session(channel: tonic::transport::Channel, creds: Arc<auth::Credentials>, params: auth::AuthParams) {
+async fn keep_session(
+    channel: tonic::transport::Channel,
+    creds: Arc<auth::Credentials>,
+    params: auth::AuthParams,
+    renew: Arc<tokio::sync::Notify>,
+) {
     let mut client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel);
     loop {
-        let e = creds.keep_fresh(&mut client).await;
+        let e = tokio::select! {
+            e = creds.keep_fresh(&mut client) => e,
+            // The principal refused the stream's session: refresh now rather than when due.
+            () = renew.notified() => match creds.refresh(&mut client).await {
+                Ok(()) => {
+                    tracing::info!("the principal refused the session; refreshed it");
+                    continue;
+                }
+                Err(e) => e,
+            },
+        };
         tracing::warn!(error = %e, "session ended; authenticating again");
         let _ = authenticate(&mut client, &creds, &params).await;
     }
@@ -353,7 +395,37 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
     Ok(out)
 }
 
+/// Starts `/metrics` and `/healthz` before anything else, so scrapes answer (authentication
+/// failures included) while the agent authenticates; `/healthz` is 503 until it is connected.
+async fn observe(args: &Args, cell: &Arc<OnceLock<agent::Agent>>, cancel: &CancellationToken) -> anyhow::Result<()> {
+    use crate::observability::{listen, start};
+    let metrics = listen(args.metrics_address.as_deref(), "--metrics-address", "", args.metrics_port, 8181)?;
+    let healthz = listen(args.healthz_address.as_deref(), "--healthz-address", "", args.healthz_port, 8001)?;
+    let render = {
+        let cell = cell.clone();
+        Arc::new(move || match cell.get() {
+            Some(a) => a.metrics_text(),
+            None => agent::metrics::global().render(None),
+        })
+    };
+    let health = {
+        let cell = cell.clone();
+        Arc::new(move || match cell.get() {
+            Some(a) if a.is_connected() => Ok(()),
+            Some(_) => Err("not connected to the principal".to_owned()),
+            None => Err("not connected to the principal (authenticating)".to_owned()),
+        })
+    };
+    start("agent", metrics, healthz, render, health, cancel).await
+}
+
 async fn serve(args: Args) -> anyhow::Result<()> {
+    // Before anything announces the process, so an early SIGTERM still stops it cleanly.
+    let mut stop = crate::signals::install();
+    let observed = Arc::new(OnceLock::new());
+    let observing = CancellationToken::new();
+    let _stop_observing = observing.clone().drop_guard();
+    observe(&args, &observed, &observing).await?;
     let mode: agent::AgentMode =
         args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
     let creds_kind = Creds::parse(&args.creds)?;
@@ -365,7 +437,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let scheme = if args.insecure_plaintext { "http" } else { "https" };
     let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
     let transport = transport(&args, &creds_kind, &secrets).await?;
-    let channel = agent::transport::lazy_channel(&addr, transport.tls.as_ref())
+    let keepalive = match &args.keep_alive_ping_interval {
+        Some(text) => Some(parse_duration(text).context("--keep-alive-ping-interval")?).filter(|d| !d.is_zero()),
+        None => Some(agent::config::DEFAULT_KEEPALIVE),
+    };
+    let channel = agent::transport::lazy_channel(&addr, transport.tls.as_ref(), keepalive)
         .with_context(|| format!("--server-address {:?}", args.server_address))?;
 
     let mut creds = auth::Credentials::new();
@@ -384,7 +460,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut auth_client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel.clone());
     let info = tokio::select! {
         info = authenticate(&mut auth_client, &creds, &params) => info,
-        () = crate::signals::wait() => return Ok(()),
+        () = stop.recv() => return Ok(()),
     };
     let name = match (args.agent_name.clone().or(transport.cert_name.clone()), info.agent_name.as_str()) {
         (Some(name), principal) if !principal.is_empty() && principal != name => {
@@ -395,10 +471,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         (None, "") => anyhow::bail!("the principal did not say which agent this is; pass --agent-name"),
         (None, principal) => principal.to_owned(),
     };
-    let session = tokio::spawn(keep_session(channel, creds.clone(), params));
+    let renew = Arc::new(tokio::sync::Notify::new());
+    let session = tokio::spawn(keep_session(channel, creds.clone(), params, renew.clone()));
 
     let mut config = agent::AgentConfig::new(addr, name.clone(), mode);
     config.tls = transport.tls.clone();
+    config.keepalive = keepalive;
+    config.max_message_bytes = args.grpc_max_message_size;
+    config.renew_session = Some(renew);
     config.namespace = args.namespace.clone();
     let token_source = creds.clone();
     let bearer = agent::credentials::bearer_token(move || token_source.access_token());
@@ -415,13 +495,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     config.heartbeat_interval = heartbeat;
     let agent = agent::Agent::new(config, client).context("cannot start the agent")?;
+    let _ = observed.set(agent.clone());
     println!("agent {name} ({}) connecting to {}:{}", args.agent_mode, args.server_address, args.server_port);
     let cancel = tokio_util::sync::CancellationToken::new();
     let run = agent.run(cancel.clone());
     tokio::pin!(run);
     tokio::select! {
         () = &mut run => {}
-        () = crate::signals::wait() => {
+        () = stop.recv() => {
             cancel.cancel();
             run.await;
         }

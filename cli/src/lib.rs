@@ -7,6 +7,8 @@ mod apiserver_cmd;
 pub mod ctl;
 mod logging;
 mod material;
+mod observability;
+mod otel;
 mod principal_cmd;
 mod quickstart;
 mod signals;

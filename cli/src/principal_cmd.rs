@@ -1,8 +1,10 @@
 //! `argocd-agent principal`: flags and environment variables with upstream's names and defaults.
 
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::ctl::kube::Secrets;
 use crate::material::{VERSION, pem_from, secret_field};
@@ -77,12 +79,24 @@ pub struct Args {
     /// Largest gRPC message in bytes.
     #[arg(long, env = "ARGOCD_PRINCIPAL_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
     pub grpc_max_message_size: usize,
-    /// Port of the metrics endpoint.
+    /// Port of the metrics endpoint (`/metrics` on --listen-host; 0: off).
     #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
     pub metrics_port: u16,
-    /// Port of the health endpoint.
+    /// Port of the health endpoint (`/healthz`, `/readyz` on --listen-host; 0: off).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_PORT", default_value_t = 8003)]
     pub healthz_port: u16,
+    /// HOST:PORT of the metrics endpoint, instead of --listen-host and --metrics-port (port 0:
+    /// a free port, printed at startup).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_ADDRESS")]
+    pub metrics_address: Option<String>,
+    /// HOST:PORT of the health endpoint, instead of --listen-host and --healthz-port (port 0:
+    /// a free port, printed at startup).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_ADDRESS")]
+    pub healthz_address: Option<String>,
+    /// How long an agent's metric series outlive its last stream (e.g. 15m; 0: removed as soon
+    /// as it disconnects).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_AGENT_RETENTION", default_value = "15m")]
+    pub metrics_agent_retention: String,
     /// kubeconfig of the hub (default: in-cluster or $KUBECONFIG).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -121,9 +135,15 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY", hide = true)]
     pub disable_redis_proxy: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS", hide = true)]
+    /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS")]
     pub otlp_address: Option<String>,
+    /// Accepted for upstream compatibility: traces are always exported in plaintext.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_INSECURE", hide = true)]
+    pub otlp_insecure: Option<bool>,
+    /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
+    pub otlp_sampling_ratio: f64,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", hide = true)]
     pub destination_based_mapping: Option<bool>,
@@ -158,15 +178,12 @@ impl Args {
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
             .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
-            .check_opt("--otlp-address", &self.otlp_address)
             .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
             .check_opt("--label-selector", &self.label_selector)
             .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
             .check_opt("--keepalive-min-interval", &self.keepalive_min_interval)
             .check_opt("--event-processors", &self.event_processors)
-            // Observability and TLS client-cert knobs come with later work; refuse non-defaults.
-            .check("--metrics-port", self.metrics_port != 8000)
-            .check("--healthz-port", self.healthz_port != 8003)
+            // TLS client-cert knobs come with later work; refuse non-defaults.
             .check("--require-client-certs", self.require_client_certs)
             .check("--client-cert-subject-match", self.client_cert_subject_match);
         u.finish("argocd-agent principal")?;
@@ -188,8 +205,17 @@ impl Args {
 /// Flags, key material or the hub cannot be used, or the server fails.
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.check_supported()?;
-    crate::logging::init(&args.log_level, args.log_format == "json");
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    // Inside the runtime (the exporter's channel runs on it); dropped, and so flushed, first.
+    let _telemetry = rt.block_on(async {
+        crate::otel::init(&crate::otel::Options {
+            log_level: &args.log_level,
+            json: args.log_format == "json",
+            otlp_address: args.otlp_address.as_deref(),
+            sampling_ratio: args.otlp_sampling_ratio,
+            service_name: "argocd-agent-principal",
+        })
+    })?;
     rt.block_on(serve(args))
 }
 
@@ -271,11 +297,54 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
     auth::tls::server_config(settings).context("cannot build the TLS server configuration")
 }
 
+/// Counts refused authentications and calls in the principal's metrics.
+fn auth_observer() -> auth::service::AuthObserver {
+    auth::service::AuthObserver::new(|method, reason| principal::metrics::global().auth_failed(method, reason))
+}
+
 /// Waits this long for the first SVID or JWT bundles from the SPIFFE Workload API.
 const WORKLOAD_API_TIMEOUT: std::time::Duration = mesh::workload::DEFAULT_INITIAL_SYNC_TIMEOUT;
 
+/// Starts `/metrics` and `/healthz` before anything else, so probes and scrapes answer while
+/// the principal starts (503 until its hub watchers have listed the hub).
+async fn observe(
+    args: &Args,
+    cell: &Arc<OnceLock<principal::Principal>>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    use crate::observability::{listen, start};
+    let retention = crate::agent_cmd::parse_duration(&args.metrics_agent_retention)
+        .with_context(|| format!("--metrics-agent-retention {:?}", args.metrics_agent_retention))?;
+    principal::metrics::global().set_agent_retention(retention);
+    let host = args.listen_host.as_str();
+    let metrics = listen(args.metrics_address.as_deref(), "--metrics-address", host, args.metrics_port, 8000)?;
+    let healthz = listen(args.healthz_address.as_deref(), "--healthz-address", host, args.healthz_port, 8003)?;
+    let render = {
+        let cell = cell.clone();
+        Arc::new(move || match cell.get() {
+            Some(p) => p.metrics_text(),
+            None => principal::metrics::global().render(None),
+        })
+    };
+    let health = {
+        let cell = cell.clone();
+        Arc::new(move || match cell.get() {
+            Some(p) if p.is_ready() => Ok(()),
+            Some(_) => Err("the hub watchers have not listed the hub yet".to_owned()),
+            None => Err("the principal is starting".to_owned()),
+        })
+    };
+    start("principal", metrics, healthz, render, health, cancel).await
+}
+
 async fn serve(args: Args) -> anyhow::Result<()> {
     use protocol::pb::authapi::authentication_server::AuthenticationServer;
+    // Before anything announces the process, so an early SIGTERM still shuts it down cleanly.
+    let mut stop = crate::signals::install();
+    let observed = Arc::new(OnceLock::new());
+    let observing = CancellationToken::new();
+    let _stop_observing = observing.clone().drop_guard();
+    observe(&args, &observed, &observing).await?;
     let spec = auth::AuthMethodSpec::parse(&args.auth).with_context(|| format!("--auth {:?}", args.auth))?;
     // Header-based identity only behind a TLS-terminating sidecar on a plaintext listener, from
     // trusted hops; mTLS identity only on a TLS listener. Refuse the rest before serving.
@@ -319,11 +388,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");
     }
     config.version = VERSION.to_string();
-    let identity: principal::IdentityFn = std::sync::Arc::new(|ext, _md| {
-        let s = ext.get::<auth::AgentSession>()?;
-        Some(principal::AgentIdent { name: s.identity.name().to_string(), mode: s.mode })
-    });
-    let principal = principal::Principal::new(config, client, identity).await.context("cannot start the principal")?;
+    let principal = principal::Principal::new(config, client, principal::auth_layer_identity())
+        .await
+        .context("cannot start the principal")?;
+    let _ = observed.set(principal.clone());
 
     let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
     let listener = tokio::net::TcpListener::bind((host, args.listen_port))
@@ -339,17 +407,21 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         let cancel = cancel.clone();
         async move { p.run_watchers(cancel).await }
     });
-    let auth_service = AuthenticationServer::new(auth::AuthService::new(
-        sessions.clone(),
-        auth::AuthServiceConfig {
-            principal_version: VERSION.to_string(),
-            principal_namespace: args.namespace.clone(),
-            version_check: auth::VersionCheck::Exact,
-        },
-        (),
-    ));
+    let auth_service = AuthenticationServer::new(
+        auth::AuthService::new(
+            sessions.clone(),
+            auth::AuthServiceConfig {
+                principal_version: VERSION.to_string(),
+                principal_namespace: args.namespace.clone(),
+                version_check: auth::VersionCheck::Exact,
+            },
+            // A refreshed session extends the agent's live stream.
+            principal.session_hook(),
+        )
+        .with_observer(auth_observer()),
+    );
     let router = tonic::transport::Server::builder()
-        .layer(auth::AuthLayer::new(sessions))
+        .layer(auth::AuthLayer::new(sessions).with_observer(auth_observer()))
         .add_service(auth_service)
         .add_service(principal.event_stream_service())
         .add_service(principal.version_service());
@@ -357,7 +429,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         let cancel = cancel.clone();
         let principal = principal.clone();
         async move {
-            crate::signals::wait().await;
+            stop.recv().await;
             tracing::info!("shutting down: closing agent streams");
             cancel.cancel();
             // Open agent streams would otherwise keep the graceful shutdown waiting forever.
@@ -368,7 +440,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tracing::warn!(
             "serving plaintext gRPC (--insecure-plaintext): only behind a mesh sidecar on loopback, or for tests"
         );
-        router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown).await
+        // TCP_NODELAY: without it, small event frames wait for the peer's delayed ACK (~40 ms per
+        // event through a sidecar).
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        router.serve_with_incoming_shutdown(incoming, shutdown).await
     } else {
         // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
         let tls = match &workload_tls {

@@ -22,9 +22,20 @@ fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
         err.contains("not supported yet") && err.contains("--enable-resource-proxy") && err.contains("--pprof-port"),
         "{err}"
     );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_OTLP_ADDRESS", "collector:4317")]);
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_LABEL_SELECTOR", "app=x")]);
     assert!(!ok);
-    assert!(err.contains("--otlp-address"), "{err}");
+    assert!(err.contains("--label-selector"), "{err}");
+}
+
+#[test]
+fn otlp_flags_are_accepted_and_checked() {
+    // --otlp-address is supported (docs/operations/tracing.md); bad values are refused by name.
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
+    let (ok, err) =
+        run(&[&base[..], &["--otlp-address", "127.0.0.1:4317", "--otlp-sampling-ratio", "2"]].concat(), &[]);
+    assert!(!ok && err.contains("--otlp-sampling-ratio") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) = run(&["agent", "--server-address", "p", "--otlp-address", "https://collector:4317"], &[]);
+    assert!(!ok && err.contains("--otlp-address") && !err.contains("not supported yet"), "{err}");
 }
 
 #[test]
@@ -51,4 +62,18 @@ fn required_settings_are_named() {
     assert!(!ok && err.contains("unknown option \"colour\""), "{err}");
     let (ok, err) = run(&["agent"], &[]);
     assert!(!ok && err.contains("--server-address"), "{err}");
+}
+
+#[test]
+fn metrics_and_health_flags_are_accepted_and_checked() {
+    // Non-default ports are no longer refused as "not supported yet"; a malformed address is
+    // refused by name before anything starts.
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
+    let (ok, err) = run(&[&base[..], &["--healthz-port", "0", "--metrics-address", "nowhere"]].concat(), &[]);
+    assert!(!ok && err.contains("--metrics-address") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) = run(
+        &["agent", "--server-address", "p", "--metrics-port", "0"],
+        &[("ARGOCD_AGENT_HEALTH_CHECK_ADDRESS", "127.0.0.1:http")],
+    );
+    assert!(!ok && err.contains("--healthz-address") && !err.contains("not supported yet"), "{err}");
 }

@@ -209,6 +209,18 @@ async fn jwt_svids_are_fetched_and_verified() {
     api.rotate_jwt(JwtMaterial::new(AGENT, signer).trust(&stranger));
     tokio::time::timeout(Duration::from_secs(10), updates.changed()).await.expect("in time").expect("update");
     jwt.validate(&forged, "argocd-agent-principal").expect("key now in the bundle");
+
+    // Validations are cached per bundle set: a token that validated (and is cached) is refused
+    // as soon as the bundle no longer holds its key.
+    jwt.validate(svid.token(), "argocd-agent-principal").expect("still valid, cached");
+    jwt.validate(svid.token(), "argocd-agent-principal").expect("a cache hit");
+    let mut updates = jwt_updates(&jwt);
+    api.rotate_jwt(JwtMaterial::new(AGENT, stranger));
+    tokio::time::timeout(Duration::from_secs(10), updates.changed()).await.expect("in time").expect("update");
+    let err = jwt.validate(svid.token(), "argocd-agent-principal").expect_err("its key left the bundle");
+    assert!(matches!(err, JwtSvidRejection::BadSignature(_)), "{err}");
+    let err = jwt.validate(svid.token(), "someone-else").expect_err("audience is part of the key");
+    assert!(!matches!(err, JwtSvidRejection::NoBundles(_)), "{err}");
 }
 
 fn jwt_updates(jwt: &JwtIdentity) -> spiffe::JwtSourceUpdates {

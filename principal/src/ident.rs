@@ -57,8 +57,12 @@ pub fn auth_layer_identity() -> IdentityFn {
 pub struct StreamGrant {
     /// The access token's `jti`.
     pub token_id: Option<String>,
-    /// When the access token expires: the stream is closed then.
+    /// When the access token expires: the stream is closed then, unless the agent refreshed
+    /// its session before (see [`crate::Principal::session_hook`]).
     pub expires_at: Option<SystemTime>,
+    /// The transport identity the token is bound to: only a refresh of a session with the same
+    /// binding extends the stream.
+    pub binding: Option<auth::Binding>,
 }
 
 impl StreamGrant {
@@ -69,7 +73,11 @@ impl StreamGrant {
         extensions
             .get::<auth::AgentSession>()
             .filter(|s| s.identity.name().as_str() == agent)
-            .map(|s| Self { token_id: Some(s.token_id.clone()), expires_at: Some(s.expires_at) })
+            .map(|s| Self {
+                token_id: Some(s.token_id.clone()),
+                expires_at: Some(s.expires_at),
+                binding: Some(s.identity.binding().clone()),
+            })
             .unwrap_or_default()
     }
 }

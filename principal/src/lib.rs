@@ -12,10 +12,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod blocklist;
 pub mod config;
 pub mod hub;
 pub mod ident;
 pub mod inbound;
+pub mod metrics;
+mod otel;
 pub mod resync;
 pub mod route;
 pub mod service;
@@ -27,7 +30,6 @@ use std::sync::Arc;
 use protocol::pb::eventstreamapi::event_stream_server::EventStreamServer;
 use protocol::pb::versionapi::version_server::VersionServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{AgentMode, PrincipalConfig};
@@ -46,6 +48,9 @@ pub enum PrincipalError {
     /// The principal UID could not be read or created.
     #[error(transparent)]
     Identity(#[from] state::IdentityError),
+    /// The blocklist could not be read.
+    #[error(transparent)]
+    Blocklist(#[from] blocklist::BlocklistError),
     /// The listener could not be created.
     #[error("cannot listen for agents: {0} (check --listen-host/--listen-port)")]
     Listen(#[source] std::io::Error),
@@ -59,6 +64,7 @@ pub enum PrincipalError {
 pub struct Principal {
     hub: Arc<Hub>,
     identity: IdentityFn,
+    blocklist: Arc<blocklist::Blocklist>,
 }
 
 impl std::fmt::Debug for Principal {
@@ -69,13 +75,13 @@ impl std::fmt::Debug for Principal {
 
 impl Principal {
     /// Prepares a principal on the hub reached through `client`: reads (or creates once) the
-    /// principal UID in ConfigMap `argocd-agent-principal-identity`. `identity` tells the
-    /// services which agent is calling.
+    /// principal UID in ConfigMap `argocd-agent-principal-identity` and reads the blocklist
+    /// ([`blocklist::CONFIG_MAP`]). `identity` tells the services which agent is calling.
     ///
     /// # Errors
     ///
-    /// [`PrincipalError::NoNamespace`], or [`PrincipalError::Identity`] when the hub cannot
-    /// be read or written.
+    /// [`PrincipalError::NoNamespace`], [`PrincipalError::Identity`] when the hub cannot be
+    /// read or written, or [`PrincipalError::Blocklist`] when the blocklist cannot be read.
     pub async fn new(
         config: PrincipalConfig,
         client: kube::Client,
@@ -85,8 +91,12 @@ impl Principal {
             return Err(PrincipalError::NoNamespace);
         }
         let uid = state::ensure_principal_uid(&client, &config.namespace).await?;
+        let blocklist = Arc::new(blocklist::Blocklist::new(client.clone(), &config.namespace));
+        blocklist.load().await?;
         tracing::info!(namespace = %config.namespace, principal_uid = %uid, "principal ready");
-        Ok(Self { hub: Arc::new(Hub::new(config, uid, client)), identity })
+        let hub = Arc::new(Hub::new(config, uid, client));
+        let identity = blocklist.guard(hub.clone(), identity);
+        Ok(Self { hub, identity, blocklist })
     }
 
     /// The persistent principal UID (extension `principaluid` on events to agents).
@@ -109,12 +119,20 @@ impl Principal {
         VersionServer::new(VersionService::new(self.hub.config.version.clone()))
     }
 
-    /// Runs the hub watchers (Applications, AppProjects) until `cancel` fires.
+    /// Runs the hub watchers (Applications, AppProjects) and the blocklist watcher until
+    /// `cancel` fires.
     pub async fn run_watchers(&self, cancel: CancellationToken) {
         tokio::join!(
             hub::watch::run_applications(self.hub.clone(), cancel.clone()),
-            hub::watch::run_projects(self.hub.clone(), cancel),
+            hub::watch::run_projects(self.hub.clone(), cancel.clone()),
+            self.blocklist.clone().run(self.hub.clone(), cancel),
         );
+    }
+
+    /// The blocklist in force ([`blocklist::CONFIG_MAP`]).
+    #[must_use]
+    pub fn blocklist(&self) -> &blocklist::Blocklist {
+        &self.blocklist
     }
 
     /// Ends every agent stream (they reconnect with backoff). Call it when shutting down a
@@ -131,10 +149,35 @@ impl Principal {
         self.hub.sessions.revoke(agent)
     }
 
+    /// The [`auth::SessionHook`] for the principal's `Authentication` service: a refreshed
+    /// session extends the agent's live stream to the new access token's expiry, so agents that
+    /// keep their session fresh keep their stream (no reconnect and resync per token lifetime),
+    /// and an agent that stops refreshing loses its stream when its last token expires.
+    /// Blocklisted agents are refused: `Authenticate` with `PermissionDenied`, `RefreshToken`
+    /// with `Unauthenticated`.
+    #[must_use]
+    pub fn session_hook(&self) -> SessionHook {
+        SessionHook { hub: self.hub.clone(), blocklist: self.blocklist.clone() }
+    }
+
     /// Whether `agent` has a live stream.
     #[must_use]
     pub fn is_connected(&self, agent: &str) -> bool {
         self.hub.sessions.get(agent).is_some_and(|s| s.is_connected())
+    }
+
+    /// Whether the hub watchers (Applications, AppProjects) have listed the hub once: the
+    /// principal's readiness (`/healthz`, `/readyz`).
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.hub.apps_synced.load(Relaxed) && self.hub.projects_synced.load(Relaxed)
+    }
+
+    /// The Prometheus exposition of [`metrics::global`], with this principal's outboxes.
+    #[must_use]
+    pub fn metrics_text(&self) -> String {
+        metrics::global().render(Some(&self.hub.sessions))
     }
 
     /// Runs the watchers and serves `EventStream` and `Version` in plaintext (h2c) on
@@ -161,11 +204,51 @@ impl Principal {
         let serving = tonic::transport::Server::builder()
             .add_service(self.event_stream_service())
             .add_service(self.version_service())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.clone().cancelled_owned());
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                cancel.clone().cancelled_owned(),
+            );
         let (result, ()) = tokio::join!(serving, disconnect);
         let result = result.map_err(PrincipalError::Serve);
         cancel.cancel();
         let _ = watchers.await;
         result
+    }
+}
+
+/// See [`Principal::session_hook`].
+#[derive(Clone)]
+pub struct SessionHook {
+    hub: Arc<Hub>,
+    blocklist: Arc<blocklist::Blocklist>,
+}
+
+impl std::fmt::Debug for SessionHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHook").finish_non_exhaustive()
+    }
+}
+
+impl auth::SessionHook for SessionHook {
+    async fn on_authenticated(&self, session: &auth::NewSession) -> Result<(), tonic::Status> {
+        let identity = &session.identity;
+        self.blocklist.check(identity.name().as_str(), Some(identity.binding())).map_err(|reason| {
+            tracing::warn!(agent = %identity.name(), binding = %identity.binding(), %reason, "authentication refused");
+            tonic::Status::permission_denied(reason)
+        })
+    }
+
+    fn on_refreshed(
+        &self,
+        identity: &auth::AgentIdentity,
+        access_expires_at: std::time::SystemTime,
+    ) -> Result<(), tonic::Status> {
+        self.blocklist
+            .check(identity.name().as_str(), Some(identity.binding()))
+            .map_err(tonic::Status::unauthenticated)?;
+        if self.hub.sessions.extend(identity.name().as_str(), identity.binding(), access_expires_at) {
+            tracing::debug!(agent = %identity.name(), "session refreshed: stream extended");
+        }
+        Ok(())
     }
 }

@@ -77,6 +77,13 @@ async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, S
 
 /// Starts the resync for a freshly connected agent.
 pub(crate) async fn on_connect(hub: &Hub, session: &AgentSession) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let result = start(hub, session).await;
+    crate::metrics::global().resync(session.name(), session.mode(), started.elapsed(), result.is_ok());
+    result
+}
+
+async fn start(hub: &Hub, session: &AgentSession) -> Result<(), StoreError> {
     let agent = session.name();
     match session.mode() {
         AgentMode::Managed => {

@@ -5,8 +5,9 @@
 //! * **one live stream per agent, the newest wins**: attaching a stream closes the agent's
 //!   previous one (status `Aborted`), and only the current stream may take events from the
 //!   outbox, so two streams never share an agent's events;
-//! * **a stream lives no longer than the access token that opened it**: see
-//!   [`crate::service::eventstream`];
+//! * **a stream lives no longer than its session**: it ends when the access token that opened
+//!   it expires, unless the agent refreshed its session (same binding) before, which moves the
+//!   end to the new token's expiry; see [`crate::service::eventstream`];
 //! * **revocation** ([`Sessions::revoke`]) closes the live stream now (status
 //!   `Unauthenticated`) and refuses the access token it was opened with until that expires.
 
@@ -36,11 +37,34 @@ pub(crate) struct StreamHandle {
     cancel: CancellationToken,
     /// `None` while open; `Some(reason)` once closed (`Some(None)`: a clean end).
     end: Arc<Mutex<Option<Option<Status>>>>,
+    /// When the stream's session expires (`None`: never); moved later by a refresh.
+    deadline: Arc<tokio::sync::watch::Sender<Option<SystemTime>>>,
 }
 
 impl StreamHandle {
-    fn new(generation: u64) -> Self {
-        Self { generation, cancel: CancellationToken::new(), end: Arc::new(Mutex::new(None)) }
+    fn new(generation: u64, deadline: Option<SystemTime>) -> Self {
+        Self {
+            generation,
+            cancel: CancellationToken::new(),
+            end: Arc::new(Mutex::new(None)),
+            deadline: Arc::new(tokio::sync::watch::Sender::new(deadline)),
+        }
+    }
+
+    /// Follows the stream's deadline.
+    pub(crate) fn deadline(&self) -> tokio::sync::watch::Receiver<Option<SystemTime>> {
+        self.deadline.subscribe()
+    }
+
+    /// Moves the deadline to `to` when that is later; returns whether it moved.
+    fn extend(&self, to: SystemTime) -> bool {
+        self.deadline.send_if_modified(|deadline| match deadline {
+            Some(current) if to > *current => {
+                *deadline = Some(to);
+                true
+            }
+            _ => false,
+        })
     }
 
     /// Which attachment of its session this stream is.
@@ -177,8 +201,15 @@ impl AgentSession {
         for parked in outbox.take_parked() {
             tracing::warn!(agent = %self.name, resource_id = %parked.item.resource_id, event_id = %parked.item.event_id,
                 attempts = parked.attempts, reason = ?parked.reason, "gave up delivering an event; resync will repair");
+            crate::metrics::global().event_discarded(&self.name, &parked.item);
         }
         Some((ready, outbox.next_deadline()))
+    }
+
+    /// Events queued or awaiting an ACK, and how long the oldest has waited (for metrics).
+    pub(crate) fn outbox_backlog(&self) -> (usize, Option<std::time::Duration>) {
+        let outbox = lock(&self.outbox);
+        (outbox.queued() + outbox.inflight(), outbox.oldest_pending_age(Instant::now()))
     }
 
     /// Waits until something is pushed or ACKed.
@@ -193,7 +224,7 @@ impl AgentSession {
         let mut slot = lock(&self.current);
         *lock(&self.mode) = mode;
         slot.generation = slot.generation.wrapping_add(1);
-        let handle = StreamHandle::new(slot.generation);
+        let handle = StreamHandle::new(slot.generation, grant.expires_at);
         if let Some(old) = slot.attached.replace(Attached { handle: handle.clone(), grant }) {
             tracing::warn!(agent = %self.name, "a new stream of this agent replaces its live one (one stream per agent, \
                 the newest wins; if this repeats, two agents share this identity)");
@@ -218,6 +249,16 @@ impl AgentSession {
             drop(slot);
             tracing::info!(agent = %self.name, put_back, "agent stream ended");
         }
+    }
+
+    /// Extends the current stream's deadline to `expires_at` when it was opened with a token
+    /// bound to `binding` (a refreshed session of the same transport identity).
+    fn extend(&self, binding: &auth::Binding, expires_at: SystemTime) -> bool {
+        let slot = lock(&self.current);
+        slot.attached
+            .as_ref()
+            .filter(|a| a.grant.binding.as_ref() == Some(binding))
+            .is_some_and(|a| a.handle.extend(expires_at))
     }
 
     /// Closes the current stream, if any, with `status`; returns the grant it was opened with.
@@ -276,12 +317,19 @@ impl Sessions {
     /// Keeping the agent out for good (a blocklist) also needs `Authenticate` and
     /// `RefreshToken` to refuse it, in the auth crate; this is the principal's half.
     pub fn revoke(&self, agent: &str) -> bool {
+        self.revoke_with(
+            agent,
+            Status::unauthenticated(format!(
+                "the session of agent {agent:?} was revoked by the principal: authenticate again"
+            )),
+        )
+    }
+
+    /// As [`Self::revoke`], ending the stream with `status` (e.g. naming the blocklist entry).
+    pub fn revoke_with(&self, agent: &str, status: Status) -> bool {
         let Some(session) = self.get(agent) else {
             return false;
         };
-        let status = Status::unauthenticated(format!(
-            "the session of agent {agent:?} was revoked by the principal: authenticate again"
-        ));
         let Some(grant) = session.close_current(Some(status)) else {
             return false;
         };
@@ -290,6 +338,13 @@ impl Sessions {
             lock(&self.revoked).insert(id, expires_at);
         }
         true
+    }
+
+    /// The agent refreshed its session: its live stream, when opened with a token bound to
+    /// the same `binding`, now ends at `expires_at` instead (see [`crate::Principal::session_hook`]).
+    /// Returns whether a stream was extended.
+    pub fn extend(&self, agent: &str, binding: &auth::Binding, expires_at: SystemTime) -> bool {
+        self.get(agent).is_some_and(|session| session.extend(binding, expires_at))
     }
 
     /// Whether access token `token_id` was revoked (and has not expired since).
@@ -315,7 +370,7 @@ mod tests {
     use super::*;
 
     fn grant(id: &str, ttl: Duration) -> StreamGrant {
-        StreamGrant { token_id: Some(id.to_owned()), expires_at: Some(SystemTime::now() + ttl) }
+        StreamGrant { token_id: Some(id.to_owned()), expires_at: Some(SystemTime::now() + ttl), binding: None }
     }
 
     #[test]
@@ -358,12 +413,12 @@ mod tests {
 
     #[test]
     fn the_first_close_reason_wins() {
-        let handle = StreamHandle::new(1);
+        let handle = StreamHandle::new(1, None);
         handle.close(Some(Status::unauthenticated("expired")));
         handle.close(None);
         handle.close(Some(Status::aborted("replaced")));
         assert_eq!(handle.end_status().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
-        let clean = StreamHandle::new(2);
+        let clean = StreamHandle::new(2, None);
         clean.close(None);
         clean.close(Some(Status::aborted("replaced")));
         assert!(clean.is_closed() && clean.end_status().is_none());

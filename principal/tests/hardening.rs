@@ -257,6 +257,44 @@ async fn a_stream_ends_with_unauthenticated_when_its_access_token_expires() -> a
     h.stop().await
 }
 
+/// Policy "expiry", refreshed: a refresh of the same session (same binding) moves the end of
+/// the live stream to the new access token's expiry, so an agent that keeps its session fresh
+/// keeps its stream; a refresh bound to another identity does not; without further refreshes
+/// the stream ends at the new expiry.
+#[tokio::test]
+async fn a_refreshed_session_keeps_its_stream_past_the_first_tokens_expiry() -> anyhow::Result<()> {
+    use auth::SessionHook as _;
+    let sessions = header_sessions(Duration::from_secs(3));
+    let h = Harness::start_with_auth(&["agent-ref"], |_| {}, sessions.clone()).await?;
+    let token = access_token(&sessions, "agent-ref", auth::AgentMode::Managed);
+    let first_expiry = sessions.issuer().verify(&token, auth::TokenKind::Access)?.expires_at.context("no expiry")?;
+    let mut s = open_with_token(&h.url, "agent-ref", &token).await??;
+    round_trip(&mut s).await?;
+
+    let name = auth::AgentName::new("agent-ref")?;
+    let hook = h.principal.session_hook();
+    let impostor = auth::AgentIdentity::new(name.clone(), "header", auth::Binding::header_value(b"someone-else"));
+    hook.on_refreshed(&impostor, first_expiry + Duration::from_secs(60))?;
+    let agent = auth::AgentIdentity::new(name, "header", auth::Binding::header_value(b"agent-ref"));
+    let second_expiry = first_expiry + Duration::from_secs(3);
+    hook.on_refreshed(&agent, second_expiry)?;
+
+    // Past the first token's expiry, the stream still carries events.
+    let past_first = first_expiry.duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_millis(500);
+    tokio::time::sleep(past_first).await; // the passage of time is what is under test
+    round_trip(&mut s).await?;
+    let (_, status) = read_to_end(&mut s.inbound).await?;
+    let ended = SystemTime::now();
+    let status = status.context("the stream must end with a status")?;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(ended + Duration::from_millis(100) >= second_expiry, "ended {ended:?} before {second_expiry:?}");
+    assert!(
+        ended < first_expiry + Duration::from_secs(60),
+        "a refresh bound to another identity must not extend the stream"
+    );
+    h.stop().await
+}
+
 /// Policy "revocation": `Principal::revoke` closes the agent's live stream now with
 /// `Unauthenticated` ("revoked") and refuses the token that opened it; a new token works.
 /// Shutdown ends streams with `Unavailable`.

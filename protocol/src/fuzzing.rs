@@ -29,8 +29,8 @@ pub enum FuzzFinding {
 
 /// Decodes `bytes` as a protobuf stream message (`eventstreamapi.Event`) into a typed event,
 /// with `limits`, and checks that whatever decodes re-encodes to the same event. Also runs
-/// payload decoding, ACK construction and the spec checksum over the result, none of which
-/// may panic.
+/// payload decoding, ACK construction, trace-context parsing and the spec checksum over the
+/// result, none of which may panic.
 ///
 /// Returns the decoded event, or `None` when the input is (correctly) rejected.
 ///
@@ -54,6 +54,8 @@ pub fn check_event_decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<
 
     let _ = first.payload();
     let _ = first.processed_ack();
+    // The peer's W3C trace context: parsed and checked, never a panic.
+    let _ = (first.trace.parent(), first.trace.state());
     if let Some(data) = &first.data {
         let _ = checksum::spec_checksum(data);
     }

@@ -7,7 +7,9 @@
 //! * [`argocd`]: Argo CD and Kubernetes objects that round-trip unknown fields;
 //! * [`checksum`]: upstream-compatible resync checksums;
 //! * [`outbox`]: the delivery engine (per-resource outbox, ACKs, coalescing, retries);
-//! * [`fuzzing`]: the decoding entry point shared by the fuzz target and unit tests.
+//! * [`fuzzing`]: the decoding entry point shared by the fuzz target and unit tests;
+//! * [`trace`]: W3C trace context (`traceparent`/`tracestate`) parsing; [`otel`] (feature
+//!   `otel`) joins it to `tracing` spans.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -18,10 +20,14 @@ pub mod event;
 pub mod fuzzing;
 #[cfg(feature = "kube")]
 pub mod kube_store;
+pub mod metrics;
 pub mod mode;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod outbox;
 pub mod payload;
 pub mod pb;
+pub mod trace;
 
 pub use event::{Event, EventError, EventType, Target};
 pub use outbox::Outbox;

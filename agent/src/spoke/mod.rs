@@ -78,7 +78,12 @@ impl Spoke {
         obj: &T,
     ) {
         match Event::for_object(ty, target, meta, obj) {
-            Ok(ev) => self.mailbox.push(ev.with_source(format!("agent://{}", self.config.name))),
+            Ok(ev) => {
+                let mut ev = ev.with_source(format!("agent://{}", self.config.name));
+                // The principal's span joins the trace of the spoke change at hand.
+                protocol::otel::inject_current(&mut ev);
+                self.mailbox.push(ev);
+            }
             Err(e) => tracing::error!(error = %e, name = ?meta.name, "cannot encode event"),
         }
     }

@@ -18,6 +18,7 @@ use kube::runtime::watcher::{self, Event as WatchEvent};
 use protocol::argocd::Application;
 use protocol::{EventType, Target};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::{Spoke, clear_server_fields, is_ignored};
 use crate::config::AgentMode;
@@ -82,6 +83,19 @@ fn known(spoke: &Spoke) -> Vec<Application> {
 }
 
 async fn applied(spoke: &Spoke, app: Application) {
+    let known = {
+        let name = app.metadata.name.as_deref().unwrap_or_default();
+        match spoke.config.mode {
+            AgentMode::Managed => lock(&spoke.reported).contains_key(name),
+            AgentMode::Autonomous => lock(&spoke.sent).contains_key(name),
+        }
+    };
+    let operation = if known { "update" } else { "create" };
+    let span = crate::otel::spoke_event_span(&spoke.config, "Application", operation, &app.metadata);
+    applied_in_span(spoke, app).instrument(span).await;
+}
+
+async fn applied_in_span(spoke: &Spoke, app: Application) {
     let name = app.metadata.name.clone().unwrap_or_default();
     match spoke.config.mode {
         AgentMode::Managed => {
@@ -154,6 +168,11 @@ async fn managed_applied(spoke: &Spoke, name: &str, app: Application) {
 }
 
 async fn deleted(spoke: &Spoke, app: Application) {
+    let span = crate::otel::spoke_event_span(&spoke.config, "Application", "delete", &app.metadata);
+    deleted_in_span(spoke, app).instrument(span).await;
+}
+
+async fn deleted_in_span(spoke: &Spoke, app: Application) {
     let name = app.metadata.name.clone().unwrap_or_default();
     match spoke.config.mode {
         AgentMode::Managed => {

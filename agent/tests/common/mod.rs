@@ -61,6 +61,8 @@ pub struct Env {
     agent: Option<Running>,
     /// Set `--namespace-create-enable` on the principal.
     pub namespace_create: bool,
+    /// The agent's largest message (default: the protocol's).
+    pub max_message_bytes: Option<usize>,
 }
 
 pub fn init_tracing() {
@@ -80,7 +82,8 @@ impl Env {
         let hub = Cluster::start(hub_namespaces).await;
         let spoke = Cluster::start(&[SPOKE_NS]).await;
         let addr = SocketAddr::from(([127, 0, 0, 1], 0));
-        let mut env = Env { mode, hub, spoke, addr, principal: None, agent: None, namespace_create };
+        let mut env =
+            Env { mode, hub, spoke, addr, principal: None, agent: None, namespace_create, max_message_bytes: None };
         env.start_principal().await;
         env.start_agent().await;
         env
@@ -133,6 +136,9 @@ impl Env {
             ("x-argocd-agent-name".into(), AGENT.into()),
             ("x-argocd-agent-mode".into(), self.mode.as_str().into()),
         ]));
+        if let Some(max) = self.max_message_bytes {
+            config.max_message_bytes = max;
+        }
         let agent = Agent::new(config, self.spoke.client.clone()).unwrap();
         let cancel = CancellationToken::new();
         let task = tokio::spawn({

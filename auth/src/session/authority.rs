@@ -98,9 +98,23 @@ impl Sessions {
     ///
     /// The [`AuthError`] of the first check that fails.
     pub fn refresh(&self, refresh_token: &str, cx: &AuthContext<'_>) -> Result<RefreshedTokens, AuthError> {
+        self.refresh_session(refresh_token, cx).map(|(tokens, _identity)| tokens)
+    }
+
+    /// As [`Self::refresh`], also returning the identity the refresh token was bound to (and
+    /// the connection presented).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::refresh`].
+    pub fn refresh_session(
+        &self,
+        refresh_token: &str,
+        cx: &AuthContext<'_>,
+    ) -> Result<(RefreshedTokens, AgentIdentity), AuthError> {
         let verified = self.inner.issuer.verify(refresh_token, TokenKind::Refresh)?;
-        self.check_binding(&verified, cx)?;
-        self.inner.issuer.refresh(&verified)
+        let identity = self.check_binding(&verified, cx)?;
+        Ok((self.inner.issuer.refresh(&verified)?, identity))
     }
 
     fn check_name(&self, name: &str) -> Result<(), AuthError> {

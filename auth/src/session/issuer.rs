@@ -111,6 +111,21 @@ pub struct VerifiedToken {
     pub claims: Claims,
 }
 
+/// The validity period: not expired (`exp`), already valid (`nbf`), no leeway.
+fn check_period(kind: TokenKind, exp: Option<i64>, nbf: Option<i64>, now_secs: i64) -> Result<(), AuthError> {
+    if let Some(exp) = exp
+        && now_secs >= exp
+    {
+        return Err(AuthError::TokenExpired { kind, expired_at: rfc3339(exp), now: rfc3339(now_secs) });
+    }
+    if let Some(nbf) = nbf
+        && now_secs < nbf
+    {
+        return Err(AuthError::TokenNotYetValid { kind, not_before: rfc3339(nbf), now: rfc3339(now_secs) });
+    }
+    Ok(())
+}
+
 // === SessionIssuer ===
 
 /// Issues and verifies the principal's session tokens.
@@ -120,6 +135,43 @@ pub struct SessionIssuer {
     issuer: String,
     lifetimes: TokenLifetimes,
     clock: Arc<dyn Clock>,
+    verified: Arc<VerifiedCache>,
+}
+
+/// Access tokens whose signature and claims already verified, by the SHA-256 of the token: an
+/// agent presents the same access token on every call for minutes, and an RS512 verification
+/// costs about a millisecond (4096-bit key), the largest part of a call's cost
+/// (docs/benchmarks.md). A hit still checks the validity period against the clock; the binding
+/// is checked per call by the caller either way. Bounded: when full, expired entries go, and if
+/// none have, the cache starts over.
+#[derive(Debug, Default)]
+struct VerifiedCache {
+    entries: Mutex<std::collections::HashMap<[u8; 32], VerifiedToken>>,
+}
+
+impl VerifiedCache {
+    /// Entries kept at most (about 10 k agents' current and previous access tokens).
+    const CAPACITY: usize = 32_768;
+
+    fn key(token: &str) -> [u8; 32] {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(token.as_bytes()).into()
+    }
+
+    fn get(&self, key: &[u8; 32]) -> Option<VerifiedToken> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner).get(key).cloned()
+    }
+
+    fn insert(&self, key: [u8; 32], token: VerifiedToken, now: SystemTime) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= Self::CAPACITY {
+            entries.retain(|_, t| t.expires_at.is_some_and(|exp| exp > now));
+            if entries.len() >= Self::CAPACITY {
+                entries.clear();
+            }
+        }
+        entries.insert(key, token);
+    }
 }
 
 impl SessionIssuer {
@@ -131,6 +183,7 @@ impl SessionIssuer {
             issuer: DEFAULT_ISSUER.to_owned(),
             lifetimes: TokenLifetimes::default(),
             clock: Arc::new(SystemClock),
+            verified: Arc::default(),
         }
     }
 
@@ -204,8 +257,9 @@ impl SessionIssuer {
         };
         let sub = subject_json(&refresh.agent, mode)?;
         let bound = Bound { binding, method };
-        let access_token = self.sign(TokenKind::Access, &sub, Some(self.lifetimes.access), Some(bound))?;
         let now = self.clock.now();
+        let access_token = self.sign(TokenKind::Access, &sub, Some(self.lifetimes.access), Some(bound))?;
+        let access_expires_at = now + Duration::from_secs(self.lifetimes.access.as_secs());
         let renew = refresh
             .expires_at
             .is_none_or(|exp| exp.duration_since(now).unwrap_or_default() < self.lifetimes.renew_refresh_within);
@@ -214,7 +268,7 @@ impl SessionIssuer {
         } else {
             None
         };
-        Ok(RefreshedTokens { access_token, refresh_token })
+        Ok(RefreshedTokens { access_token, refresh_token, access_expires_at })
     }
 
     /// Issues the non-expiring bearer token Argo CD presents to the resource proxy for `agent`
@@ -234,6 +288,20 @@ impl SessionIssuer {
     ///
     /// The [`AuthError`] of the first check that fails.
     pub fn verify(&self, token: &str, kind: TokenKind) -> Result<VerifiedToken, AuthError> {
+        if kind != TokenKind::Access {
+            return self.verify_uncached(token, kind);
+        }
+        let key = VerifiedCache::key(token);
+        if let Some(verified) = self.verified.get(&key) {
+            check_period(kind, verified.claims.exp, verified.claims.nbf, unix_seconds(self.clock.now()))?;
+            return Ok(verified);
+        }
+        let verified = self.verify_uncached(token, kind)?;
+        self.verified.insert(key, verified.clone(), self.clock.now());
+        Ok(verified)
+    }
+
+    fn verify_uncached(&self, token: &str, kind: TokenKind) -> Result<VerifiedToken, AuthError> {
         let malformed = |reason: String| AuthError::MalformedToken { kind, reason };
         let header = jsonwebtoken::decode_header(token).map_err(|e| malformed(e.to_string()))?;
         if header.alg != ALGORITHM {
@@ -265,16 +333,7 @@ impl SessionIssuer {
         if claims.exp.is_none() && kind != TokenKind::ResourceProxy {
             return Err(AuthError::TokenWithoutExpiry { kind });
         }
-        if let Some(exp) = claims.exp
-            && now_secs >= exp
-        {
-            return Err(AuthError::TokenExpired { kind, expired_at: rfc3339(exp), now: rfc3339(now_secs) });
-        }
-        if let Some(nbf) = claims.nbf
-            && now_secs < nbf
-        {
-            return Err(AuthError::TokenNotYetValid { kind, not_before: rfc3339(nbf), now: rfc3339(now_secs) });
-        }
+        check_period(kind, claims.exp, claims.nbf, now_secs)?;
 
         let subject_error = |reason: String| AuthError::TokenSubject { kind, reason };
         let (agent, mode) = if kind == TokenKind::ResourceProxy {

@@ -209,6 +209,8 @@ pub struct RefreshedTokens {
     pub access_token: String,
     /// A new refresh token when the old one was close to expiry, else `None` (empty on the wire).
     pub refresh_token: Option<String>,
+    /// When the new access token expires.
+    pub access_expires_at: std::time::SystemTime,
 }
 
 #[cfg(test)]

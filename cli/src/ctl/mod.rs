@@ -3,11 +3,14 @@
 //!
 //! Implemented: `pki init|issue principal|issue resource-proxy|issue agent|propagate|inspect|dump|delete`,
 //! `jwt create-key|inspect-key|delete-key`, `agent create|list|inspect|print-tls|reconfigure`,
-//! `validate principal|agent` and `version`. Additions over upstream: `--kubeconfig`, `--out-dir`
-//! (PEM files beside the secrets), the SPIFFE URI SAN of `pki issue agent`, and more checks in
-//! `validate` (see docs/operations/agentctl.md). Not implemented: `blocklist`, `ha`, `config`.
+//! `blocklist tls add|remove|list`, `validate principal|agent` and `version`. Additions over
+//! upstream: `--kubeconfig`, `--out-dir` (PEM files beside the secrets), the SPIFFE URI SAN of
+//! `pki issue agent`, more checks in `validate`, `blocklist agent add|remove|list`, `blocklist
+//! list` and `--reason` (see docs/operations/agentctl.md and docs/operations/blocklist.md). Not
+//! implemented: `ha`, `config`.
 
 mod agent;
+mod blocklist;
 pub(crate) mod certs;
 mod cluster;
 mod inspect;
@@ -107,6 +110,9 @@ enum Command {
     /// Inspect and manage agent configuration (Argo CD cluster secrets on the principal).
     #[command(subcommand, visible_alias = "agents")]
     Agent(agent::AgentCommand),
+    /// Manage blocklists: agents the principal refuses (ConfigMap argocd-agent-tls-blocklist).
+    #[command(subcommand)]
+    Blocklist(blocklist::BlocklistCommand),
     /// Validate principal and agent installations.
     #[command(subcommand, visible_alias = "check-config")]
     Validate(validate::ValidateCommand),
@@ -142,6 +148,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Pki(cmd) => pki::run(&cli.global, cmd).await,
         Command::Jwt(cmd) => jwt::run(&cli.global, cmd).await,
         Command::Agent(cmd) => agent::run(&cli.global, cmd).await,
+        Command::Blocklist(cmd) => blocklist::run(&cli.global, cmd).await,
         Command::Validate(cmd) => validate::run(&cli.global, cmd).await,
         Command::Version(args) => version(&args),
     }

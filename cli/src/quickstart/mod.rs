@@ -279,6 +279,11 @@ impl Quickstart {
             &kc,
             "--kubecontext",
             HUB,
+            // Free loopback ports: nothing of the demo listens beyond this machine.
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--healthz-address",
+            "127.0.0.1:0",
         ]
         .iter()
         .map(|s| (*s).to_string())
@@ -312,6 +317,10 @@ impl Quickstart {
                 &kc,
                 "--kubecontext",
                 context,
+                "--metrics-address",
+                "127.0.0.1:0",
+                "--healthz-address",
+                "127.0.0.1:0",
             ]
             .iter()
             .map(|s| (*s).to_string())

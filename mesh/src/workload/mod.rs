@@ -483,6 +483,42 @@ fn reject(error: JwtSvidError, audience: &str) -> JwtSvidRejection {
 pub struct JwtIdentity {
     source: JwtSource,
     endpoint: String,
+    validated: Arc<ValidatedCache>,
+}
+
+/// JWT-SVIDs that validated, by token, with the bundle set and audience they validated against:
+/// an agent presents the same JWT-SVID on every call until it refreshes it, and an ES256
+/// verification costs about half a millisecond. A hit needs the very same bundle set (any bundle
+/// update, e.g. a removed key, invalidates every entry), the same audience and an unexpired
+/// token. Bounded: when full, expired entries go, and if none have, the cache starts over.
+#[derive(Default)]
+struct ValidatedCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, Validated>>,
+}
+
+/// What a cached JWT-SVID validated against (bundle set, audience) and what it gave.
+type Validated = (Arc<JwtBundleSet>, String, VerifiedJwtSvid);
+
+impl ValidatedCache {
+    const CAPACITY: usize = 16_384;
+
+    fn get(&self, token: &str, bundles: &Arc<JwtBundleSet>, audience: &str) -> Option<VerifiedJwtSvid> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (b, a, verified) = entries.get(token)?;
+        (Arc::ptr_eq(b, bundles) && a == audience && verified.expires_at > SystemTime::now()).then(|| verified.clone())
+    }
+
+    fn insert(&self, token: &str, bundles: Arc<JwtBundleSet>, audience: &str, verified: VerifiedJwtSvid) {
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.len() >= Self::CAPACITY {
+            let now = SystemTime::now();
+            entries.retain(|_, (_, _, v)| v.expires_at > now);
+            if entries.len() >= Self::CAPACITY {
+                entries.clear();
+            }
+        }
+        entries.insert(token.to_owned(), (bundles, audience.to_owned(), verified));
+    }
 }
 
 impl fmt::Debug for JwtIdentity {
@@ -514,7 +550,7 @@ impl JwtIdentity {
             Ok(Ok(source)) => source,
         };
         tracing::info!(%endpoint, "SPIFFE JWT bundle source ready");
-        Ok(Self { source, endpoint })
+        Ok(Self { source, endpoint, validated: Arc::default() })
     }
 
     /// The endpoint this source reads.
@@ -565,7 +601,12 @@ impl JwtIdentity {
     /// [`JwtSvidRejection`] saying what failed.
     pub fn validate(&self, token: &str, audience: &str) -> Result<VerifiedJwtSvid, JwtSvidRejection> {
         let bundles = self.bundle_set().map_err(|e| JwtSvidRejection::NoBundles(e.to_string()))?;
-        verify_jwt_svid(token, &bundles, audience)
+        if let Some(verified) = self.validated.get(token, &bundles, audience) {
+            return Ok(verified);
+        }
+        let verified = verify_jwt_svid(token, &bundles, audience)?;
+        self.validated.insert(token, bundles, audience, verified.clone());
+        Ok(verified)
     }
 
     /// Stops the background stream.

@@ -6,6 +6,7 @@ pub mod watch;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
 
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::{Event, EventType, Target};
@@ -39,6 +40,10 @@ pub(crate) struct Hub {
     pub(crate) auto_source: Mutex<HashMap<Key, Application>>,
     /// Hub copies whose deletion the owning agent asked for.
     pub(crate) expected_deletes: Mutex<HashSet<Key>>,
+    /// Whether the Application and AppProject watchers have each listed the hub once
+    /// (readiness, `/healthz`).
+    pub(crate) apps_synced: AtomicBool,
+    pub(crate) projects_synced: AtomicBool,
 }
 
 impl Hub {
@@ -53,6 +58,8 @@ impl Hub {
             seen_projects: Mutex::new(HashMap::new()),
             auto_source: Mutex::new(HashMap::new()),
             expected_deletes: Mutex::new(HashSet::new()),
+            apps_synced: AtomicBool::new(false),
+            projects_synced: AtomicBool::new(false),
         }
     }
 
@@ -70,7 +77,12 @@ impl Hub {
         obj: &T,
     ) -> Option<Event> {
         match Event::for_object(ty, target, meta, obj) {
-            Ok(ev) => Some(ev.with_principal_uid(&self.principal_uid)),
+            Ok(ev) => {
+                let mut ev = ev.with_principal_uid(&self.principal_uid);
+                // The receiver's span joins the trace of the hub change (or resync) at hand.
+                protocol::otel::inject_current(&mut ev);
+                Some(ev)
+            }
             Err(e) => {
                 tracing::error!(error = %e, name = ?meta.name, "cannot encode event");
                 None

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use kube::api::DynamicObject;
@@ -49,6 +50,7 @@ pub(crate) async fn run_applications(hub: Arc<Hub>, cancel: CancellationToken) {
                 }
             }
             WatchEvent::InitDone => {
+                hub.apps_synced.store(true, Ordering::Relaxed);
                 let Some(seen) = relisted.take() else { continue };
                 let gone: Vec<Application> =
                     lock(&hub.seen_apps).iter().filter(|(k, _)| !seen.contains(*k)).map(|(_, v)| v.clone()).collect();
@@ -85,6 +87,12 @@ fn decode_app(hub: &Hub, obj: &DynamicObject) -> Option<Application> {
 }
 
 async fn app_applied(hub: &Hub, app: Application) {
+    let operation = if lock(&hub.seen_apps).contains_key(&key_of(&app.metadata)) { "update" } else { "create" };
+    let span = crate::otel::hub_event_span("Application", operation, &app.metadata);
+    app_applied_in_span(hub, app).instrument(span).await;
+}
+
+async fn app_applied_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
     if !is_autonomous_copy(&app) && is_ignored(&app) {
         let prev = lock(&hub.seen_apps).remove(&key);
@@ -105,6 +113,11 @@ async fn app_applied(hub: &Hub, app: Application) {
 }
 
 async fn app_deleted(hub: &Hub, app: Application) {
+    let span = crate::otel::hub_event_span("Application", "delete", &app.metadata);
+    app_deleted_in_span(hub, app).instrument(span).await;
+}
+
+async fn app_deleted_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
     lock(&hub.seen_apps).remove(&key);
     if is_autonomous_copy(&app) {
@@ -151,9 +164,12 @@ pub(crate) async fn run_projects(hub: Arc<Hub>, cancel: CancellationToken) {
                     seen.insert(name.clone());
                 }
                 let prev = lock(&hub.seen_projects).insert(name, p.clone());
+                let operation = if prev.is_some() { "update" } else { "create" };
+                let _span = crate::otel::hub_event_span("AppProject", operation, &p.metadata).entered();
                 project::hub_project_changed(&hub, prev.as_ref(), &p);
             }
             WatchEvent::InitDone => {
+                hub.projects_synced.store(true, Ordering::Relaxed);
                 let Some(seen) = relisted.take() else { continue };
                 let mut known = lock(&hub.seen_projects);
                 let gone: Vec<String> = known.keys().filter(|k| !seen.contains(*k)).cloned().collect();
@@ -166,6 +182,7 @@ pub(crate) async fn run_projects(hub: Arc<Hub>, cancel: CancellationToken) {
             WatchEvent::Delete(obj) => {
                 let Some(p) = decode(&obj) else { continue };
                 lock(&hub.seen_projects).remove(p.metadata.name.as_deref().unwrap_or_default());
+                let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
                 project::hub_project_deleted(&hub, &p);
             }
         }

@@ -129,6 +129,7 @@ fn claims_to_be_ack(ce: &CloudEvent) -> bool {
 
 /// Handles one message from the agent; returns whether it was processed.
 async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
+    crate::metrics::global().event_received();
     let ack_ref = msg.event.as_ref().and_then(AckRef::of);
     let is_ack = msg.event.as_ref().is_some_and(claims_to_be_ack);
     let ev = match Event::from_wire(msg) {
@@ -152,10 +153,12 @@ async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
         session.ack(&ev.resource_id, &ev.event_id);
         return true;
     }
-    let span = tracing::info_span!("inbound", agent = %session.name(), mode = %session.mode(),
-        event_type = %ev.event_type, target = %ev.target, resource_id = %ev.resource_id, event_id = %ev.event_id);
+    let span = crate::otel::received_span(session, &ev);
     async {
-        match inbound::process(hub, session, &ev).await {
+        let started = std::time::Instant::now();
+        let result = inbound::process(hub, session, &ev).await;
+        crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
+        match result {
             Ok(()) => session.push(ev.processed_ack()),
             Err(e) if e.is_retryable() => {
                 tracing::warn!(error = %e, "cannot apply event now; the agent will resend it")
@@ -201,7 +204,13 @@ async fn send_loop(
             tokio::select! {
                 biased;
                 () = handle.closed() => return,
-                sent = tx.send(Ok(wire)) => if sent.is_err() { return },
+                sent = tx.send(Ok(wire)) => match sent {
+                    Ok(()) => crate::metrics::global().event_sent(),
+                    Err(_) => {
+                        crate::metrics::global().send_failed(session.name(), "transport-closing");
+                        return;
+                    }
+                },
             }
         }
         let sleep = async {
@@ -220,14 +229,28 @@ async fn send_loop(
     }
 }
 
-/// Closes the stream with `Unauthenticated` when its access token expires.
-async fn expire_at(handle: StreamHandle, agent: String, expires_at: SystemTime) {
-    let remaining = expires_at.duration_since(SystemTime::now()).unwrap_or_default();
-    tokio::select! {
-        () = handle.closed() => {}
-        () = tokio::time::sleep(remaining) => {
-            tracing::info!(%agent, "the access token that opened the agent's stream expired; stream closed");
-            handle.close(Some(expired(&agent, expires_at)));
+/// Closes the stream with `Unauthenticated` when its session expires: the access token that
+/// opened it, or the latest one a refresh of the same session issued.
+async fn expire_at(handle: StreamHandle, agent: String) {
+    let mut deadline = handle.deadline();
+    loop {
+        let Some(at) = *deadline.borrow_and_update() else { return };
+        let remaining = at.duration_since(SystemTime::now()).unwrap_or_default();
+        tokio::select! {
+            () = handle.closed() => return,
+            changed = deadline.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(remaining) => {
+                if deadline.borrow().is_some_and(|d| d > at) {
+                    continue;
+                }
+                tracing::info!(%agent, "the agent's session expired without a refresh; stream closed");
+                handle.close(Some(expired(&agent, at)));
+                return;
+            }
         }
     }
 }
@@ -272,6 +295,7 @@ async fn run_stream(
     mut inbound: Streaming<WireEvent>,
 ) {
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
+    crate::metrics::global().agent_connected(session.name());
     if hub.config.namespace_create_enable && session.mode() == AgentMode::Autonomous {
         match crate::state::ensure_namespace(&hub.apps.client(), session.name(), &hub.config.namespace_create_labels)
             .await
@@ -307,6 +331,7 @@ async fn run_stream(
     }
     handle.close(None);
     session.detach(&handle);
+    crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
 }
 
 #[tonic::async_trait]
@@ -319,11 +344,11 @@ impl EventStream for EventStreamService {
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let (session, mode, grant) = self.session_for(&request)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let expires_at = grant.expires_at;
+        let expires = grant.expires_at.is_some();
         // Attach now, so an older stream of this agent is closed before this one runs.
         let handle = session.attach(mode, grant);
-        if let Some(expires_at) = expires_at {
-            tokio::spawn(expire_at(handle.clone(), session.name().to_owned(), expires_at));
+        if expires {
+            tokio::spawn(expire_at(handle.clone(), session.name().to_owned()));
         }
         tokio::spawn(send_loop(session.clone(), tx, handle.clone(), self.hub.config.max_message_bytes));
         tokio::spawn(run_stream(self.hub.clone(), session, handle.clone(), request.into_inner()));

@@ -157,3 +157,20 @@ fn resource_proxy_tokens_never_expire_and_carry_the_bare_name() {
     let err = iss.verify(&token, TokenKind::Access).expect_err("not an access token");
     assert!(matches!(err, AuthError::TokenAudience { .. }), "{err}");
 }
+
+#[test]
+fn verified_access_tokens_are_cached_by_their_exact_bytes() {
+    let clock = ManualClock::new(start());
+    let iss = issuer(KEY_A, &clock);
+    let tokens = iss.issue(&identity(), AgentMode::Managed).expect("issue");
+    let first = iss.verify(&tokens.access_token, TokenKind::Access).expect("verify");
+    assert_eq!(iss.verify(&tokens.access_token, TokenKind::Access).expect("cached"), first);
+    // A token differing in one byte of its signature is verified, not looked up.
+    let mut tampered = tokens.access_token.clone();
+    let last = tampered.pop().expect("non-empty");
+    tampered.push(if last == 'A' { 'B' } else { 'A' });
+    assert!(iss.verify(&tampered, TokenKind::Access).is_err());
+    // A cached access token is still not a refresh token, and another key's issuer does not share the cache.
+    assert!(iss.verify(&tokens.access_token, TokenKind::Refresh).is_err());
+    assert!(issuer(KEY_B, &clock).verify(&tokens.access_token, TokenKind::Access).is_err());
+}

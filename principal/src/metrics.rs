@@ -1,0 +1,391 @@
+//! The principal's Prometheus metrics (docs/operations/metrics.md), in the text exposition
+//! format 0.0.4 that `promtool check metrics` accepts.
+//!
+//! Names and labels are upstream's where upstream has the metric (docs/upstream-argocd-agent.md
+//! §8.1), with one systematic difference: counters always end in `_total` (upstream's
+//! `principal_events_received` is `principal_events_received_total` here, the name it gets
+//! when upstream is scraped as OpenMetrics). What upstream lacks carries the
+//! `argocd_principal_` prefix: per-agent outbox depth and oldest-unacked age, resync counts and
+//! durations, authentication failures by method and reason, stream ends by cause.
+//!
+//! The registry is process-wide ([`global`]), as upstream's default registry: instrumented
+//! code records with one call, wherever it runs.
+//!
+//! **Per-agent series** (label `agent_name`) live as long as the agent is connected, and for
+//! [`DEFAULT_AGENT_RETENTION`] (see [`PrincipalMetrics::set_agent_retention`]) after its last
+//! stream ended; an agent disconnected longer than that counts as gone, and every series
+//! naming it is removed at the next scrape (its counters start again from zero if it returns).
+//! Upstream removes them when the agent's cluster secret is deleted; this implementation has
+//! no cluster secrets yet.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use protocol::metrics::{CounterVec, DEFAULT_BUCKETS, HistogramVec, event_type, gauge, resource_type, single};
+use protocol::{Event, Target};
+
+use crate::config::AgentMode;
+use crate::inbound::InboundError;
+use crate::session::Sessions;
+
+/// How long an agent's series outlive its last stream by default.
+pub const DEFAULT_AGENT_RETENTION: Duration = Duration::from_secs(15 * 60);
+
+/// The principal's metrics, shared by the whole process.
+#[must_use]
+pub fn global() -> &'static PrincipalMetrics {
+    static METRICS: LazyLock<PrincipalMetrics> = LazyLock::new(PrincipalMetrics::new);
+    &METRICS
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One agent's connection bookkeeping.
+#[derive(Debug, Default)]
+struct Presence {
+    /// Streams open now (a replacing stream opens before the replaced one ends).
+    streams: usize,
+    connected_since: Option<Instant>,
+    disconnected_at: Option<Instant>,
+}
+
+/// Every metric the principal exports. Record through [`global`].
+#[derive(Debug)]
+pub struct PrincipalMetrics {
+    retention: Mutex<Duration>,
+    agents: Mutex<BTreeMap<String, Presence>>,
+    events_received: AtomicU64,
+    events_sent: AtomicU64,
+    event_processing: HistogramVec,
+    errors: CounterVec,
+    agent_connections: CounterVec,
+    send_errors: CounterVec,
+    discarded: CounterVec,
+    disconnects: CounterVec,
+    resyncs: CounterVec,
+    resync_duration: HistogramVec,
+    auth_failures: CounterVec,
+}
+
+impl Default for PrincipalMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why a stream ended, from the status it was closed with (`None`: the agent hung up).
+fn end_cause(status: Option<&tonic::Status>) -> &'static str {
+    match status.map(tonic::Status::code) {
+        None => "agent_closed",
+        Some(tonic::Code::Aborted) => "replaced",
+        Some(tonic::Code::Unauthenticated) => "session_ended",
+        Some(tonic::Code::Unavailable) => "shutdown",
+        Some(tonic::Code::OutOfRange) => "message_too_large",
+        Some(_) => "stream_error",
+    }
+}
+
+impl PrincipalMetrics {
+    /// Empty metrics (tests; the process uses [`global`]).
+    pub fn new() -> Self {
+        Self {
+            retention: Mutex::new(DEFAULT_AGENT_RETENTION),
+            agents: Mutex::new(BTreeMap::new()),
+            events_received: AtomicU64::new(0),
+            events_sent: AtomicU64::new(0),
+            event_processing: HistogramVec::new(
+                "principal_event_processing_time",
+                "Histogram of time taken to process events from agents (in seconds).",
+                &["status", "agent_name", "resource_type"],
+                DEFAULT_BUCKETS,
+            ),
+            errors: CounterVec::new(
+                "principal_errors_total",
+                "The total number of events from agents that could not be applied.",
+                &["resource_type"],
+            ),
+            agent_connections: CounterVec::new(
+                "argocd_principal_agent_connections_total",
+                "The total number of successful stream connections from each agent to the principal.",
+                &["agent_name"],
+            ),
+            send_errors: CounterVec::new(
+                "principal_event_writer_send_errors_total",
+                "The total number of events the principal could not write to an agent's stream.",
+                &["agent_name", "reason"],
+            ),
+            discarded: CounterVec::new(
+                "argocd_principal_event_writer_events_discarded_total",
+                "The total number of events for agents given up on (retries exhausted or too large); resync repairs.",
+                &["agent_name", "event_type", "resource_type"],
+            ),
+            disconnects: CounterVec::new(
+                "argocd_principal_agent_disconnects_total",
+                "The total number of agent streams that ended, by cause.",
+                &["agent_name", "cause"],
+            ),
+            resyncs: CounterVec::new(
+                "argocd_principal_resyncs_total",
+                "The total number of resyncs started for agents on connect, by result.",
+                &["agent_name", "result"],
+            ),
+            resync_duration: HistogramVec::new(
+                "argocd_principal_resync_duration_seconds",
+                "Time to start a resync on connect: reading the hub and queueing the resync events (in seconds).",
+                &["mode"],
+                DEFAULT_BUCKETS,
+            ),
+            auth_failures: CounterVec::new(
+                "argocd_principal_auth_failures_total",
+                "The total number of refused authentications and calls, by method and reason.",
+                &["method", "reason"],
+            ),
+        }
+    }
+
+    /// Keeps an agent's series for `retention` after its last stream ended (0: remove them at
+    /// the next scrape after it disconnects).
+    pub fn set_agent_retention(&self, retention: Duration) {
+        *lock(&self.retention) = retention;
+    }
+
+    /// A stream of `agent` opened.
+    pub fn agent_connected(&self, agent: &str) {
+        let mut agents = lock(&self.agents);
+        let p = agents.entry(agent.to_owned()).or_default();
+        if p.streams == 0 {
+            p.connected_since = Some(Instant::now());
+        }
+        p.streams += 1;
+        p.disconnected_at = None;
+        drop(agents);
+        self.agent_connections.inc(&[agent]);
+    }
+
+    /// A stream of `agent` ended with `status` (`None`: the agent hung up cleanly).
+    pub fn agent_disconnected(&self, agent: &str, status: Option<&tonic::Status>) {
+        let mut agents = lock(&self.agents);
+        let p = agents.entry(agent.to_owned()).or_default();
+        p.streams = p.streams.saturating_sub(1);
+        if p.streams == 0 {
+            p.connected_since = None;
+            p.disconnected_at = Some(Instant::now());
+        }
+        drop(agents);
+        self.disconnects.inc(&[agent, end_cause(status)]);
+    }
+
+    /// A message arrived from an agent.
+    pub fn event_received(&self) {
+        self.events_received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An event was written to an agent's stream.
+    pub fn event_sent(&self) {
+        self.events_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An event from `agent` was processed with `result` in `elapsed`.
+    pub(crate) fn event_processed(
+        &self,
+        agent: &str,
+        target: &Target,
+        result: &Result<(), InboundError>,
+        elapsed: Duration,
+    ) {
+        let status = match result {
+            Ok(()) => "success",
+            Err(InboundError::WrongMode { .. }) => "not-allowed",
+            Err(e) if e.is_retryable() => "failure",
+            Err(_) => "discarded",
+        };
+        self.event_processing.observe(&[status, agent, resource_type(target)], elapsed.as_secs_f64());
+        if result.is_err() {
+            self.errors.inc(&[resource_type(target)]);
+        }
+    }
+
+    /// An event could not be written to `agent`'s stream (`reason`: `transport-closing`, ...).
+    pub fn send_failed(&self, agent: &str, reason: &str) {
+        self.send_errors.inc(&[agent, reason]);
+    }
+
+    /// An event for `agent` was given up on.
+    pub fn event_discarded(&self, agent: &str, event: &Event) {
+        self.discarded.inc(&[agent, event_type(&event.event_type), resource_type(&event.target)]);
+    }
+
+    /// A resync for `agent` was started (`ok`: its events were queued) in `elapsed`.
+    pub fn resync(&self, agent: &str, mode: AgentMode, elapsed: Duration, ok: bool) {
+        self.resyncs.inc(&[agent, if ok { "started" } else { "failed" }]);
+        self.resync_duration.observe(&[&mode.to_string()], elapsed.as_secs_f64());
+    }
+
+    /// An authentication or call was refused: `method` (`mtls`, `xfcc`, ..., `access_token`,
+    /// `refresh_token`) and a short `reason`.
+    pub fn auth_failed(&self, method: &str, reason: &str) {
+        self.auth_failures.inc(&[method, reason]);
+    }
+
+    /// Removes every series of agents disconnected longer than the retention; returns the
+    /// agents kept.
+    fn prune(&self) -> Vec<(String, bool, Option<Instant>)> {
+        let retention = *lock(&self.retention);
+        let now = Instant::now();
+        let mut agents = lock(&self.agents);
+        let gone: Vec<String> = agents
+            .iter()
+            .filter(|(_, p)| p.streams == 0 && p.disconnected_at.is_some_and(|t| now.duration_since(t) >= retention))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &gone {
+            agents.remove(name);
+        }
+        let kept = agents.iter().map(|(n, p)| (n.clone(), p.streams > 0, p.connected_since)).collect();
+        drop(agents);
+        for name in &gone {
+            tracing::debug!(agent = %name, "agent gone for longer than the metrics retention: its series are removed");
+            for family in
+                [&self.agent_connections, &self.send_errors, &self.discarded, &self.disconnects, &self.resyncs]
+            {
+                family.remove("agent_name", name);
+            }
+            self.event_processing.remove("agent_name", name);
+        }
+        kept
+    }
+
+    /// The exposition text; outbox gauges come from `sessions` when given.
+    pub fn render(&self, sessions: Option<&Sessions>) -> String {
+        let agents = self.prune();
+        let now = Instant::now();
+        let mut out = String::with_capacity(8192);
+        let build: &[(&str, &str)] = &[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("git_revision", option_env!("ARGOCD_AGENT_GIT_REVISION").unwrap_or("unknown")),
+        ];
+        gauge(
+            &mut out,
+            "argocd_agent_build_info",
+            "Build metadata for the running argocd-agent binary.",
+            &[build],
+            &[1.0],
+        );
+        let connected: Vec<_> = agents.iter().filter(|(_, c, _)| *c).collect();
+        single(
+            &mut out,
+            "argocd_principal_connected_agents",
+            "gauge",
+            "The number of agents connected to the principal.",
+            connected.len() as f64,
+        );
+        let minutes: f64 = connected
+            .iter()
+            .filter_map(|(_, _, since)| *since)
+            .map(|s| now.duration_since(s).as_secs_f64() / 60.0)
+            .sum();
+        single(
+            &mut out,
+            "principal_agent_avg_connection_time",
+            "gauge",
+            "The average time the connected agents have been connected for (in minutes).",
+            if connected.is_empty() { 0.0 } else { minutes / connected.len() as f64 },
+        );
+        single(
+            &mut out,
+            "principal_events_received_total",
+            "counter",
+            "The total number of events received by principal.",
+            self.events_received.load(Ordering::Relaxed) as f64,
+        );
+        single(
+            &mut out,
+            "principal_events_sent_total",
+            "counter",
+            "The total number of events sent by principal.",
+            self.events_sent.load(Ordering::Relaxed) as f64,
+        );
+        let labels: Vec<[(&str, &str); 1]> = agents.iter().map(|(n, _, _)| [("agent_name", n.as_str())]).collect();
+        let label_refs: Vec<&[(&str, &str)]> = labels.iter().map(|l| l.as_slice()).collect();
+        let up: Vec<f64> = agents.iter().map(|(_, c, _)| if *c { 1.0 } else { 0.0 }).collect();
+        gauge(
+            &mut out,
+            "argocd_principal_agent_connected",
+            "Whether the agent has a live stream (1) or not (0); kept for the retention after it disconnects.",
+            &label_refs,
+            &up,
+        );
+        if let Some(sessions) = sessions {
+            let backlog: Vec<(usize, Option<Duration>)> = agents
+                .iter()
+                .map(|(n, _, _)| sessions.get(n).map(|s| s.outbox_backlog()).unwrap_or_default())
+                .collect();
+            let depth: Vec<f64> = backlog.iter().map(|(d, _)| *d as f64).collect();
+            let age: Vec<f64> = backlog.iter().map(|(_, a)| a.map_or(0.0, |a| a.as_secs_f64())).collect();
+            gauge(
+                &mut out,
+                "argocd_principal_agent_outbox_depth",
+                "Events queued for the agent or sent and awaiting its ACK.",
+                &label_refs,
+                &depth,
+            );
+            gauge(
+                &mut out,
+                "argocd_principal_agent_outbox_oldest_unacked_age_seconds",
+                "How long the oldest event queued for the agent or awaiting its ACK has waited (0: none).",
+                &label_refs,
+                &age,
+            );
+        }
+        for family in [
+            &self.agent_connections,
+            &self.disconnects,
+            &self.errors,
+            &self.send_errors,
+            &self.discarded,
+            &self.resyncs,
+            &self.auth_failures,
+        ] {
+            family.encode(&mut out);
+        }
+        self.event_processing.encode(&mut out);
+        self.resync_duration.encode(&mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_series_appear_and_go_after_the_retention() {
+        let m = PrincipalMetrics::new();
+        m.set_agent_retention(Duration::ZERO);
+        m.agent_connected("agent-1");
+        m.agent_connected("agent-1"); // a replacing stream
+        m.resync("agent-1", AgentMode::Managed, Duration::from_millis(3), true);
+        let text = m.render(None);
+        assert!(text.contains("argocd_principal_connected_agents 1\n"), "{text}");
+        assert!(text.contains("argocd_principal_agent_connections_total{agent_name=\"agent-1\"} 2\n"), "{text}");
+        assert!(text.contains("argocd_principal_resync_duration_seconds_bucket{mode=\"managed\",le=\"0.005\"} 1\n"));
+        m.agent_disconnected("agent-1", Some(&tonic::Status::aborted("replaced")));
+        let text = m.render(None);
+        assert!(text.contains("agent_name=\"agent-1\",cause=\"replaced\"} 1"), "still connected: {text}");
+        m.agent_disconnected("agent-1", None);
+        let text = m.render(None);
+        assert!(!text.contains("agent-1"), "removed after the retention: {text}");
+        assert!(text.contains("argocd_principal_connected_agents 0\n"), "{text}");
+    }
+
+    #[test]
+    fn labels_are_escaped() {
+        let m = PrincipalMetrics::new();
+        m.auth_failed("mtls", "a\"b\\c\nd");
+        assert!(m.render(None).contains(r#"{method="mtls",reason="a\"b\\c\nd"} 1"#));
+    }
+}
