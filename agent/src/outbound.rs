@@ -33,8 +33,13 @@ impl Mailbox {
     pub fn push(&self, event: Event) {
         tracing::debug!(event_type = %event.event_type, target = %event.target, resource_id = %event.resource_id,
             event_id = %event.event_id, "queued for principal");
-        lock(&self.outbox).push(event, Instant::now());
-        self.notify.notify_one();
+        let ids = (event.resource_id.clone(), event.event_id.clone());
+        if lock(&self.outbox).push(event, Instant::now()) {
+            self.notify.notify_one();
+        } else {
+            tracing::debug!(resource_id = %ids.0, event_id = %ids.1,
+                "dropped: the principal was already sent a newer version of this resource");
+        }
     }
 
     /// Settles the in-flight event an ACK refers to.

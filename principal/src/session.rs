@@ -165,8 +165,14 @@ impl AgentSession {
     pub fn push(&self, event: Event) {
         tracing::debug!(agent = %self.name, event_type = %event.event_type, target = %event.target,
             resource_id = %event.resource_id, event_id = %event.event_id, "queued for agent");
-        lock(&self.outbox).push(event, Instant::now());
-        self.notify.notify_one();
+        let ids = (event.resource_id.clone(), event.event_id.clone());
+        if lock(&self.outbox).push(event, Instant::now()) {
+            self.notify.notify_one();
+        } else {
+            // E.g. the hub watch replaying history after a resync already sent the newer state.
+            tracing::debug!(agent = %self.name, resource_id = %ids.0, event_id = %ids.1,
+                "dropped: the agent was already sent a newer version of this resource");
+        }
     }
 
     /// Settles the in-flight event an ACK refers to.

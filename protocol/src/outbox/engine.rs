@@ -131,6 +131,12 @@ pub struct Outbox<T> {
     parked: HashMap<String, Parked<T>>,
     queued: usize,
     inflight: usize,
+    /// The newest object version accepted per resource and family ([`Outgoing::version`]),
+    /// kept after delivery: an older state must not follow one already delivered. One entry per
+    /// resource ever sent (a few dozen bytes each).
+    versions: HashMap<String, [Option<u64>; 2]>,
+    /// Items dropped because a newer version of their resource was already accepted.
+    stale: u64,
 }
 
 impl<T: Outgoing> Outbox<T> {
@@ -154,7 +160,16 @@ impl<T: Outgoing> Outbox<T> {
             parked: HashMap::new(),
             queued: 0,
             inflight: 0,
+            versions: HashMap::new(),
+            stale: 0,
         }
+    }
+
+    /// How many items were dropped because a newer version of their resource had already been
+    /// accepted ([`Outgoing::version`]).
+    #[must_use]
+    pub fn stale_dropped(&self) -> u64 {
+        self.stale
     }
 
     /// The retry policy.
@@ -164,8 +179,29 @@ impl<T: Outgoing> Outbox<T> {
     }
 
     /// Queues an item. Never drops a delete; coalesces as the module docs describe.
-    pub fn push(&mut self, item: T, now: Instant) {
+    ///
+    /// Returns `false` when the item was dropped as stale: it carries an older version of its
+    /// resource than one already accepted (e.g. a watch replaying history after a resync already
+    /// sent the newer state), which must not overwrite the newer state on the other side.
+    pub fn push(&mut self, item: T, now: Instant) -> bool {
         let class = item.delivery_class();
+        match (class, item.version()) {
+            (DeliveryClass::Delete, Some((family, version))) => {
+                // Never dropped; states older than the delete may not follow it (a watch
+                // replaying history), newer ones may (the object is shared again, re-created).
+                let newest = &mut self.versions.entry(item.resource_id().to_owned()).or_default()[family as usize];
+                *newest = Some(newest.map_or(version, |n| n.max(version)));
+            }
+            (DeliveryClass::Tracked, Some((family, version))) => {
+                let newest = &mut self.versions.entry(item.resource_id().to_owned()).or_default()[family as usize];
+                if newest.is_some_and(|n| version < n) {
+                    self.stale += 1;
+                    return false;
+                }
+                *newest = Some(version);
+            }
+            _ => {}
+        }
         match class {
             DeliveryClass::Ack => {
                 let rid = item.resource_id().to_owned();
@@ -202,6 +238,7 @@ impl<T: Outgoing> Outbox<T> {
                 }
             }
         }
+        true
     }
 
     /// The next item to transmit at `now`, if any; a tracked item is marked in flight until

@@ -17,6 +17,15 @@ pub enum DeliveryClass {
     Heartbeat,
 }
 
+/// Which part of an object an item carries, for ordering by the object's version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VersionFamily {
+    /// The object itself (create, spec update, ...).
+    Spec,
+    /// Its status.
+    Status,
+}
+
 /// An item the outbox can deliver.
 pub trait Outgoing: Clone {
     /// The per-resource delivery key (`resourceid`).
@@ -27,6 +36,13 @@ pub trait Outgoing: Clone {
     fn delivery_class(&self) -> DeliveryClass;
     /// Pending items of one resource with equal keys coalesce to the newest.
     fn coalesce_key(&self) -> &str;
+    /// For items that carry a state of a versioned object: which part, and the object's version
+    /// (Kubernetes `resourceVersion`). An item older than one of the same resource and family
+    /// already accepted is dropped, so an older state never follows a newer one. `None`: not
+    /// ordered by version.
+    fn version(&self) -> Option<(VersionFamily, u64)> {
+        None
+    }
 }
 
 impl Outgoing for Event {
@@ -53,5 +69,19 @@ impl Outgoing for Event {
     /// status-update a pending status-update, and so on.
     fn coalesce_key(&self) -> &str {
         self.event_type.as_str()
+    }
+
+    /// Object events have `eventid` = `<resourceid>_<resourceVersion>` ([`Event::for_object`]);
+    /// a numeric resourceVersion orders them (requests, responses and non-numeric versions are
+    /// not ordered). Status updates are their own family: they do not compete with the spec.
+    /// A delete is never dropped, but moves the spec family's version to its own.
+    fn version(&self) -> Option<(VersionFamily, u64)> {
+        if self.event_id.len() <= self.resource_id.len() {
+            return None;
+        }
+        let version = self.event_id.strip_prefix(self.resource_id.as_str())?.strip_prefix('_')?.parse().ok()?;
+        let family =
+            if self.event_type == EventType::StatusUpdate { VersionFamily::Status } else { VersionFamily::Spec };
+        Some((family, version))
     }
 }

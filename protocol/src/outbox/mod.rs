@@ -44,7 +44,7 @@ pub mod item;
 pub mod policy;
 
 pub use engine::{AckOutcome, InFlightView, Outbox, ParkReason, Parked};
-pub use item::{DeliveryClass, Outgoing};
+pub use item::{DeliveryClass, Outgoing, VersionFamily};
 pub use policy::{JitterSource, NoJitter, RetryPolicy, SeededJitter};
 
 #[cfg(test)]
