@@ -246,10 +246,18 @@ impl<H: SessionHook> Authentication for AuthService<H> {
             let no_version = status.code() == tonic::Code::InvalidArgument;
             self.refused(&req.method, if no_version { "no_version" } else { "version_mismatch" });
         })?;
-        let tokens = self.sessions.issue(&identity, mode).map_err(|error| {
-            tracing::error!(agent = %identity.name(), %error, "cannot sign session tokens");
-            error.to_status()
-        })?;
+        // Two RSA signatures (tens of ms with RSA-4096): off the async workers, so a reconnect
+        // storm does not stall the heartbeats and streams of agents already connected.
+        let issued = {
+            let (sessions, identity) = (self.sessions.clone(), identity.clone());
+            tokio::task::spawn_blocking(move || sessions.issue(&identity, mode)).await
+        };
+        let tokens = issued
+            .map_err(|join| Status::internal(format!("signing the session tokens failed: {join}")))?
+            .map_err(|error| {
+                tracing::error!(agent = %identity.name(), %error, "cannot sign session tokens");
+                error.to_status()
+            })?;
         let session = NewSession {
             identity,
             mode,

@@ -1,57 +1,35 @@
-//! Principal and agent end to end, beside a raw tonic bidi stream of the same message sizes.
+//! Principal and agent end to end, beside a raw tonic bidi stream of the same message sizes, and
+//! through Envoy sidecars beside direct mTLS.
 //!
 //! - end to end (spawned principal and agent over mTLS, embedded hub and spoke API servers):
 //!   hub write to spoke write latency p50/p99 one at a time, and throughput with many writes in
 //!   flight;
 //! - baseline in the same run: a tonic EventStream Subscribe stream on loopback carrying
 //!   CloudEvents with the same Application payload: one-way latency p50/p99 one at a time, and
-//!   pipelined throughput.
+//!   pipelined throughput;
+//! - the same end-to-end measures through two real Envoy sidecars (agent -> agent sidecar ->
+//!   principal sidecar -> plaintext principal, `--auth xfcc:`) beside the direct mTLS topology:
+//!   both run at once and the measures alternate between them in rounds.
 //!
-//! Run: `cargo bench -p tests --bench sync` (sizes: BENCH_SYNC_LATENCY, BENCH_SYNC_THROUGHPUT,
-//! BENCH_STREAM_EVENTS). Figures are printed, never asserted.
+//! Run: `cargo build --release -p cli && cargo bench -p tests --bench sync` (sizes:
+//! BENCH_SYNC_LATENCY, BENCH_SYNC_THROUGHPUT, BENCH_SYNC_ROUNDS, BENCH_STREAM_EVENTS). Figures are
+//! printed, never asserted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use kube::api::{Api, DynamicObject, PostParams};
-use kube::runtime::watcher;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use protocol::pb::eventstreamapi::event_stream_server::{EventStream, EventStreamServer};
 use protocol::pb::eventstreamapi::{Event as WireEvent, PingRequest, PongReply, PushSummary};
-use serde_json::{Value, json};
-use tests::fixtures::{application_resource, dynamic};
-use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::bench::{AGENT, Side, app_json, env, percentile};
+use tests::topology::{Mode, Topology};
 
 type Res<T> = anyhow::Result<T>;
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
-
-fn app_json(name: &str, ns: &str) -> Value {
-    json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": {"name": name, "namespace": ns, "labels": {"team": "bench"}},
-        "spec": {
-            "project": "default",
-            "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git", "path": "guestbook", "targetRevision": "HEAD"},
-            "destination": {"server": "https://kubernetes.default.svc", "namespace": name},
-            "syncPolicy": {"automated": {"prune": true, "selfHeal": true}},
-        },
-    })
 }
 
 // === baseline: a raw tonic bidi stream ===
@@ -159,71 +137,28 @@ async fn baseline(latency_n: usize, throughput_n: usize) -> Res<(Vec<Duration>, 
 
 // === end to end ===
 
-/// Arrival time on the spoke of each Application by name.
-fn spoke_arrivals(spoke: Api<DynamicObject>) -> (Arc<Mutex<HashMap<String, Instant>>>, tokio::task::JoinHandle<()>) {
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let s = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut w = watcher(spoke, watcher::Config::default()).boxed();
-        while let Some(ev) = w.next().await {
-            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev
-                && let (Some(name), Ok(mut m)) = (o.metadata.name, s.lock())
-            {
-                m.entry(name).or_insert_with(Instant::now);
-            }
-        }
-    });
-    (seen, task)
+/// Direct mTLS and Envoy sidecars side by side: both topologies run at once and the measures
+/// alternate between them in `rounds`, so load from other processes falls on both.
+async fn end_to_end(latency_n: usize, throughput_n: usize, rounds: usize) -> Res<(Side, Side)> {
+    let agents = [(AGENT, Mode::Managed)];
+    let mut direct = Side::start(Topology::start(&agents).await?).await?;
+    let mut mesh = Side::start(Topology::start_mesh(&agents).await?).await?;
+    let rounds = rounds.clamp(1, latency_n.max(throughput_n).max(1));
+    let share = |n: usize, round: usize| n / rounds + usize::from(round < n % rounds);
+    for round in 0..rounds {
+        let (first, second) = if round % 2 == 0 { (&mut direct, &mut mesh) } else { (&mut mesh, &mut direct) };
+        first.latency(share(latency_n, round)).await?;
+        second.latency(share(latency_n, round)).await?;
+        first.throughput(share(throughput_n, round)).await?;
+        second.throughput(share(throughput_n, round)).await?;
+    }
+    direct.latencies.sort();
+    mesh.latencies.sort();
+    Ok((direct, mesh))
 }
 
-async fn wait_arrived(seen: &Arc<Mutex<HashMap<String, Instant>>>, name: &str, deadline: Instant) -> Res<Instant> {
-    loop {
-        if let Some(t) = seen.lock().map_err(|_| anyhow::anyhow!("lock"))?.get(name).copied() {
-            return Ok(t);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{name} did not reach the spoke in time");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-async fn end_to_end(latency_n: usize, throughput_n: usize) -> Res<(Vec<Duration>, f64)> {
-    let t = Topology::start(&[("bench", Mode::Managed)]).await?;
-    let hub: Api<DynamicObject> = Api::namespaced_with(t.hub(), "bench", &application_resource());
-    let spoke: Api<DynamicObject> = Api::namespaced_with(t.spoke("bench")?, ARGOCD_NS, &application_resource());
-    let (seen, watch) = spoke_arrivals(spoke);
-    let mut lat = Vec::with_capacity(latency_n);
-    for i in 0..latency_n {
-        let name = format!("lat-{i}");
-        let sent = Instant::now();
-        hub.create(&PostParams::default(), &dynamic(app_json(&name, "bench"))?).await?;
-        let arrived = wait_arrived(&seen, &name, Instant::now() + Duration::from_secs(60)).await?;
-        lat.push(arrived.saturating_duration_since(sent));
-    }
-    let start = Instant::now();
-    futures::stream::iter(0..throughput_n)
-        .map(|i| {
-            let hub = hub.clone();
-            async move {
-                hub.create(&PostParams::default(), &dynamic(app_json(&format!("tp-{i}"), "bench"))?)
-                    .await
-                    .map(|_| ())
-                    .map_err(anyhow::Error::from)
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Res<Vec<()>>>()?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut last = start;
-    for i in 0..throughput_n {
-        last = last.max(wait_arrived(&seen, &format!("tp-{i}"), deadline).await?);
-    }
-    let rate = throughput_n as f64 / last.duration_since(start).as_secs_f64();
-    watch.abort();
-    lat.sort();
-    Ok((lat, rate))
+fn p50(sorted: &[Duration]) -> f64 {
+    percentile(sorted, 0.5).as_secs_f64().max(1e-9)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -231,11 +166,13 @@ async fn main() -> Res<()> {
     let quick = std::env::var("BENCH_QUICK").is_ok();
     let latency_n = env("BENCH_SYNC_LATENCY", if quick { 5 } else { 200 });
     let throughput_n = env("BENCH_SYNC_THROUGHPUT", if quick { 10 } else { 1000 });
+    let rounds = env("BENCH_SYNC_ROUNDS", if quick { 2 } else { 4 });
     let stream_n = env("BENCH_STREAM_EVENTS", if quick { 50 } else { 20_000 });
 
     println!("principal + agent benchmarks ({} cores)", std::thread::available_parallelism().map_or(0, |n| n.get()));
     let (base_lat, base_rate, size) = baseline(latency_n, stream_n).await?;
-    let (e2e_lat, e2e_rate) = end_to_end(latency_n, throughput_n).await?;
+    let (direct, mesh) = end_to_end(latency_n, throughput_n, rounds).await?;
+    let (e2e_lat, e2e_rate) = (&direct.latencies, direct.rate());
     println!("message: one CloudEvent carrying an Application, {size} bytes on the wire");
     println!("latency, one at a time ({latency_n} events):");
     println!(
@@ -245,9 +182,9 @@ async fn main() -> Res<()> {
     );
     println!(
         "  hub write -> spoke write (mTLS, 2 API servers)  p50 {:>10}   p99 {:>10}   ({:.1}x baseline p50)",
-        ms(percentile(&e2e_lat, 0.5)),
-        ms(percentile(&e2e_lat, 0.99)),
-        percentile(&e2e_lat, 0.5).as_secs_f64() / percentile(&base_lat, 0.5).as_secs_f64().max(1e-9)
+        ms(percentile(e2e_lat, 0.5)),
+        ms(percentile(e2e_lat, 0.99)),
+        p50(e2e_lat) / p50(&base_lat)
     );
     println!("throughput:");
     println!("  baseline raw tonic bidi stream, pipelined ({stream_n} events)   {base_rate:>9.0} events/s");
@@ -255,5 +192,24 @@ async fn main() -> Res<()> {
         "  end to end, 16 hub writers ({throughput_n} Applications)         {e2e_rate:>9.0} events/s   ({:.3}x baseline)",
         e2e_rate / base_rate
     );
+    println!(
+        "through two Envoy sidecars (agent -> agent sidecar -> principal sidecar -> principal, --auth xfcc:) \
+         beside direct mTLS (--auth mtls:subject), same run, interleaved in {rounds} rounds:"
+    );
+    println!(
+        "  latency, one at a time ({latency_n})     direct mTLS p50 {:>10} p99 {:>10}   Envoy p50 {:>10} p99 {:>10}   ({:.2}x at p50)",
+        ms(percentile(&direct.latencies, 0.5)),
+        ms(percentile(&direct.latencies, 0.99)),
+        ms(percentile(&mesh.latencies, 0.5)),
+        ms(percentile(&mesh.latencies, 0.99)),
+        p50(&mesh.latencies) / p50(&direct.latencies)
+    );
+    println!(
+        "  throughput, 16 hub writers ({throughput_n})  direct mTLS {:>9.0} events/s   Envoy {:>9.0} events/s   ({:.2}x)",
+        direct.rate(),
+        mesh.rate(),
+        mesh.rate() / direct.rate().max(1e-9)
+    );
+    drop((direct, mesh));
     Ok(())
 }

@@ -80,6 +80,19 @@ pub fn envoy_path() -> anyhow::Result<PathBuf> {
     venv_tool("envoy")
 }
 
+/// Prometheus's `promtool` (Debian package `prometheus`), from `PATH` or `/usr/bin`.
+///
+/// # Errors
+/// promtool is not installed: run `scripts/install-test-deps`.
+pub fn promtool_path() -> anyhow::Result<PathBuf> {
+    let path_dirs = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    let found = path_dirs.iter().chain([&PathBuf::from("/usr/bin")]).map(|d| d.join("promtool")).find(|p| p.is_file());
+    match found {
+        Some(path) => Ok(path),
+        None => bail!("test tool `promtool` is missing (Debian package prometheus): run scripts/install-test-deps"),
+    }
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

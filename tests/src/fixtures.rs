@@ -57,6 +57,24 @@ pub fn application_without_finalizers(name: &str, namespace: &str, target_revisi
     app
 }
 
+/// A minimal Application named `name` in `namespace` whose `spec.source.path` is `path` (tests
+/// change the path to tell versions apart), as a dynamic object.
+///
+/// # Errors
+/// Never for these values (the conversion is fallible in general).
+pub fn app_with_path(name: &str, namespace: &str, path: &str) -> anyhow::Result<DynamicObject> {
+    dynamic(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "project": "default",
+            "source": {"repoURL": "https://example.com/repo.git", "path": path, "targetRevision": "HEAD"},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": name},
+        },
+    }))
+}
+
 /// A value as a YAML manifest.
 ///
 /// # Errors

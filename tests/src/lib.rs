@@ -10,10 +10,16 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
+pub mod bench;
 pub mod bin_path;
+pub mod consistency;
 pub mod envoy;
+pub mod faultproxy;
 pub mod fixtures;
+pub mod http;
 pub mod kubectl;
+pub mod loadgen;
+pub mod otlp;
 pub mod process;
 pub mod topology;
 pub mod wait;

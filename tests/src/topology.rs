@@ -94,6 +94,10 @@ pub struct Topology {
     agents: BTreeMap<String, AgentSlot>,
     principal: Option<ChildProcess>,
     principal_port: Option<u16>,
+    /// Extra flags for the next principal start ([`Self::set_principal_args`]).
+    principal_args: Vec<String>,
+    /// Extra flags for the next agent starts ([`Self::set_agent_args`]).
+    agent_args: Vec<String>,
 }
 
 impl std::fmt::Debug for Topology {
@@ -103,6 +107,11 @@ impl std::fmt::Debug for Topology {
             .field("agents", &self.agents.keys())
             .finish_non_exhaustive()
     }
+}
+
+/// The address on the last stdout line starting with `prefix`.
+fn listening_on(stdout: &str, prefix: &str) -> Option<std::net::SocketAddr> {
+    stdout.lines().filter_map(|l| l.strip_prefix(prefix)).next_back().and_then(|a| a.trim().parse().ok())
 }
 
 fn merged_kubeconfig(parts: &[(String, &Path)]) -> anyhow::Result<String> {
@@ -206,6 +215,8 @@ impl Topology {
             agents: slots,
             principal: None,
             principal_port: None,
+            principal_args: Vec::new(),
+            agent_args: Vec::new(),
         };
 
         ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;
@@ -305,6 +316,8 @@ impl Topology {
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
             .env("NO_COLOR", "1");
+        // Metrics and health on free loopback ports (see `principal_metrics_addr`).
+        cmd.args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"]).args(&self.principal_args);
         let mut child = ChildProcess::spawn("principal", cmd)?;
         let addr = wait_for(START, "the principal to listen", || {
             child.ensure_running()?;
@@ -449,6 +462,7 @@ impl Topology {
         .args(["--namespace", ARGOCD_NS, "--kubecontext", name, "--log-level", "debug"])
         .arg("--kubeconfig")
         .arg(&kubeconfig)
+        .args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
         .env("NO_COLOR", "1");
         if transport == Transport::Mesh {
             // Plaintext to its own sidecar, identity from the SVID the sidecar presents.
@@ -467,9 +481,52 @@ impl Topology {
             // which forwards the identity; heartbeats from the mesh profile.
             cmd.args(["--creds", "header:", "--mesh-profile", "envoy"]);
         }
+        cmd.args(&self.agent_args);
         let child = ChildProcess::spawn(&format!("agent-{name}"), cmd)?;
         slot.process = Some(child);
         Ok(())
+    }
+
+    /// Extra flags for the principal from its next start on (e.g. after [`Self::stop_principal`]).
+    pub fn set_principal_args(&mut self, args: &[&str]) {
+        self.principal_args = args.iter().map(|a| (*a).to_string()).collect();
+    }
+
+    /// Extra flags for every agent from its next start on (e.g. with [`Self::start_without_agents`]).
+    pub fn set_agent_args(&mut self, args: &[&str]) {
+        self.agent_args = args.iter().map(|a| (*a).to_string()).collect();
+    }
+
+    /// The running principal's process id.
+    #[must_use]
+    pub fn principal_pid(&self) -> Option<u32> {
+        self.principal.as_ref().map(ChildProcess::pid)
+    }
+
+    /// Where the running principal serves `/metrics` (`None`: not running or not yet bound).
+    #[must_use]
+    pub fn principal_metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.principal.as_ref().and_then(|p| listening_on(&p.stdout(), "principal metrics listening on "))
+    }
+
+    /// Where the running principal serves `/healthz` and `/readyz`.
+    #[must_use]
+    pub fn principal_healthz_addr(&self) -> Option<std::net::SocketAddr> {
+        self.principal.as_ref().and_then(|p| listening_on(&p.stdout(), "principal healthz listening on "))
+    }
+
+    /// Where agent `name` serves `/metrics` (`None`: no such agent, not running or not yet bound).
+    #[must_use]
+    pub fn agent_metrics_addr(&self, name: &str) -> Option<std::net::SocketAddr> {
+        let p = self.agents.get(name)?.process.as_ref()?;
+        listening_on(&p.stdout(), "agent metrics listening on ")
+    }
+
+    /// Where agent `name` serves `/healthz` and `/readyz`.
+    #[must_use]
+    pub fn agent_healthz_addr(&self, name: &str) -> Option<std::net::SocketAddr> {
+        let p = self.agents.get(name)?.process.as_ref()?;
+        listening_on(&p.stdout(), "agent healthz listening on ")
     }
 
     /// SIGKILL an agent.
@@ -488,6 +545,80 @@ impl Topology {
     pub fn principal_connects(&self, agent: &str) -> usize {
         let needle = format!("agent connected agent={agent} ");
         self.principal.as_ref().map_or(0, |p| p.stderr().lines().filter(|l| l.contains(&needle)).count())
+    }
+
+    /// SIGKILL the hub's embedded API server (a crash: no shutdown). The principal loses its
+    /// API until [`Self::restart_hub`].
+    ///
+    /// # Errors
+    /// Killing failed.
+    pub fn kill_hub(&mut self) -> anyhow::Result<()> {
+        self.hub.sigkill()?;
+        Ok(())
+    }
+
+    /// Start the hub's API server again after [`Self::kill_hub`], on the same data dir and the
+    /// same port, and wait until it is ready. The CA and bearer token live in the data dir, so
+    /// the principal's kubeconfig and every client from [`Self::hub`] keep working.
+    ///
+    /// # Errors
+    /// It still runs, or the new process is not ready in time (e.g. the port was taken).
+    pub async fn restart_hub(&mut self) -> anyhow::Result<()> {
+        if self.hub.process_mut().is_running() {
+            bail!("the hub's API server still runs; kill it first");
+        }
+        let listen = self.hub.url().trim_start_matches("https://").to_string();
+        let kubeconfig = self.hub.kubeconfig_path().to_path_buf();
+        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        cmd.arg("apiserver")
+            .arg("--data-dir")
+            .arg(self.hub.data_dir())
+            .args(["--listen", &listen])
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .args(["--log-format", "text"])
+            .env("NO_COLOR", "1");
+        match std::fs::remove_file(&kubeconfig) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot remove {}", kubeconfig.display())),
+        }
+        let mut child = ChildProcess::spawn("hub-apiserver", cmd)?;
+        let line = format!("{}https://{listen}", crate::apiserver::LISTENING_MESSAGE);
+        let client = self.hub.client();
+        let mut poll = crate::wait::Poller::new(START, "the hub's API server to be ready again");
+        loop {
+            child.ensure_running()?;
+            if child.stdout().lines().any(|l| l.trim() == line) {
+                let req = http::Request::get("/readyz").body(Vec::new()).context("a /readyz request")?;
+                if matches!(tokio::time::timeout(Duration::from_secs(5), client.request_text(req)).await, Ok(Ok(_))) {
+                    break;
+                }
+            }
+            poll.tick().await.with_context(|| child.log_tail(20))?;
+        }
+        // The dead process's guard goes (printing its log tail); the live one takes its place.
+        *self.hub.process_mut() = child;
+        Ok(())
+    }
+
+    /// Whether the principal, each agent and the hub's API server are running; the names of
+    /// those that are not.
+    #[must_use]
+    pub fn not_running(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.principal.as_mut().is_some_and(ChildProcess::is_running) {
+            out.push("principal".to_string());
+        }
+        for (name, slot) in &mut self.agents {
+            if !slot.process.as_mut().is_some_and(ChildProcess::is_running) {
+                out.push(format!("agent {name}"));
+            }
+        }
+        if !self.hub.process_mut().is_running() {
+            out.push("hub".to_string());
+        }
+        out
     }
 
     /// The recent logs of every process, for failure messages.

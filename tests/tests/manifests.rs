@@ -461,7 +461,7 @@ fn identity_header_agrees_between_principal_profile_and_envoy() {
     }
 
     // Every `--auth '...'` example in the mesh docs parses and fits a plaintext listener.
-    for file in ["istio/README.md", "envoy/README.md", "docs/mesh-istio.md", "docs/mesh-envoy.md"] {
+    for file in ["istio/README.md", "envoy/README.md", "docs/mesh/istio.md", "docs/mesh/envoy.md"] {
         let text = read(file);
         let mut examples = 0;
         for (i, _) in text.match_indices("--auth '") {

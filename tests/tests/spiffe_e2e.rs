@@ -14,7 +14,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use mesh::workload::testing::{FakeWorkloadApi, JwtMaterial, TestCa, TestJwtAuthority, X509Material};
 use serde_json::{Value, json};
 use tests::apiserver::ApiServerProcess;
-use tests::fixtures::{application_resource, dynamic};
+use tests::fixtures::application_resource;
 use tests::process::ChildProcess;
 use tests::topology::ARGOCD_NS;
 use tests::{wait_for_async, wait_until_async, workspace_binary};
@@ -165,16 +165,7 @@ impl Drop for Setup {
 }
 
 fn application(name: &str, ns: &str) -> Result<DynamicObject> {
-    dynamic(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "project": "default",
-            "source": {"repoURL": "https://example.com/repo.git", "path": name, "targetRevision": "HEAD"},
-            "destination": {"server": "https://kubernetes.default.svc", "namespace": name},
-        },
-    }))
+    tests::fixtures::app_with_path(name, ns, name)
 }
 
 fn endpoint_of(api: &FakeWorkloadApi) -> String {

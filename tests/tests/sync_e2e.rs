@@ -18,16 +18,7 @@ fn apps(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
 }
 
 fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
-    dynamic(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "project": "default",
-            "source": {"repoURL": "https://example.com/repo.git", "path": path, "targetRevision": "HEAD"},
-            "destination": {"server": "https://kubernetes.default.svc", "namespace": name},
-        },
-    }))
+    tests::fixtures::app_with_path(name, ns, path)
 }
 
 /// Wait until `check` holds for the object (`None` when it does not exist).

@@ -1,0 +1,415 @@
+//! Many agents against one principal: idle cost per agent, and a reconnect storm after the
+//! principal is SIGKILLed.
+//!
+//! Setup: a hub embedded API server and the release `argocd-agent principal` spawned with
+//! `--insecure-plaintext --auth xfcc:` on 127.0.0.1 (as behind a mesh sidecar; loopback is a
+//! trusted hop); the JWT key made by `argocd-agentctl jwt create-key` (RSA-4096, in the hub
+//! secret, so it survives a principal restart). The agents are simulated in this process by
+//! `tests::loadgen` (managed, empty spokes, each with its own forwarded SPIFFE identity,
+//! session, HTTP/2 connection and stream; heartbeats every 30 s, keepalive PINGs every 30 s).
+//!
+//! - idle: the principal with 0 agents, then `BENCH_IDLE_AGENTS` agents connected in turn
+//!   (cumulative: the next level adds agents to those already connected); at each level, once
+//!   every agent is connected and resynced, the principal's RSS (`VmRSS`) and CPU
+//!   (`utime + stime` over `BENCH_IDLE_WINDOW`) with heartbeats on. Per agent = (RSS at N - RSS
+//!   at 0) / N.
+//! - storm: a fresh principal, `BENCH_STORM_AGENTS` agents connected (time to connect them the
+//!   first time = the baseline), RSS and idle CPU; then SIGKILL and a restart on the same port:
+//!   the time until every agent has reopened its stream (authenticating again where its
+//!   session is refused) and completed a resync on it, and the RSS after.
+//!
+//! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (sizes:
+//! BENCH_STORM_AGENTS=2000, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
+//! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows). Each agent holds
+//! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
+//! largest size. Figures are printed, never asserted.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tests::loadgen::{LoadConfig, LoadGen, Snapshot, procstat};
+use tests::{ApiServerProcess, ChildProcess, wait_for, workspace_binary};
+
+type Res<T> = anyhow::Result<T>;
+
+const NS: &str = "argocd";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    let text = std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let mut sizes: Vec<usize> = text.split(',').filter_map(|s| s.trim().parse().ok()).filter(|n| *n > 0).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// The spawned principal.
+struct Principal {
+    process: ChildProcess,
+    port: u16,
+}
+
+impl Principal {
+    fn start(hub: &Hub, key: &Path, port: u16, start: Instant) -> Res<(Self, Duration)> {
+        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", NS, "--auth", "xfcc:"])
+            .args(["--insecure-plaintext", "--listen-host", "127.0.0.1", "--listen-port", &port.to_string()])
+            .args(["--log-level", "info", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
+            .arg("--kubeconfig")
+            .arg(hub.api.kubeconfig_path())
+            .arg("--jwt-key")
+            .arg(key)
+            .env("NO_COLOR", "1");
+        let mut process = ChildProcess::spawn("principal", cmd)?;
+        let addr = wait_for(Duration::from_secs(60), "the principal to listen", || {
+            process.ensure_running()?;
+            Ok(process.stdout().lines().find_map(|l| l.strip_prefix("principal listening on ").map(str::to_owned)))
+        })?;
+        let listening = start.elapsed();
+        let port = addr.trim().rsplit(':').next().and_then(|p| p.parse().ok()).context("principal address")?;
+        Ok((Self { process, port }, listening))
+    }
+
+    fn addr(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    fn rss(&self) -> Res<u64> {
+        procstat::rss_kib(self.pid())
+    }
+
+    /// `cannot start resync` warnings and ERROR lines in its log, counted.
+    fn warnings(&self) -> String {
+        let log = self.process.stderr();
+        let resync = log.lines().filter(|l| l.contains("cannot start resync")).count();
+        let errors = log.lines().filter(|l| l.contains(" ERROR ")).count();
+        format!("{resync} \"cannot start resync\" warnings, {errors} ERROR lines")
+    }
+
+    /// How many times it logged `agent connected`.
+    fn connects(&self) -> usize {
+        self.process.stderr().lines().filter(|l| l.contains("agent connected")).count()
+    }
+}
+
+/// CPU use of the principal and of this process over a window.
+struct Window {
+    principal_pct: f64,
+    loadgen_pct: f64,
+    during: Snapshot,
+    secs: f64,
+}
+
+async fn idle_window(principal: &Principal, loads: &[LoadGen], window: Duration) -> Res<Window> {
+    let hz = procstat::clock_ticks_per_second() as f64;
+    let me = std::process::id();
+    let sum = |loads: &[LoadGen]| {
+        loads.iter().map(LoadGen::snapshot).fold(Snapshot::default(), |a, s| Snapshot {
+            connected: a.connected + s.connected,
+            authenticated: a.authenticated + s.authenticated,
+            refreshed: a.refreshed + s.refreshed,
+            heartbeats_sent: a.heartbeats_sent + s.heartbeats_sent,
+            streams_ended: a.streams_ended + s.streams_ended,
+            events_received: a.events_received + s.events_received,
+            ..a
+        })
+    };
+    let (p0, l0, s0, t0) =
+        (procstat::cpu_ticks(principal.pid())?, procstat::cpu_ticks(me)?, sum(loads), Instant::now());
+    tokio::time::sleep(window).await; // a measurement window, not synchronisation
+    let (p1, l1, s1) = (procstat::cpu_ticks(principal.pid())?, procstat::cpu_ticks(me)?, sum(loads));
+    let secs = t0.elapsed().as_secs_f64();
+    let during = Snapshot {
+        connected: s1.connected,
+        authenticated: s1.authenticated - s0.authenticated,
+        refreshed: s1.refreshed - s0.refreshed,
+        heartbeats_sent: s1.heartbeats_sent - s0.heartbeats_sent,
+        streams_ended: s1.streams_ended - s0.streams_ended,
+        events_received: s1.events_received - s0.events_received,
+        ..Snapshot::default()
+    };
+    Ok(Window {
+        principal_pct: (p1 - p0) as f64 / hz / secs * 100.0,
+        loadgen_pct: (l1 - l0) as f64 / hz / secs * 100.0,
+        during,
+        secs,
+    })
+}
+
+fn config(addr: String, agents: usize, first: usize) -> LoadConfig {
+    let mut c = LoadConfig::new(addr, agents);
+    c.first = first;
+    c
+}
+
+fn progress(label: &'static str, total: usize) -> impl FnMut(usize, Duration) {
+    let mut last = Instant::now();
+    move |count, elapsed| {
+        if last.elapsed() >= Duration::from_secs(10) {
+            last = Instant::now();
+            eprintln!("  {label}: {count}/{total} resynced after {:.0} s", elapsed.as_secs_f64());
+        }
+    }
+}
+
+struct IdleRow {
+    agents: usize,
+    added_in: Duration,
+    rss: u64,
+    window: Window,
+    fds: usize,
+}
+
+async fn idle(
+    hub: &Hub,
+    sizes: &[usize],
+    window: Duration,
+    timeout: Duration,
+) -> Res<(u64, usize, Window, Vec<IdleRow>)> {
+    let (principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let base_window = idle_window(&principal, &[], window).await?;
+    let rss0 = principal.rss()?;
+    let fds0 = procstat::open_fds(principal.pid());
+    let mut loads: Vec<LoadGen> = Vec::new();
+    let mut rows = Vec::new();
+    let mut total = 0;
+    for &n in sizes {
+        let added = n - total;
+        let started = Instant::now();
+        let load = LoadGen::start(config(principal.addr(), added, total + 1));
+        let added_in = load.wait_all_resynced(started, timeout, progress("idle", added)).await?;
+        loads.push(load);
+        total = n;
+        let w = idle_window(&principal, &loads, window).await?;
+        let rss = principal.rss()?;
+        let connected: usize = loads.iter().map(|l| l.snapshot().connected).sum();
+        if connected != total {
+            bail!("only {connected} of {total} agents still connected after the idle window");
+        }
+        let asked: u64 = loads.iter().map(|l| l.snapshot().principal_resyncs).sum();
+        println!(
+            "  idle level {n}: {asked} resync requests from the principal so far (one per stream expected); principal log: {}",
+            principal.warnings()
+        );
+        eprintln!("  idle: {n} agents, RSS {}", mib(rss));
+        rows.push(IdleRow { agents: n, added_in, rss, window: w, fds: procstat::open_fds(principal.pid()) });
+    }
+    for load in loads {
+        load.stop().await;
+    }
+    drop(principal);
+    Ok((rss0, fds0, base_window, rows))
+}
+
+struct Storm {
+    agents: usize,
+    rekey: bool,
+    rss0: u64,
+    first_connect: Duration,
+    rss_before: u64,
+    window: Window,
+    restart_listening: Duration,
+    resynced: Duration,
+    rss_after: u64,
+    rss_after_idle: u64,
+    counters: (Snapshot, Snapshot),
+    principal_connects: usize,
+    principal_warnings: String,
+}
+
+/// `rekey`: the restarted principal signs with another key, so every session is refused and
+/// every agent authenticates again.
+async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout: Duration) -> Res<Storm> {
+    let (mut principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let rss0 = principal.rss()?;
+    let started = Instant::now();
+    let load = LoadGen::start(config(principal.addr(), agents, 1));
+    let first_connect = load.wait_all_resynced(started, timeout, progress("storm, first connect", agents)).await?;
+    let w = idle_window(&principal, std::slice::from_ref(&load), window).await?;
+    let rss_before = principal.rss()?;
+    let before = load.snapshot();
+
+    let killed = Instant::now();
+    principal.process.sigkill()?;
+    let port = principal.port;
+    drop(principal);
+    let (principal, restart_listening) = Principal::start(hub, &hub.keys[usize::from(rekey)], port, killed)?;
+    let resynced = load.wait_all_resynced(killed, timeout, progress("storm, after SIGKILL", agents)).await?;
+    let rss_after = principal.rss()?;
+    let after = load.snapshot();
+    let _ = idle_window(&principal, std::slice::from_ref(&load), window).await?;
+    let rss_after_idle = principal.rss()?;
+    let principal_connects = principal.connects();
+    let principal_warnings = principal.warnings();
+    load.stop().await;
+    drop(principal);
+    Ok(Storm {
+        agents,
+        rekey,
+        rss0,
+        first_connect,
+        rss_before,
+        window: w,
+        restart_listening,
+        resynced,
+        rss_after,
+        rss_after_idle,
+        counters: (before, after),
+        principal_connects,
+        principal_warnings,
+    })
+}
+
+/// The hub API server and two JWT signing keys made by `argocd-agentctl jwt create-key`.
+struct Hub {
+    api: ApiServerProcess,
+    keys: [std::path::PathBuf; 2],
+    _dir: tempfile::TempDir,
+}
+
+async fn hub() -> Res<Hub> {
+    let api = ApiServerProcess::start().await?;
+    {
+        use kube::api::{Api, PostParams};
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(api.client());
+        let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+        ns.metadata.name = Some(NS.to_owned());
+        namespaces.create(&PostParams::default(), &ns).await.context("cannot create the argocd namespace")?;
+    }
+    let dir = tempfile::Builder::new().prefix("storm-jwt-").tempdir()?;
+    let mut keys = Vec::new();
+    for (i, upsert) in [(0, false), (1, true)] {
+        let out_dir = dir.path().join(format!("key-{i}"));
+        let mut cmd = Command::new(workspace_binary("argocd-agentctl")?);
+        cmd.arg("--kubeconfig").arg(api.kubeconfig_path()).args(["jwt", "create-key", "--out-dir"]).arg(&out_dir);
+        if upsert {
+            cmd.arg("--upsert");
+        }
+        let out = cmd.output().context("cannot run argocd-agentctl")?;
+        if !out.status.success() {
+            bail!("argocd-agentctl jwt create-key: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        keys.push(out_dir.join("jwt.key"));
+    }
+    let keys: [std::path::PathBuf; 2] = keys.try_into().map_err(|_| anyhow::anyhow!("two keys expected"))?;
+    Ok(Hub { api, keys, _dir: dir })
+}
+
+fn print_window(label: &str, w: &Window) {
+    println!(
+        "  {label}: principal CPU {:.2}% of one core, load generator {:.1}%, over {:.0} s: {} heartbeats, {} token refreshes, {} authentications, {} streams ended",
+        w.principal_pct,
+        w.loadgen_pct,
+        w.secs,
+        w.during.heartbeats_sent,
+        w.during.refreshed,
+        w.during.authenticated,
+        w.during.streams_ended
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let quick = std::env::var("BENCH_QUICK").is_ok();
+    let storm_n = env_usize("BENCH_STORM_AGENTS", if quick { 50 } else { 2000 });
+    let idle_sizes = env_list("BENCH_IDLE_AGENTS", if quick { "50" } else { "1000,5000,10000" });
+    let window = Duration::from_secs(env_usize("BENCH_IDLE_WINDOW", if quick { 1 } else { 60 }) as u64);
+    let timeout = Duration::from_secs(env_usize("BENCH_STORM_TIMEOUT", if quick { 120 } else { 900 }) as u64);
+    let largest = idle_sizes.iter().copied().max().unwrap_or(0).max(storm_n);
+    let limit = open_files_limit();
+    println!(
+        "storm/idle benchmarks ({} cores, ulimit -n {}, managed agents over h2c with --auth xfcc:, heartbeats and keepalive 30 s)",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        limit.map_or("unknown".to_owned(), |l| l.to_string())
+    );
+    if let Some(limit) = limit
+        && limit < largest as u64 + 256
+    {
+        bail!(
+            "ulimit -n is {limit}: {largest} agents need one descriptor each plus ~256; raise it (ulimit -n) or lower the sizes"
+        );
+    }
+    let hub = hub().await?;
+
+    let (rss0, fds0, base, rows) = idle(&hub, &idle_sizes, window, timeout).await?;
+    println!("idle agents (cumulative; principal with 0 agents = baseline):");
+    println!("  0 agents: principal RSS {}, {fds0} open fds", mib(rss0));
+    print_window("0 agents", &base);
+    println!("  | agents | connect + resync (added agents) | principal RSS | per agent | principal CPU | fds |");
+    for r in &rows {
+        println!(
+            "  | {} | {:.1} s | {} | {:.1} KiB | {:.2}% | {} |",
+            r.agents,
+            r.added_in.as_secs_f64(),
+            mib(r.rss),
+            (r.rss.saturating_sub(rss0)) as f64 / r.agents as f64,
+            r.window.principal_pct,
+            r.fds
+        );
+    }
+    for r in &rows {
+        print_window(&format!("{} agents", r.agents), &r.window);
+    }
+
+    for rekey in [false, true] {
+        let s = storm(&hub, storm_n, rekey, window, timeout).await?;
+        let (before, after) = s.counters;
+        println!(
+            "reconnect storm ({} agents, restarted principal signs with {}):",
+            s.agents,
+            if s.rekey { "another key: every session refused" } else { "the same key" }
+        );
+        println!("  principal RSS at start {}", mib(s.rss0));
+        println!(
+            "  baseline: first connect of all agents (authenticate + stream + resync) {:.2} s",
+            s.first_connect.as_secs_f64()
+        );
+        println!("  principal RSS before SIGKILL {}", mib(s.rss_before));
+        print_window("idle before SIGKILL", &s.window);
+        println!("  restarted principal listening {:.2} s after SIGKILL", s.restart_listening.as_secs_f64());
+        println!(
+            "  all {} agents reconnected and resynced {:.2} s after SIGKILL ({:.2}x the first connect), {:.2} s after the restart listened",
+            s.agents,
+            s.resynced.as_secs_f64(),
+            s.resynced.as_secs_f64() / s.first_connect.as_secs_f64().max(1e-9),
+            (s.resynced.saturating_sub(s.restart_listening)).as_secs_f64()
+        );
+        println!(
+            "  principal RSS after the storm {}, after another idle window {}",
+            mib(s.rss_after),
+            mib(s.rss_after_idle)
+        );
+        println!(
+            "  during the storm: {} authentications, {} token refreshes, {} failed dials, {} refused streams, {} streams opened, {} resync requests from the principal; the new principal logged {} connects",
+            after.authenticated - before.authenticated,
+            after.refreshed - before.refreshed,
+            after.dial_failed - before.dial_failed,
+            after.subscribe_refused - before.subscribe_refused,
+            after.subscribed - before.subscribed,
+            after.principal_resyncs - before.principal_resyncs,
+            s.principal_connects
+        );
+        println!("  principal log: {}", s.principal_warnings);
+    }
+    drop(hub);
+    Ok(())
+}

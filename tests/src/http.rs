@@ -1,0 +1,46 @@
+//! A minimal HTTP/1.1 GET for the processes' plaintext endpoints (`/metrics`, `/healthz`), and
+//! reading one sample from Prometheus text.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// `GET path` on `addr` (closing the connection); the status and the body.
+///
+/// # Errors
+/// Connection or I/O failure, a malformed answer, or no answer within 10 s.
+pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), io).await.context("HTTP GET timed out")??;
+    let (head, body) = text.split_once("\r\n\r\n").context("no end of HTTP headers")?;
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
+    Ok((status, body.to_owned()))
+}
+
+/// The value of the sample `name{labels}` (labels exactly as exposed, e.g.
+/// `agent_name="a1"`; empty for none) in Prometheus text.
+#[must_use]
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let series = if labels.is_empty() { name.to_owned() } else { format!("{name}{{{labels}}}") };
+    text.lines().find_map(|line| line.strip_prefix(&series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn samples_are_found_by_exact_series() {
+        let text = "# HELP x y\nx_total 3\nx_total{a=\"1\"} 4.5\nx_total_other 9\n";
+        assert_eq!(super::sample(text, "x_total", ""), Some(3.0));
+        assert_eq!(super::sample(text, "x_total", "a=\"1\""), Some(4.5));
+        assert_eq!(super::sample(text, "x_total", "a=\"2\""), None);
+        assert_eq!(super::sample(text, "x", ""), None);
+    }
+}

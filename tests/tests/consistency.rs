@@ -1,0 +1,234 @@
+//! The consistency checker under chaos ([`tests::consistency`]): a managed and an autonomous
+//! agent behind a flapping fault proxy, hundreds of Applications written on their owner sides,
+//! the principal, the agents and the hub's API server SIGKILLed and restarted, then convergence,
+//! order and delay checks.
+//!
+//! `CONSISTENCY_DURATION` (seconds of chaos, default 540: about 10 minutes in all),
+//! `CONSISTENCY_APPS` (default 200), `CONSISTENCY_AUTONOMOUS_APPS` (default a quarter),
+//! `CONSISTENCY_CONVERGE` (seconds, default 120), `CONSISTENCY_SEED`. Quick local run:
+//! `CONSISTENCY_DURATION=60 cargo nextest run -p tests --test consistency --no-capture`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use futures::StreamExt as _;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event, ListSemantic};
+use tests::consistency::{
+    Checker, Config, Group, Rng, Side, StopHandle, Writer, link_chaos, process_chaos, wait_converged,
+};
+use tests::faultproxy::FaultProxy;
+use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::wait_until_async;
+
+/// Initial sync of the populated Applications, before any chaos.
+const INITIAL_SYNC: Duration = Duration::from_secs(120);
+
+/// Feed every event of a watch on one side to the checker (relisting after errors, e.g. while
+/// the hub's API server is down).
+async fn watch_side(checker: Arc<Checker>, side: Side, api: Api<DynamicObject>) {
+    let config = watcher::Config::default().list_semantic(ListSemantic::MostRecent);
+    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(o) | Event::InitApply(o)) => {
+                if let Some(name) = o.metadata.name.as_deref() {
+                    checker.observe(side, name, Some(&o.data));
+                }
+            }
+            Ok(Event::Delete(o)) => {
+                if let Some(name) = o.metadata.name.as_deref() {
+                    checker.observe(side, name, None);
+                }
+            }
+            Ok(Event::Init | Event::InitDone) | Err(_) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistency_under_chaos() -> Result<()> {
+    let cfg = Config::from_env()?;
+    println!(
+        "consistency: {} managed + {} autonomous Applications, {} s of chaos (CONSISTENCY_SEED={})",
+        cfg.apps,
+        cfg.autonomous_apps,
+        cfg.duration.as_secs(),
+        cfg.seed
+    );
+    let mut agents = vec![("cm", Mode::Managed, cfg.apps)];
+    if cfg.autonomous_apps > 0 {
+        agents.push(("ca", Mode::Autonomous, cfg.autonomous_apps));
+    }
+    let modes: Vec<(&str, Mode)> = agents.iter().map(|(n, m, _)| (*n, *m)).collect();
+    let mut t = Topology::start_without_agents(&modes).await?;
+    let proxy = FaultProxy::start(t.principal_addr().context("the principal's address")?).await?;
+    for (name, _) in &modes {
+        t.start_agent_via(name, proxy.addr()).await?;
+    }
+    for (name, _) in &modes {
+        let r = wait_until_async(INITIAL_SYNC, &format!("agent {name} to connect"), || async {
+            t.principal_connects(name) >= 1
+        })
+        .await;
+        r.with_context(|| t.logs())?;
+    }
+
+    let checker = Arc::new(Checker::new());
+    let mut groups = Vec::new();
+    for (name, mode, target) in &agents {
+        groups.push(Group::new(name, *mode, t.hub(), t.spoke(name)?, ARGOCD_NS, *target));
+    }
+    let mut watchers = Vec::new();
+    for g in &groups {
+        for side in [Side::Hub, Side::Spoke] {
+            watchers.push(tokio::spawn(watch_side(checker.clone(), side, g.api(side).clone())));
+        }
+    }
+
+    // Populate, and check the baseline works before any chaos.
+    let (stop_handle, stop) = StopHandle::new();
+    let mut rng = Rng::new(cfg.seed);
+    let started = Instant::now();
+    for g in &groups {
+        Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone()).populate().await?;
+    }
+    let initial = wait_converged(&groups, INITIAL_SYNC).await.with_context(|| t.logs())?;
+    println!(
+        "populated {} Applications in {:.1} s, in sync {:.1} s later",
+        agents.iter().map(|a| a.2).sum::<usize>(),
+        started.elapsed().saturating_sub(initial).as_secs_f64(),
+        initial.as_secs_f64()
+    );
+
+    // The workload: owner-side writes, about 30 a second in all.
+    let mut writers = Vec::new();
+    for g in &groups {
+        let pace = match g.mode {
+            Mode::Managed => (Duration::from_millis(30), Duration::from_millis(150)),
+            Mode::Autonomous => (Duration::from_millis(100), Duration::from_millis(400)),
+        };
+        let spec = Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone());
+        writers.push(tokio::spawn(spec.run_spec(pace)));
+        let status = Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone());
+        writers.push(tokio::spawn(status.run_status(pace)));
+    }
+
+    // The chaos: link faults all along, process kills in turn.
+    let link = tokio::spawn(link_chaos(proxy.control(), rng.fork(), stop.clone()));
+    let names: Vec<String> = modes.iter().map(|(n, _)| (*n).to_string()).collect();
+    let mut kills = Vec::new();
+    let chaos = process_chaos(&mut t, &names, &mut rng, cfg.duration, &mut kills).await;
+    stop_handle.stop();
+    let link = link.await?;
+    for w in writers {
+        w.await??;
+    }
+    chaos.with_context(|| t.logs())?;
+    let down = t.not_running();
+    assert!(down.is_empty(), "not running after the chaos: {down:?}\n{}", t.logs());
+    println!(
+        "chaos: {} black holes, {} resets, {} latency spells; kills:\n  {}",
+        link.blackholes,
+        link.resets,
+        link.latencies,
+        kills.join("\n  ")
+    );
+
+    // Convergence, then the owner sides against the record.
+    let converged = wait_converged(&groups, cfg.converge).await;
+    let mut problems = Vec::new();
+    match &converged {
+        Ok(d) => println!("converged {:.1} s after the chaos stopped", d.as_secs_f64()),
+        Err(e) => problems.push(format!("no convergence: {e:#}")),
+    }
+    for g in &groups {
+        let (hub, spoke) = g.states().await?;
+        let owner = match g.mode {
+            Mode::Managed => &hub,
+            Mode::Autonomous => &spoke,
+        };
+        problems.extend(checker.check_owner(&g.agent, owner));
+        if g.mode == Mode::Managed {
+            problems.extend(checker.check_spoke_status(&g.agent, &spoke));
+        }
+    }
+    for w in &watchers {
+        w.abort();
+    }
+
+    let report = checker.report();
+    println!("{report}");
+    let violations = checker.violations();
+    if violations.is_empty() && problems.is_empty() {
+        return Ok(());
+    }
+    let mut msg = String::new();
+    for v in violations.iter().take(30) {
+        msg.push_str(&format!("violation: {v}\n"));
+    }
+    for p in problems.iter().take(30) {
+        msg.push_str(&format!("{p}\n"));
+    }
+    let apps: std::collections::BTreeSet<&str> = violations.iter().map(|v| v.app.as_str()).take(5).collect();
+    for app in apps {
+        msg.push_str(&checker.describe(app));
+    }
+    panic!(
+        "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}\n{}",
+        violations.len(),
+        problems.len(),
+        cfg.seed,
+        t.logs()
+    );
+}
+
+/// The checker itself, without chaos: an old value written again behind its back (as a replayed
+/// stale event would) is reported as going back, on the hub where it was written and on the
+/// spoke it reaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_reports_an_old_value_written_again() -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    use tests::consistency::{Field, Outcome};
+    const WAIT: Duration = Duration::from_secs(45);
+    let t = Topology::start(&[("cx", Mode::Managed)]).await?;
+    let checker = Arc::new(Checker::new());
+    let g = Group::new("cx", Mode::Managed, t.hub(), t.spoke("cx")?, ARGOCD_NS, 1);
+    let watchers: Vec<_> = [Side::Hub, Side::Spoke]
+        .into_iter()
+        .map(|side| tokio::spawn(watch_side(checker.clone(), side, g.api(side).clone())))
+        .collect();
+    let (_stop_handle, stop) = StopHandle::new();
+    Writer::new(checker.clone(), g.clone(), Rng::new(1), stop).populate().await?;
+    let app = checker.pick_live("cx", &mut Rng::new(1)).context("the populated app")?;
+    let set_path = |path: &'static str| {
+        let patch = Patch::Merge(serde_json::json!({"spec": {"source": {"path": path}}}));
+        let (hub, app) = (g.hub.clone(), app.clone());
+        async move { hub.patch(&app, &PatchParams::default(), &patch).await }
+    };
+    for value in ["w-old", "w-new"] {
+        let id = checker.begin_write(&app, Field::Path, value)?;
+        set_path(value).await?;
+        checker.finish(&id, Outcome::Acked(Instant::now()));
+    }
+    let r = wait_until_async(WAIT, "both sides to see w-new", || async {
+        [Side::Hub, Side::Spoke].iter().all(|s| checker.last_seen(&app, *s, Field::Path).as_deref() == Some("w-new"))
+    })
+    .await;
+    r.with_context(|| t.logs())?;
+    assert!(checker.violations().is_empty(), "{:?}", checker.violations());
+
+    set_path("w-old").await?;
+    let r = wait_until_async(WAIT, "the checker to report the old value on both sides", || async {
+        let v = checker.violations();
+        [Side::Hub, Side::Spoke].iter().all(|s| v.iter().any(|v| v.side == *s && v.what.contains("went back")))
+    })
+    .await;
+    r.with_context(|| format!("{:?}\n{}", checker.violations(), checker.describe(&app)))?;
+    for w in watchers {
+        w.abort();
+    }
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! Principal and agents as spawned binaries with a fault-injecting proxy on the link between them
+//! ([`tests::faultproxy`]): changes made while the link is black-holed, reset or partitioned
+//! converge once it heals, in both modes.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tests::faultproxy::{Direction, FaultProxy, Side};
+use tests::fixtures::application_resource;
+use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::wait_until_async;
+
+/// Convergence after faults: reconnects back off (up to tens of seconds after several failures).
+const CONVERGE: Duration = Duration::from_secs(90);
+
+fn apps(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &application_resource())
+}
+
+fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
+    tests::fixtures::app_with_path(name, ns, path)
+}
+
+/// What failure messages show: every process's logs and the proxy's counters.
+fn context(t: &Topology, proxy: &FaultProxy) -> String {
+    format!("proxy: {:?} {:?}\n{}", proxy.faults(), proxy.stats(), t.logs())
+}
+
+/// Wait until `check` holds for the object (`None` when it does not exist).
+async fn wait_app(
+    t: &Topology,
+    proxy: &FaultProxy,
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&Value>) -> bool,
+) -> Result<()> {
+    let r = wait_until_async(CONVERGE, what, || async {
+        match api.get_opt(name).await {
+            Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
+            Err(_) => false,
+        }
+    })
+    .await;
+    r.with_context(|| context(t, proxy))
+}
+
+fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
+    move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)
+}
+
+fn health_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
+    move |o| o.is_some_and(|o| o["status"]["health"]["status"] == expected)
+}
+
+fn gone(o: Option<&Value>) -> bool {
+    o.is_none()
+}
+
+async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> Result<()> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": path}}}))).await?;
+    Ok(())
+}
+
+async fn set_health(api: &Api<DynamicObject>, name: &str, health: &str) -> Result<()> {
+    let status = json!({"status": {"sync": {"status": "Synced"}, "health": {"status": health}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(status)).await?;
+    Ok(())
+}
+
+/// A topology whose agents all dial the principal through one fault proxy, each connected.
+async fn behind_proxy(agents: &[(&str, Mode)]) -> Result<(Topology, FaultProxy)> {
+    let mut t = Topology::start_without_agents(agents).await?;
+    let proxy = FaultProxy::start(t.principal_addr().context("the principal's address")?).await?;
+    for (name, _) in agents {
+        t.start_agent_via(name, proxy.addr()).await?;
+    }
+    for (name, _) in agents {
+        let r = wait_until_async(CONVERGE, &format!("agent {name} to connect through the proxy"), || async {
+            t.principal_connects(name) >= 1
+        })
+        .await;
+        r.with_context(|| context(&t, &proxy))?;
+    }
+    Ok((t, proxy))
+}
+
+/// Reset every connection `times` times, each time once the agents have dialled again (the new
+/// connections may hang in their handshake if the link is black-holed; they are reset too).
+async fn reset_repeatedly(t: &Topology, proxy: &FaultProxy, times: usize) -> Result<()> {
+    for round in 0..times {
+        let accepted = proxy.stats().accepted;
+        proxy.reset_all();
+        let what = format!("the agents to redial after reset {}", round + 1);
+        let r = wait_until_async(CONVERGE, &what, || async { proxy.stats().accepted > accepted }).await;
+        r.with_context(|| context(t, proxy))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_changes_made_while_black_holed_and_reset_converge_when_the_link_heals() -> Result<()> {
+    let (t, proxy) = behind_proxy(&[("f1", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "f1");
+    let spoke = apps(&t.spoke("f1")?, ARGOCD_NS);
+    for name in ["keep", "change", "remove"] {
+        hub.create(&PostParams::default(), &app(name, "f1", "v1")?).await?;
+    }
+    for name in ["keep", "change", "remove"] {
+        wait_app(&t, &proxy, &spoke, name, "initial sync through the proxy", path_is("v1")).await?;
+    }
+
+    let connects = t.principal_connects("f1");
+    proxy.blackhole(true);
+    let created: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
+    for name in &created {
+        hub.create(&PostParams::default(), &app(name, "f1", "v1")?).await?;
+    }
+    set_path(&hub, "change", "v2").await?;
+    hub.delete("remove", &DeleteParams::default()).await?;
+    reset_repeatedly(&t, &proxy, 3).await?;
+    // Nothing can have crossed a black hole.
+    for name in &created {
+        assert!(spoke.get_opt(name).await?.is_none(), "{name} crossed the black hole\n{}", context(&t, &proxy));
+    }
+
+    proxy.blackhole(false);
+    for name in &created {
+        wait_app(&t, &proxy, &spoke, name, "created while black-holed", path_is("v1")).await?;
+    }
+    wait_app(&t, &proxy, &spoke, "change", "changed while black-holed", path_is("v2")).await?;
+    wait_app(&t, &proxy, &spoke, "remove", "deleted while black-holed", gone).await?;
+    wait_app(&t, &proxy, &spoke, "keep", "untouched", path_is("v1")).await?;
+    assert!(t.principal_connects("f1") > connects, "the agent never redialled\n{}", context(&t, &proxy));
+
+    // The link works both ways afterwards.
+    set_health(&spoke, "new-0", "Healthy").await?;
+    wait_app(&t, &proxy, &hub, "new-0", "status back to the hub after the faults", health_is("Healthy")).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_healed_after_changes_on_both_sides_converges_both_modes() -> Result<()> {
+    let (t, proxy) = behind_proxy(&[("pm", Mode::Managed), ("pa", Mode::Autonomous)]).await?;
+    let hub_m = apps(&t.hub(), "pm");
+    let spoke_m = apps(&t.spoke("pm")?, ARGOCD_NS);
+    let hub_a = apps(&t.hub(), "pa");
+    let spoke_a = apps(&t.spoke("pa")?, ARGOCD_NS);
+
+    for name in ["web", "old"] {
+        hub_m.create(&PostParams::default(), &app(name, "pm", "v1")?).await?;
+        spoke_a.create(&PostParams::default(), &app(name, ARGOCD_NS, "v1")?).await?;
+    }
+    for name in ["web", "old"] {
+        wait_app(&t, &proxy, &spoke_m, name, "managed initial sync", path_is("v1")).await?;
+        wait_app(&t, &proxy, &hub_a, name, "autonomous initial sync", path_is("v1")).await?;
+    }
+    set_health(&spoke_m, "web", "Healthy").await?;
+    wait_app(&t, &proxy, &hub_m, "web", "managed status before the partition", health_is("Healthy")).await?;
+
+    // Partition: every connection reset and every new one refused.
+    proxy.refuse(true);
+    proxy.reset_all();
+    let r = wait_until_async(CONVERGE, "the agents to be refused", || async { proxy.stats().refused >= 2 }).await;
+    r.with_context(|| context(&t, &proxy))?;
+
+    // Managed: the hub changes specs, the spoke its status.
+    set_path(&hub_m, "web", "v2").await?;
+    hub_m.create(&PostParams::default(), &app("added", "pm", "v1")?).await?;
+    hub_m.delete("old", &DeleteParams::default()).await?;
+    set_health(&spoke_m, "web", "Degraded").await?;
+    // Autonomous: the spoke changes everything.
+    set_path(&spoke_a, "web", "v2").await?;
+    set_health(&spoke_a, "web", "Progressing").await?;
+    spoke_a.create(&PostParams::default(), &app("added", ARGOCD_NS, "v1")?).await?;
+    spoke_a.delete("old", &DeleteParams::default()).await?;
+    assert!(spoke_m.get_opt("added").await?.is_none(), "crossed the partition\n{}", context(&t, &proxy));
+    assert!(hub_a.get_opt("added").await?.is_none(), "crossed the partition\n{}", context(&t, &proxy));
+
+    proxy.refuse(false);
+    wait_app(&t, &proxy, &spoke_m, "web", "managed spec update", path_is("v2")).await?;
+    wait_app(&t, &proxy, &spoke_m, "added", "managed create", path_is("v1")).await?;
+    wait_app(&t, &proxy, &spoke_m, "old", "managed delete", gone).await?;
+    wait_app(&t, &proxy, &hub_m, "web", "managed status from the spoke", health_is("Degraded")).await?;
+    wait_app(&t, &proxy, &hub_a, "web", "autonomous spec and status", |o| {
+        path_is("v2")(o) && health_is("Progressing")(o)
+    })
+    .await?;
+    wait_app(&t, &proxy, &hub_a, "added", "autonomous create", path_is("v1")).await?;
+    wait_app(&t, &proxy, &hub_a, "old", "autonomous delete", gone).await?;
+    // The spoke's status of a managed Application survives the hub's spec update.
+    wait_app(&t, &proxy, &spoke_m, "web", "managed spoke keeps its status", |o| {
+        path_is("v2")(o) && health_is("Degraded")(o)
+    })
+    .await?;
+    Ok(())
+}
+
+/// The principal's side of every stream is left half-open (held, silent, never closed) while the
+/// agent sees its connection close: the agent dials again and the principal must serve the new
+/// stream while the old one still looks alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_reconnects_while_the_principal_still_holds_a_half_open_stream() -> Result<()> {
+    let (t, proxy) = behind_proxy(&[("h2", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "h2");
+    let spoke = apps(&t.spoke("h2")?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &app("before", "h2", "v1")?).await?;
+    wait_app(&t, &proxy, &spoke, "before", "initial sync", path_is("v1")).await?;
+    let connects = t.principal_connects("h2");
+
+    assert!(proxy.half_open(Side::Upstream) >= 1, "no connection to make half-open");
+    let r =
+        wait_until_async(CONVERGE, "the agent to reconnect", || async { t.principal_connects("h2") > connects }).await;
+    r.with_context(|| context(&t, &proxy))?;
+    assert!(proxy.stats().half_open >= 1, "the stale streams are still held: {:?}", proxy.stats());
+
+    hub.create(&PostParams::default(), &app("after", "h2", "v1")?).await?;
+    set_path(&hub, "before", "v2").await?;
+    wait_app(&t, &proxy, &spoke, "after", "a create after the reconnect", path_is("v1")).await?;
+    wait_app(&t, &proxy, &spoke, "before", "an update after the reconnect", path_is("v2")).await?;
+    set_health(&spoke, "after", "Healthy").await?;
+    wait_app(&t, &proxy, &hub, "after", "status back to the hub", health_is("Healthy")).await?;
+    Ok(())
+}
+
+/// The agent's side of every stream is left half-open: the principal sees the connection close,
+/// the agent's stream just goes quiet, as when the principal's host vanishes without a FIN or a
+/// middlebox drops the path. The agent's HTTP/2 keepalive (default 30 s, 20 s to answer) notices,
+/// and it reconnects; without it the hub's changes would never arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_detects_a_silently_dead_stream_and_reconnects() -> Result<()> {
+    let (t, proxy) = behind_proxy(&[("h1", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "h1");
+    let spoke = apps(&t.spoke("h1")?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &app("before", "h1", "v1")?).await?;
+    wait_app(&t, &proxy, &spoke, "before", "initial sync", path_is("v1")).await?;
+
+    assert!(proxy.half_open(Side::Client) >= 1, "no connection to make half-open");
+    hub.create(&PostParams::default(), &app("after", "h1", "v1")?).await?;
+    wait_app(&t, &proxy, &spoke, "after", "a create after the stream died silently", path_is("v1")).await?;
+    Ok(())
+}
+
+/// Applications created while the link is slow, thin and flapping (every connection reset and
+/// new ones refused for part of each period) converge once the flapping stops, still through the
+/// slow, thin link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_made_on_a_slow_flapping_link_converge() -> Result<()> {
+    let (t, proxy) = behind_proxy(&[("fl", Mode::Managed)]).await?;
+    let hub = apps(&t.hub(), "fl");
+    let spoke = apps(&t.spoke("fl")?, ARGOCD_NS);
+    proxy.set_latency(Direction::Both, Duration::from_millis(100));
+    proxy.set_bandwidth(Direction::Both, Some(256 * 1024));
+    hub.create(&PostParams::default(), &app("first", "fl", "v1")?).await?;
+    wait_app(&t, &proxy, &spoke, "first", "sync over a slow link", path_is("v1")).await?;
+
+    let connects = t.principal_connects("fl");
+    let flapper = proxy.flap(Duration::from_millis(1500), Duration::from_millis(500));
+    let mut created = Vec::new();
+    for i in 0..10 {
+        let name = format!("flap-{i}");
+        hub.create(&PostParams::default(), &app(&name, "fl", "v1")?).await?;
+        created.push(name);
+    }
+    set_path(&hub, "first", "v2").await?;
+    let r = wait_until_async(CONVERGE, "three flaps", || async { flapper.cycles() >= 3 }).await;
+    r.with_context(|| context(&t, &proxy))?;
+    drop(flapper);
+
+    for name in &created {
+        wait_app(&t, &proxy, &spoke, name, "created while flapping", path_is("v1")).await?;
+    }
+    wait_app(&t, &proxy, &spoke, "first", "updated while flapping", path_is("v2")).await?;
+    assert!(t.principal_connects("fl") > connects, "the flaps did not break the stream\n{}", context(&t, &proxy));
+    Ok(())
+}
+
+/// Behind Envoy sidecars the proxy sits between the agent's sidecar and the principal's (the
+/// mTLS hop): a black-holed, reset link heals the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_envoy_sidecars_a_black_holed_reset_link_converges() -> Result<()> {
+    let mut t = Topology::start_mesh(&[("em", Mode::Managed)]).await?;
+    let proxy = FaultProxy::start(t.principal_addr().context("the principal sidecar's address")?).await?;
+    // Restarts the agent and its sidecar, now dialling through the proxy.
+    t.start_agent_via("em", proxy.addr()).await?;
+    let hub = apps(&t.hub(), "em");
+    let spoke = apps(&t.spoke("em")?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &app("first", "em", "v1")?).await?;
+    wait_app(&t, &proxy, &spoke, "first", "sync across both sidecars and the proxy", path_is("v1")).await?;
+    assert!(proxy.stats().bytes_to_client > 0, "the stream bypassed the proxy: {:?}", proxy.stats());
+
+    proxy.blackhole(true);
+    hub.create(&PostParams::default(), &app("second", "em", "v1")?).await?;
+    set_path(&hub, "first", "v2").await?;
+    reset_repeatedly(&t, &proxy, 2).await?;
+    assert!(spoke.get_opt("second").await?.is_none(), "crossed the black hole\n{}", context(&t, &proxy));
+    proxy.blackhole(false);
+    wait_app(&t, &proxy, &spoke, "second", "created while black-holed", path_is("v1")).await?;
+    wait_app(&t, &proxy, &spoke, "first", "changed while black-holed", path_is("v2")).await?;
+    Ok(())
+}
