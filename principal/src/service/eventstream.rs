@@ -288,6 +288,10 @@ fn inbound_failure(agent: &str, status: Status, limit: usize) -> Status {
     }
 }
 
+/// First and longest pause between attempts to start a resync.
+const RESYNC_RETRY_INITIAL: std::time::Duration = std::time::Duration::from_millis(500);
+const RESYNC_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn run_stream(
     hub: Arc<Hub>,
     session: Arc<AgentSession>,
@@ -305,9 +309,27 @@ async fn run_stream(
             Err(e) => tracing::warn!(agent = %session.name(), error = %e, "cannot create the agent's hub namespace"),
         }
     }
-    if let Err(e) = resync::on_connect(&hub, &session).await {
-        tracing::warn!(agent = %session.name(), error = %e, "cannot start resync; it runs again on the next connect");
-    }
+    // The resync start reads the hub; under a reconnect storm or a hub restart those reads can
+    // fail for a moment. Retried with backoff while the stream lives, beside the receive loop,
+    // so a transient failure does not leave the agent unsynced until its next reconnect.
+    tokio::spawn({
+        let (hub, session, handle) = (hub.clone(), session.clone(), handle.clone());
+        async move {
+            let mut delay = RESYNC_RETRY_INITIAL;
+            loop {
+                match resync::on_connect(&hub, &session).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(agent = %session.name(), error = %e, retry_in = ?delay,
+                        "cannot start resync; retrying"),
+                }
+                tokio::select! {
+                    () = handle.closed() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(RESYNC_RETRY_MAX);
+            }
+        }
+    });
     loop {
         // Biased: once replaced, expired or revoked, nothing more from this stream is applied.
         let msg = tokio::select! {
