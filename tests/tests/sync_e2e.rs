@@ -323,3 +323,139 @@ async fn heartbeats_keep_a_quiet_stream_up_through_envoy_idle_timeouts() -> Resu
     }
     Ok(())
 }
+
+/// Which process a mid-sync restart kills.
+#[derive(Clone, Copy, Debug)]
+enum Victim {
+    Principal,
+    Agents,
+}
+
+/// How many Applications each side writes in the mid-sync tests: enough that a batch is still
+/// travelling when the kill lands, few enough for 2 shared cores.
+const MID_SYNC_APPS: usize = 40;
+
+async fn count_with_path(api: &Api<DynamicObject>, path: &str) -> usize {
+    api.list(&Default::default())
+        .await
+        .map_or(0, |l| l.items.iter().filter(|o| o.data["spec"]["source"]["path"] == path).count())
+}
+
+/// A batch of creates on the owner side of both modes is in flight when `victim` is SIGKILLed;
+/// more creates, updates and deletes land while it is down and after it is back. Every
+/// Application must end in its owner's final state on the other side: none lost, none
+/// resurrected, none left at an older path.
+async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str) -> Result<()> {
+    let mut t = Topology::start(&[(managed, Mode::Managed), (autonomous, Mode::Autonomous)]).await?;
+    let owner_m = apps(&t.hub(), managed);
+    let other_m = apps(&t.spoke(managed)?, ARGOCD_NS);
+    let owner_a = apps(&t.spoke(autonomous)?, ARGOCD_NS);
+    let other_a = apps(&t.hub(), autonomous);
+    let name = |i: usize| format!("app-{i:03}");
+
+    // The batch: written concurrently so the principal and agents are busy with it.
+    let batch = |api: Api<DynamicObject>, ns: String| async move {
+        let writes = (0..MID_SYNC_APPS).map(|i| {
+            let api = api.clone();
+            let ns = ns.clone();
+            async move {
+                let obj = app(&format!("app-{i:03}"), &ns, "v1")?;
+                api.create(&PostParams::default(), &obj).await?;
+                anyhow::Ok(())
+            }
+        });
+        for r in futures::future::join_all(writes).await {
+            r?;
+        }
+        anyhow::Ok(())
+    };
+    let (m, a) =
+        tokio::join!(batch(owner_m.clone(), managed.to_string()), batch(owner_a.clone(), ARGOCD_NS.to_string()));
+    m?;
+    a?;
+
+    // Kill as soon as the batch has started to arrive on the other side of either mode.
+    wait_until_async(CONVERGE, "the batch to start arriving", || async {
+        count_with_path(&other_m, "v1").await + count_with_path(&other_a, "v1").await > 0
+    })
+    .await
+    .with_context(|| t.logs())?;
+    match victim {
+        Victim::Principal => t.kill_principal()?,
+        Victim::Agents => {
+            t.kill_agent(managed)?;
+            t.kill_agent(autonomous)?;
+        }
+    }
+    let arrived = (count_with_path(&other_m, "v1").await, count_with_path(&other_a, "v1").await);
+    eprintln!("{victim:?} killed with {arrived:?} of {MID_SYNC_APPS} (managed, autonomous) arrived");
+
+    // While it is down: a third of the Applications move to v2, every fifth is deleted.
+    for (owner, ns) in [(&owner_m, managed), (&owner_a, ARGOCD_NS)] {
+        for i in (0..MID_SYNC_APPS).step_by(3) {
+            set_path(owner, &name(i), "v2").await?;
+        }
+        for i in (0..MID_SYNC_APPS).step_by(5) {
+            owner.delete(&name(i), &DeleteParams::default()).await?;
+        }
+        owner.create(&PostParams::default(), &app("while-down", ns, "v1")?).await?;
+    }
+    match victim {
+        Victim::Principal => t.start_principal().await?,
+        Victim::Agents => {
+            t.start_agent(managed).await?;
+            t.start_agent(autonomous).await?;
+        }
+    }
+    // Right after the restart, before the resync can have finished: more updates.
+    for owner in [&owner_m, &owner_a] {
+        for i in (1..MID_SYNC_APPS).step_by(7) {
+            if i % 5 != 0 {
+                set_path(owner, &name(i), "v3").await?;
+            }
+        }
+    }
+
+    // The final state on the owner side, expected on the other side.
+    for (owner, other, what) in [(&owner_m, &other_m, "managed"), (&owner_a, &other_a, "autonomous")] {
+        let want = live_paths(owner).await?;
+        assert_eq!(want.len(), MID_SYNC_APPS - MID_SYNC_APPS.div_ceil(5) + 1, "{what}: owner side");
+        let last = std::cell::RefCell::new(String::new());
+        let r = wait_until_async(CONVERGE, &format!("{what}: the other side in the owner's final state"), || async {
+            let Ok(got) = live_paths(other).await else { return false };
+            let differ: Vec<_> = want
+                .keys()
+                .chain(got.keys())
+                .filter(|k| want.get(*k) != got.get(*k))
+                .map(|k| format!("{k}: want {:?} got {:?}", want.get(k), got.get(k)))
+                .collect();
+            *last.borrow_mut() = differ.join(", ");
+            differ.is_empty()
+        })
+        .await;
+        r.with_context(|| format!("still differing: {}\n{}", last.borrow(), t.logs()))?;
+    }
+    Ok(())
+}
+
+/// Name → `spec.source.path` of every Application not being deleted.
+async fn live_paths(api: &Api<DynamicObject>) -> Result<std::collections::BTreeMap<String, Value>> {
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|o| o.metadata.deletion_timestamp.is_none())
+        .map(|o| (o.metadata.name.clone().unwrap_or_default(), o.data["spec"]["source"]["path"].clone()))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_killed_mid_sync_converges_without_loss_both_modes() -> Result<()> {
+    restart_mid_sync(Victim::Principal, "mp", "ap").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_killed_mid_sync_converge_without_loss_both_modes() -> Result<()> {
+    restart_mid_sync(Victim::Agents, "mk", "ak").await
+}
