@@ -13,6 +13,8 @@
 //! * autonomous agent (agent = source of truth): the principal sends a `request-update` per
 //!   hub copy it holds and a `request-synced-resource-list`; the agent answers the same way.
 
+use std::sync::atomic::Ordering;
+
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
@@ -27,7 +29,7 @@ use crate::hub::Hub;
 use crate::hub::store::StoreError;
 use crate::inbound::InboundError;
 use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
-use crate::session::AgentSession;
+use crate::session::{AgentSession, lock};
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
@@ -51,17 +53,30 @@ fn push(session: &AgentSession, ev: Option<Event>) {
     }
 }
 
+// The resync reads the hub from the watchers' caches once they have listed it: a connecting
+// agent then costs no LIST against the hub API server, so a reconnect storm of N agents is not
+// N x 3 LISTs (each a pooled connection to the hub held afterwards). Before the first list (a
+// principal that just started) the hub is read live. The cache may lag the hub by a watch
+// event; whatever it misses arrives as that event, through the agent's outbox, right after.
+
+/// The agent's hub Applications (its namespace), from the watch cache or live.
+async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
+    if hub.apps_synced.load(Ordering::Relaxed) {
+        let seen = lock(&hub.seen_apps);
+        return Ok(seen.iter().filter(|((ns, _), _)| ns == agent).map(|(_, app)| app.clone()).collect());
+    }
+    hub.apps.list::<Application>(agent).await
+}
+
 async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    Ok(hub
-        .apps
-        .list::<Application>(agent)
-        .await?
-        .into_iter()
-        .filter(|a| !is_autonomous_copy(a) && !is_ignored(a))
-        .collect())
+    Ok(agent_apps(hub, agent).await?.into_iter().filter(|a| !is_autonomous_copy(a) && !is_ignored(a)).collect())
 }
 
 async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, StoreError> {
+    if hub.projects_synced.load(Ordering::Relaxed) {
+        let seen = lock(&hub.seen_projects);
+        return Ok(seen.values().filter(|p| project::matches_agent(p, agent)).cloned().collect());
+    }
     Ok(hub
         .projects
         .list::<AppProject>(&hub.config.namespace)
@@ -72,7 +87,7 @@ async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, St
 }
 
 async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(is_autonomous_copy).collect())
+    Ok(agent_apps(hub, agent).await?.into_iter().filter(is_autonomous_copy).collect())
 }
 
 /// Starts the resync for a freshly connected agent.
