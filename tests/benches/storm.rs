@@ -13,6 +13,8 @@
 //!   every agent is connected and resynced, the principal's RSS (`VmRSS`) and CPU
 //!   (`utime + stime` over `BENCH_IDLE_WINDOW`) with heartbeats on. Per agent = (RSS at N - RSS
 //!   at 0) / N.
+//!   After each level, fan-out: one change to an AppProject every agent matches; the time until
+//!   the last agent has applied it, beside the hub write's own time.
 //! - storm: a fresh principal, `BENCH_STORM_AGENTS` agents connected (time to connect them the
 //!   first time = the baseline), RSS and idle CPU; then SIGKILL and a restart on the same port:
 //!   the time until every agent has reopened its stream (authenticating again where its
@@ -177,6 +179,62 @@ struct IdleRow {
     rss: u64,
     window: Window,
     fds: usize,
+    fanout: Fanout,
+}
+
+/// One AppProject change on the hub that every agent must apply.
+struct Fanout {
+    /// Until the hub API server acknowledged the write (the baseline: one hub write).
+    hub_write: Duration,
+    /// Until the first and the last agent applied it.
+    first: Duration,
+    last: Duration,
+}
+
+/// The AppProject every agent matches (destination name `*`, source namespaces `*`).
+const FANOUT_PROJECT: &str = "fanout";
+
+fn fanout_project(description: &str) -> Res<kube::api::DynamicObject> {
+    tests::fixtures::dynamic(serde_json::json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AppProject",
+        "metadata": {"name": FANOUT_PROJECT, "namespace": NS},
+        "spec": {
+            "description": description,
+            "sourceRepos": ["*"],
+            "sourceNamespaces": ["*"],
+            "destinations": [{"name": "*", "namespace": "*"}],
+        },
+    }))
+}
+
+fn projects(hub: &Hub) -> kube::api::Api<kube::api::DynamicObject> {
+    let gvk = kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject");
+    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "appprojects");
+    kube::api::Api::namespaced_with(hub.api.client(), NS, &ar)
+}
+
+/// Changes the fan-out AppProject's description and waits until every agent has applied it.
+async fn fanout(hub: &Hub, loads: &[LoadGen], level: usize, timeout: Duration) -> Res<Fanout> {
+    use kube::api::{Patch, PatchParams};
+    let marker = format!("fan-out to {level} agents");
+    for load in loads {
+        load.expect_marker(&marker);
+    }
+    let started = Instant::now();
+    let patch = Patch::Merge(serde_json::json!({"spec": {"description": marker}}));
+    projects(hub)
+        .patch(FANOUT_PROJECT, &PatchParams::default(), &patch)
+        .await
+        .context("cannot change the AppProject")?;
+    let hub_write = started.elapsed();
+    let (mut first, mut last) = (Duration::MAX, Duration::ZERO);
+    for load in loads {
+        let (f, l) = load.wait_all_marked(started, timeout).await?;
+        first = first.min(f);
+        last = last.max(l);
+    }
+    Ok(Fanout { hub_write, first, last })
 }
 
 async fn idle(
@@ -186,6 +244,10 @@ async fn idle(
     timeout: Duration,
 ) -> Res<(u64, usize, Window, Vec<IdleRow>)> {
     let (principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    projects(hub)
+        .create(&kube::api::PostParams::default(), &fanout_project("created before the agents")?)
+        .await
+        .context("cannot create the fan-out AppProject")?;
     let base_window = idle_window(&principal, &[], window).await?;
     let rss0 = principal.rss()?;
     let fds0 = procstat::open_fds(principal.pid());
@@ -211,7 +273,9 @@ async fn idle(
             principal.warnings()
         );
         eprintln!("  idle: {n} agents, RSS {}", mib(rss));
-        rows.push(IdleRow { agents: n, added_in, rss, window: w, fds: procstat::open_fds(principal.pid()) });
+        let fds = procstat::open_fds(principal.pid());
+        let fanout = fanout(hub, &loads, n, timeout).await?;
+        rows.push(IdleRow { agents: n, added_in, rss, window: w, fds, fanout });
     }
     for load in loads {
         load.stop().await;
@@ -368,6 +432,21 @@ async fn main() -> Res<()> {
     }
     for r in &rows {
         print_window(&format!("{} agents", r.agents), &r.window);
+    }
+    println!("fan-out: one AppProject change on the hub that every connected agent applies (after each idle level):");
+    println!(
+        "  | agents | hub write acknowledged (baseline) | first agent applied | last agent applied | last / hub write |"
+    );
+    for r in &rows {
+        let f = &r.fanout;
+        println!(
+            "  | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.0}x |",
+            r.agents,
+            f.hub_write.as_secs_f64() * 1e3,
+            f.first.as_secs_f64() * 1e3,
+            f.last.as_secs_f64() * 1e3,
+            f.last.as_secs_f64() / f.hub_write.as_secs_f64().max(1e-9)
+        );
     }
 
     for rekey in [false, true] {

@@ -199,6 +199,10 @@ struct Slot {
     /// When the last resync completed: milliseconds since [`Shared::epoch`] plus one (zero:
     /// never).
     resynced_at: AtomicU64,
+    /// When this agent applied an AppProject whose `spec.description` is the current fan-out
+    /// marker ([`LoadGen::expect_marker`]): milliseconds since [`Shared::epoch`] plus one (zero:
+    /// not yet).
+    marked_at: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -208,6 +212,8 @@ struct Shared {
     slots: Vec<Slot>,
     connected: AtomicUsize,
     counters: Counters,
+    /// The fan-out marker agents look for in the AppProjects they apply.
+    marker: std::sync::RwLock<Option<String>>,
 }
 
 impl Shared {
@@ -241,6 +247,7 @@ impl LoadGen {
             slots,
             connected: AtomicUsize::new(0),
             counters: Counters::default(),
+            marker: std::sync::RwLock::new(None),
         });
         let cancel = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -336,6 +343,42 @@ impl LoadGen {
                 next_report = now + Duration::from_secs(1);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// From now on, count the agents that apply an AppProject whose `spec.description` is
+    /// `marker` (a fan-out measurement: one hub change that must reach every agent).
+    pub fn expect_marker(&self, marker: &str) {
+        for slot in &self.shared.slots {
+            slot.marked_at.store(0, Ordering::Relaxed);
+        }
+        *self.shared.marker.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(marker.to_owned());
+    }
+
+    /// Waits until every agent has applied the AppProject carrying the marker of
+    /// [`Self::expect_marker`]; returns how long after `since` the first and the last did.
+    ///
+    /// # Errors
+    /// Not all within `timeout` (the error has the count).
+    pub async fn wait_all_marked(&self, since: Instant, timeout: Duration) -> anyhow::Result<(Duration, Duration)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let times: Vec<u64> =
+                self.shared.slots.iter().map(|s| s.marked_at.load(Ordering::Relaxed)).filter(|at| *at > 0).collect();
+            if times.len() == self.agents() {
+                let at = |ms: u64| (self.shared.epoch + Duration::from_millis(ms - 1)).saturating_duration_since(since);
+                let first = times.iter().copied().min().unwrap_or(1);
+                let last = times.iter().copied().max().unwrap_or(1);
+                return Ok((at(first), at(last)));
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "only {} of {} agents applied the marked AppProject within {timeout:?}",
+                    times.len(),
+                    self.agents()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -601,6 +644,17 @@ impl Sim {
         keys
     }
 
+    /// Records when this agent first applied the AppProject carrying the fan-out marker.
+    fn note_marker(&self, project: &AppProject) {
+        let description = project.spec.extra.get("description").and_then(serde_json::Value::as_str);
+        let marker = self.shared.marker.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if description.is_some() && marker.as_deref() == description {
+            let now = self.shared.since_epoch(Instant::now()) + 1;
+            let _ =
+                self.shared.slots[self.index].marked_at.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
     /// Applies one event from the principal (as `agent::inbound` would, to the in-memory spoke).
     fn apply(&mut self, ev: &Event) {
         let Ok(payload) = ev.payload() else { return };
@@ -620,6 +674,7 @@ impl Sim {
                 if ev.event_type == EventType::Delete {
                     self.projects.remove(&name);
                 } else {
+                    self.note_marker(&project);
                     self.projects.insert(name, *project);
                 }
                 self.counters().objects_applied.fetch_add(1, Ordering::Relaxed);
