@@ -446,16 +446,19 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 continue;
             }
         };
-        shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if shared.faults.borrow().refuse {
             shared.counters.refused.fetch_add(1, Ordering::Relaxed);
+            shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
             reset(client);
             continue;
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        // Registered before its task runs, so a reset_all() from now on reaches it.
+        // Registered before its task runs, so a reset_all() from now on reaches it; counted only
+        // then, so a caller that saw `accepted` grow and calls reset_all() reaches this one too
+        // (counted first, a reset could miss it and leave a client hanging in a black hole).
         shared.connections().insert(id, tx);
+        shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
         let task_shared = shared.clone();
         tokio::spawn(async move {
             connection(&task_shared, client, rx).await;
