@@ -20,8 +20,14 @@
 //!   the time until every agent has reopened its stream (authenticating again where its
 //!   session is refused) and completed a resync on it, and the RSS after.
 //!
-//! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (sizes:
-//! BENCH_STORM_AGENTS=2000, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
+//! - status throughput (last): `BENCH_STATUS_AGENTS` managed agents with one hub Application
+//!   each send a status update every `BENCH_STATUS_INTERVAL_MS` (500); hub writes/s while the
+//!   principal writes them, beside the hub API server's own rate with 16 clients merge-patching
+//!   the same Applications (same run).
+//!
+//! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (phases:
+//! BENCH_STORM_PHASES=idle,storm,status; sizes:
+//! BENCH_STATUS_AGENTS=1000, BENCH_STORM_AGENTS=2000, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
 //! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows). Each agent holds
 //! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
 //! largest size. Figures are printed, never asserted.
@@ -343,6 +349,97 @@ async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout:
     })
 }
 
+struct Throughput {
+    agents: usize,
+    interval: Duration,
+    /// The hub API server's own rate: 16 clients merge-patching the same Applications.
+    baseline: f64,
+    /// Hub writes/s while the agents send status and the principal writes it.
+    principal: f64,
+    sent: u64,
+    secs: f64,
+}
+
+/// The hub's current resourceVersion: one counter for every write (the embedded API server has a
+/// single global one), so writes over a window are the difference.
+async fn hub_rv(hub: &Hub) -> Res<u64> {
+    let api: kube::api::Api<k8s_openapi::api::core::v1::Namespace> = kube::api::Api::all(hub.api.client());
+    let list = api.list_metadata(&kube::api::ListParams::default().limit(1)).await?;
+    list.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).context("list without a resourceVersion")
+}
+
+fn apps_in(hub: &Hub, ns: &str) -> kube::api::Api<kube::api::DynamicObject> {
+    tests::fixtures::applications(hub.api.client(), ns)
+}
+
+/// Status throughput: `agents` managed agents, each with one Application on the hub, send a
+/// status update every `interval`; the principal writes each onto the hub. Beside it, in the
+/// same run and on the same Applications, the hub API server's own write rate with 16 clients.
+async fn status_throughput(
+    hub: &Hub,
+    agents: usize,
+    interval: Duration,
+    window: Duration,
+    timeout: Duration,
+) -> Res<Throughput> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    use kube::api::{Patch, PatchParams, PostParams};
+    let ns = |i: usize| format!("agent-{i}");
+    futures::stream::iter(1..=agents)
+        .map(|i| async move {
+            let namespaces: kube::api::Api<k8s_openapi::api::core::v1::Namespace> =
+                kube::api::Api::all(hub.api.client());
+            let mut namespace = k8s_openapi::api::core::v1::Namespace::default();
+            namespace.metadata.name = Some(ns(i));
+            namespaces.create(&PostParams::default(), &namespace).await?;
+            apps_in(hub, &ns(i))
+                .create(&PostParams::default(), &tests::fixtures::app_with_path("status", &ns(i), "v1")?)
+                .await?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("cannot create the agents' namespaces and Applications")?;
+
+    // Baseline: 16 clients merge-patching the status of these Applications for one window.
+    let rv0 = hub_rv(hub).await?;
+    let started = Instant::now();
+    let deadline = started + window;
+    let workers = (0..16).map(|w| async move {
+        let mut k = w;
+        while Instant::now() < deadline {
+            let i = k % agents + 1;
+            let patch = Patch::Merge(serde_json::json!({"status": {"reconciledAt": format!("baseline-{k}")}}));
+            apps_in(hub, &ns(i)).patch("status", &PatchParams::default(), &patch).await?;
+            k += 16;
+        }
+        anyhow::Ok(())
+    });
+    for r in futures::future::join_all(workers).await {
+        r?;
+    }
+    let baseline = (hub_rv(hub).await? - rv0) as f64 / started.elapsed().as_secs_f64();
+
+    let (principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let mut config = config(principal.addr(), agents, 1);
+    config.status_interval = Some(interval);
+    let started = Instant::now();
+    let load = LoadGen::start(config);
+    load.wait_all_resynced(started, timeout, progress("status throughput", agents)).await?;
+    tests::wait_until_async(timeout, "every agent to hold its Application", || async {
+        load.snapshot().objects_applied >= agents as u64
+    })
+    .await?;
+    let (rv0, sent0, t0) = (hub_rv(hub).await?, load.snapshot().status_updates_sent, Instant::now());
+    tokio::time::sleep(window).await; // a measurement window, not synchronisation
+    let (rv1, sent1) = (hub_rv(hub).await?, load.snapshot().status_updates_sent);
+    let secs = t0.elapsed().as_secs_f64();
+    load.stop().await;
+    drop(principal);
+    Ok(Throughput { agents, interval, baseline, principal: (rv1 - rv0) as f64 / secs, sent: sent1 - sent0, secs })
+}
+
 /// The hub API server and two JWT signing keys made by `argocd-agentctl jwt create-key`.
 struct Hub {
     api: ApiServerProcess,
@@ -398,6 +495,8 @@ async fn main() -> Res<()> {
     let idle_sizes = env_list("BENCH_IDLE_AGENTS", if quick { "50" } else { "1000,5000,10000" });
     let window = Duration::from_secs(env_usize("BENCH_IDLE_WINDOW", if quick { 1 } else { 60 }) as u64);
     let timeout = Duration::from_secs(env_usize("BENCH_STORM_TIMEOUT", if quick { 120 } else { 900 }) as u64);
+    let status_n = env_usize("BENCH_STATUS_AGENTS", if quick { 50 } else { 1000 });
+    let status_interval = Duration::from_millis(env_usize("BENCH_STATUS_INTERVAL_MS", 500) as u64);
     let largest = idle_sizes.iter().copied().max().unwrap_or(0).max(storm_n);
     let limit = open_files_limit();
     println!(
@@ -412,9 +511,25 @@ async fn main() -> Res<()> {
             "ulimit -n is {limit}: {largest} agents need one descriptor each plus ~256; raise it (ulimit -n) or lower the sizes"
         );
     }
+    let phases = std::env::var("BENCH_STORM_PHASES").unwrap_or_else(|_| "idle,storm,status".to_owned());
+    let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
     let hub = hub().await?;
 
-    let (rss0, fds0, base, rows) = idle(&hub, &idle_sizes, window, timeout).await?;
+    if phase("idle") {
+        idle_report(&hub, &idle_sizes, window, timeout).await?;
+    }
+    if phase("storm") {
+        storm_report(&hub, storm_n, window, timeout).await?;
+    }
+    if phase("status") {
+        status_report(&hub, status_n, status_interval, window, timeout).await?;
+    }
+    drop(hub);
+    Ok(())
+}
+
+async fn idle_report(hub: &Hub, idle_sizes: &[usize], window: Duration, timeout: Duration) -> Res<()> {
+    let (rss0, fds0, base, rows) = idle(hub, idle_sizes, window, timeout).await?;
     println!("idle agents (cumulative; principal with 0 agents = baseline):");
     println!("  0 agents: principal RSS {}, {fds0} open fds", mib(rss0));
     print_window("0 agents", &base);
@@ -449,8 +564,12 @@ async fn main() -> Res<()> {
         );
     }
 
+    Ok(())
+}
+
+async fn storm_report(hub: &Hub, storm_n: usize, window: Duration, timeout: Duration) -> Res<()> {
     for rekey in [false, true] {
-        let s = storm(&hub, storm_n, rekey, window, timeout).await?;
+        let s = storm(hub, storm_n, rekey, window, timeout).await?;
         let (before, after) = s.counters;
         println!(
             "reconnect storm ({} agents, restarted principal signs with {}):",
@@ -489,6 +608,35 @@ async fn main() -> Res<()> {
         );
         println!("  principal log: {}", s.principal_warnings);
     }
-    drop(hub);
+    Ok(())
+}
+
+/// Last of the phases: it gives agent-1..N an Application each on the hub, which the phases
+/// above do not expect.
+async fn status_report(
+    hub: &Hub,
+    status_n: usize,
+    status_interval: Duration,
+    window: Duration,
+    timeout: Duration,
+) -> Res<()> {
+    let t = status_throughput(hub, status_n, status_interval, window.max(Duration::from_secs(2)), timeout).await?;
+    println!(
+        "status throughput ({} managed agents, one Application each, a status update every {} ms per agent):",
+        t.agents,
+        t.interval.as_millis()
+    );
+    println!(
+        "  baseline: hub API server alone, 16 clients merge-patching the same Applications: {:.0} writes/s",
+        t.baseline
+    );
+    println!(
+        "  principal: {:.0} hub writes/s from {} status updates sent over {:.0} s ({:.0}/s offered): {:.2}x the baseline",
+        t.principal,
+        t.sent,
+        t.secs,
+        t.sent as f64 / t.secs,
+        t.principal / t.baseline.max(1e-9)
+    );
     Ok(())
 }

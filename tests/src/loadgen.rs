@@ -725,11 +725,18 @@ impl Sim {
         }
     }
 
+    /// A `status-update` for every Application held, each with a new `status.reconciledAt`
+    /// (as Argo CD's controller stamps every reconciliation), so every one is a real hub write.
     fn send_status_updates(&mut self) {
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let events: Vec<Option<Event>> = self
             .apps
-            .values()
-            .map(|a| Event::for_object(EventType::StatusUpdate, Target::Application, &a.metadata, a).ok())
+            .values_mut()
+            .map(|a| {
+                let status = a.status.get_or_insert_with(Default::default);
+                status.extra.insert("reconciledAt".into(), serde_json::Value::String(now.clone()));
+                Event::for_object(EventType::StatusUpdate, Target::Application, &a.metadata, &*a).ok()
+            })
             .collect();
         let n = events.len() as u64;
         for ev in events {
