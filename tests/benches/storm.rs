@@ -387,11 +387,7 @@ async fn status_throughput(
     let ns = |i: usize| format!("agent-{i}");
     futures::stream::iter(1..=agents)
         .map(|i| async move {
-            let namespaces: kube::api::Api<k8s_openapi::api::core::v1::Namespace> =
-                kube::api::Api::all(hub.api.client());
-            let mut namespace = k8s_openapi::api::core::v1::Namespace::default();
-            namespace.metadata.name = Some(ns(i));
-            namespaces.create(&PostParams::default(), &namespace).await?;
+            create_namespace(hub.api.client(), &ns(i)).await?;
             apps_in(hub, &ns(i))
                 .create(&PostParams::default(), &tests::fixtures::app_with_path("status", &ns(i), "v1")?)
                 .await?;
@@ -447,15 +443,20 @@ struct Hub {
     _dir: tempfile::TempDir,
 }
 
+async fn create_namespace(client: kube::Client, name: &str) -> Res<()> {
+    let namespaces: kube::api::Api<k8s_openapi::api::core::v1::Namespace> = kube::api::Api::all(client);
+    let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+    ns.metadata.name = Some(name.to_owned());
+    namespaces
+        .create(&kube::api::PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("cannot create the {name} namespace"))?;
+    Ok(())
+}
+
 async fn hub() -> Res<Hub> {
     let api = ApiServerProcess::start().await?;
-    {
-        use kube::api::{Api, PostParams};
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(api.client());
-        let mut ns = k8s_openapi::api::core::v1::Namespace::default();
-        ns.metadata.name = Some(NS.to_owned());
-        namespaces.create(&PostParams::default(), &ns).await.context("cannot create the argocd namespace")?;
-    }
+    create_namespace(api.client(), NS).await?;
     let dir = tempfile::Builder::new().prefix("storm-jwt-").tempdir()?;
     let mut keys = Vec::new();
     for (i, upsert) in [(0, false), (1, true)] {

@@ -336,9 +336,7 @@ enum Victim {
 const MID_SYNC_APPS: usize = 40;
 
 async fn count_with_path(api: &Api<DynamicObject>, path: &str) -> usize {
-    api.list(&Default::default())
-        .await
-        .map_or(0, |l| l.items.iter().filter(|o| o.data["spec"]["source"]["path"] == path).count())
+    live_paths(api).await.map_or(0, |paths| paths.values().filter(|p| *p == path).count())
 }
 
 /// A batch of creates on the owner side of both modes is in flight when `victim` is SIGKILLed;
@@ -359,7 +357,7 @@ async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str) -> Re
             let api = api.clone();
             let ns = ns.clone();
             async move {
-                let obj = app(&format!("app-{i:03}"), &ns, "v1")?;
+                let obj = app(&name(i), &ns, "v1")?;
                 api.create(&PostParams::default(), &obj).await?;
                 anyhow::Ok(())
             }
