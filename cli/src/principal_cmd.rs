@@ -10,6 +10,12 @@ use crate::ctl::kube::Secrets;
 use crate::material::{VERSION, pem_from, secret_field};
 use crate::unsupported::Unsupported;
 
+/// Requests the principal has in flight against the hub API server at most (its few watches
+/// included). Status writes from thousands of agents queue here instead of opening a
+/// connection each: the storm bench saw ~1,500 pooled hub connections after 1,000 agents
+/// connected at once, before this bound (docs/performance.md).
+const HUB_MAX_IN_FLIGHT: usize = 64;
+
 /// Flags of `argocd-agent principal` (upstream `cmd/argocd-agent/principal.go`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -354,7 +360,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         mesh::workload::resolve_endpoint(spec.workload_endpoint())
             .with_context(|| format!("--auth {:?}", args.auth))?;
     }
-    let client = crate::ctl::kube::client(args.kubeconfig.as_deref(), args.kubecontext.as_deref()).await?;
+    let client = crate::ctl::kube::client_with_limit(
+        args.kubeconfig.as_deref(),
+        args.kubecontext.as_deref(),
+        Some(HUB_MAX_IN_FLIGHT),
+    )
+    .await?;
     let secrets = Secrets::new(client.clone(), &args.namespace);
     let key = jwt_key(&args, &secrets).await?;
     // spiffe:jwt waits here for the JWT bundles; spiffe:x509 for the principal's own SVID below.

@@ -68,6 +68,28 @@ async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreErr
     hub.apps.list::<Application>(agent).await
 }
 
+/// One hub Application: from the watch cache when it has it, else read live (a cache miss is
+/// rare, a deletion or an object the watch has not delivered yet, and must not be mistaken
+/// for a deletion).
+async fn agent_app(hub: &Hub, agent: &str, name: &str) -> Result<Option<Application>, StoreError> {
+    if hub.apps_synced.load(Ordering::Relaxed)
+        && let Some(app) = lock(&hub.seen_apps).get(&(agent.to_owned(), name.to_owned()))
+    {
+        return Ok(Some(app.clone()));
+    }
+    hub.apps.get::<Application>(agent, name).await
+}
+
+/// One AppProject of the principal namespace, as [`agent_app`].
+async fn principal_project(hub: &Hub, name: &str) -> Result<Option<AppProject>, StoreError> {
+    if hub.projects_synced.load(Ordering::Relaxed)
+        && let Some(p) = lock(&hub.seen_projects).get(name)
+    {
+        return Ok(Some(p.clone()));
+    }
+    hub.projects.get::<AppProject>(&hub.config.namespace, name).await
+}
+
 async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
     Ok(agent_apps(hub, agent).await?.into_iter().filter(|a| !is_autonomous_copy(a) && !is_ignored(a)).collect())
 }
@@ -161,7 +183,7 @@ pub(crate) async fn handle(
         (AgentMode::Managed, Payload::RequestUpdate(req)) => managed_request_update(hub, session, &req).await,
         (AgentMode::Autonomous, Payload::SyncedResource(res)) => {
             if res.kind == RESYNC_KIND_APPLICATION {
-                let req = match hub.apps.get::<Application>(agent, &res.name).await? {
+                let req = match agent_app(hub, agent, &res.name).await? {
                     Some(app) => autonomous_request_update(agent, &app),
                     None => RequestUpdate {
                         name: res.name.clone(),
@@ -198,7 +220,7 @@ fn stub_meta(name: &str, namespace: &str, uid: &str) -> ObjectMeta {
 async fn managed_request_update(hub: &Hub, session: &AgentSession, req: &RequestUpdate) -> Result<(), InboundError> {
     let agent = session.name();
     if req.kind == RESYNC_KIND_APPLICATION {
-        match hub.apps.get::<Application>(agent, &req.name).await? {
+        match agent_app(hub, agent, &req.name).await? {
             Some(app) if is_autonomous_copy(&app) => {}
             Some(app) if !is_ignored(&app) => {
                 // A deletion pending on the hub does not change the spec checksum; send it
@@ -213,7 +235,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentSession, req: &Request
             }
         }
     } else if req.kind == RESYNC_KIND_APP_PROJECT {
-        match hub.projects.get::<AppProject>(&hub.config.namespace, &req.name).await? {
+        match principal_project(hub, &req.name).await? {
             Some(p) if project::matches_agent(&p, agent) => {
                 if checksum_of(&project::agent_copy(&p, agent)) != req.checksum || req.uid.is_empty() {
                     push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));

@@ -236,6 +236,28 @@ impl ObjectStore {
         })
     }
 
+    /// Merge-patches an object whose `patch` carries `metadata.resourceVersion`: the write
+    /// happens only if the object is still at that version (one request where
+    /// [`Self::update`] needs a read and a write). `Ok(None)` if it has changed since or does
+    /// not exist: the caller reads it again. `Ok(Some(written))`: the object as written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails for another reason, or the written object does
+    /// not decode.
+    pub async fn patch_if_unchanged<T: DeserializeOwned>(
+        &self,
+        ns: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<Option<T>, StoreError> {
+        match self.api(Some(ns)).patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+            Ok(written) => self.decode(&written).map(Some),
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
+            Err(e) => Err(self.kube_err("patch", ns, name, e)),
+        }
+    }
+
     /// Deletes an object (background propagation); `Ok(false)` if it did not exist.
     ///
     /// # Errors

@@ -20,6 +20,7 @@ pub mod event;
 pub mod fuzzing;
 #[cfg(feature = "kube")]
 pub mod kube_store;
+pub mod merge_patch;
 pub mod metrics;
 pub mod mode;
 #[cfg(feature = "otel")]

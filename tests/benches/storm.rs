@@ -20,14 +20,21 @@
 //!   the time until every agent has reopened its stream (authenticating again where its
 //!   session is refused) and completed a resync on it, and the RSS after.
 //!
+//! - latency: a fresh principal, `BENCH_LATENCY_AGENTS` managed agents (1000), each with one
+//!   Application on the hub; one change to each agent's Application at `BENCH_LATENCY_RATE`
+//!   (50) changes/s; p50/p99 from the start of each hub write until its agent applied it,
+//!   beside the hub write's acknowledgement and a hub watch in this process (the floor).
 //! - status throughput (last): `BENCH_STATUS_AGENTS` managed agents with one hub Application
-//!   each send a status update every `BENCH_STATUS_INTERVAL_MS` (500); hub writes/s while the
-//!   principal writes them, beside the hub API server's own rate with 16 clients merge-patching
+//!   each send a status update every `BENCH_STATUS_INTERVAL_MS` (a list, `500,200`: 2,000/s
+//!   and 5,000/s offered by 1,000 agents, around and well above the hub API server's own rate,
+//!   one run each); hub writes/s while the
+//!   principal writes them, beside the hub API server's own rate with 64 requests in flight
+//!   (the principal's own bound on hub requests) merge-patching
 //!   the same Applications (same run).
 //!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (phases:
-//! BENCH_STORM_PHASES=idle,storm,status; sizes:
-//! BENCH_STATUS_AGENTS=1000, BENCH_STORM_AGENTS=2000, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
+//! BENCH_STORM_PHASES=idle,storm,latency,status; sizes:
+//! BENCH_STATUS_AGENTS=1000, BENCH_STATUS_INTERVAL_MS=500,200, BENCH_STORM_AGENTS=5000, BENCH_LATENCY_AGENTS=1000, BENCH_LATENCY_RATE=50, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
 //! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows). Each agent holds
 //! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
 //! largest size. Figures are printed, never asserted.
@@ -352,7 +359,8 @@ async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout:
 struct Throughput {
     agents: usize,
     interval: Duration,
-    /// The hub API server's own rate: 16 clients merge-patching the same Applications.
+    /// The hub API server's own rate: `BASELINE_IN_FLIGHT` requests in flight merge-patching the
+    /// same Applications.
     baseline: f64,
     /// Hub writes/s while the agents send status and the principal writes it.
     principal: f64,
@@ -374,7 +382,8 @@ fn apps_in(hub: &Hub, ns: &str) -> kube::api::Api<kube::api::DynamicObject> {
 
 /// Status throughput: `agents` managed agents, each with one Application on the hub, send a
 /// status update every `interval`; the principal writes each onto the hub. Beside it, in the
-/// same run and on the same Applications, the hub API server's own write rate with 16 clients.
+/// same run and on the same Applications, the hub API server's own write rate with
+/// `BASELINE_IN_FLIGHT` requests in flight.
 async fn status_throughput(
     hub: &Hub,
     agents: usize,
@@ -387,7 +396,12 @@ async fn status_throughput(
     let ns = |i: usize| format!("agent-{i}");
     futures::stream::iter(1..=agents)
         .map(|i| async move {
-            create_namespace(hub.api.client(), &ns(i)).await?;
+            // Made by the first run of this phase; later runs (other intervals) reuse them.
+            let exists = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.is_already_exists());
+            match create_namespace(hub.api.client(), &ns(i)).await {
+                Err(e) if e.downcast_ref::<kube::Error>().is_some_and(exists) => return anyhow::Ok(()),
+                r => r?,
+            }
             apps_in(hub, &ns(i))
                 .create(&PostParams::default(), &tests::fixtures::app_with_path("status", &ns(i), "v1")?)
                 .await?;
@@ -398,17 +412,18 @@ async fn status_throughput(
         .await
         .context("cannot create the agents' namespaces and Applications")?;
 
-    // Baseline: 16 clients merge-patching the status of these Applications for one window.
+    // Baseline: merge patches of these Applications' status, as many in flight as the principal
+    // allows itself against the hub, for one window.
     let rv0 = hub_rv(hub).await?;
     let started = Instant::now();
     let deadline = started + window;
-    let workers = (0..16).map(|w| async move {
+    let workers = (0..BASELINE_IN_FLIGHT).map(|w| async move {
         let mut k = w;
         while Instant::now() < deadline {
             let i = k % agents + 1;
             let patch = Patch::Merge(serde_json::json!({"status": {"reconciledAt": format!("baseline-{k}")}}));
             apps_in(hub, &ns(i)).patch("status", &PatchParams::default(), &patch).await?;
-            k += 16;
+            k += BASELINE_IN_FLIGHT;
         }
         anyhow::Ok(())
     });
@@ -434,6 +449,129 @@ async fn status_throughput(
     load.stop().await;
     drop(principal);
     Ok(Throughput { agents, interval, baseline, principal: (rv1 - rv0) as f64 / secs, sent: sent1 - sent0, secs })
+}
+
+/// Requests in flight in the status-throughput baseline: the principal's own bound on hub
+/// requests (`HUB_MAX_IN_FLIGHT` in `cli/src/principal_cmd.rs`).
+const BASELINE_IN_FLIGHT: usize = 64;
+
+/// Agents of the latency phase are `agent-<LATENCY_FIRST>`.., apart from the other phases'.
+const LATENCY_FIRST: usize = 100_001;
+
+/// p50 and p99 of a set of durations (nearest rank).
+fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort_unstable();
+    let rank = |p: usize| v.get((v.len() * p).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default();
+    (rank(50), rank(99))
+}
+
+struct Latency {
+    agents: usize,
+    rate: f64,
+    /// Until the hub API server acknowledged each write.
+    hub_write: (Duration, Duration),
+    /// Until a watch on the hub (this process, as the principal watches) saw each write: the
+    /// floor under any hub-to-spoke path.
+    hub_watch: (Duration, Duration),
+    /// Until the agent applied each write.
+    spoke: (Duration, Duration),
+}
+
+/// Hub to spoke latency: `agents` managed agents connected, each with one Application on the
+/// hub; one change to each agent's Application, `rate` changes per second, each timed from the
+/// start of its hub write to the moment its agent applied it, beside the hub write and a hub
+/// watch in this process.
+async fn latency(hub: &Hub, agents: usize, rate: f64, timeout: Duration) -> Res<Latency> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    use kube::api::{Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+    let ns = |i: usize| format!("agent-{}", LATENCY_FIRST + i);
+    let (principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let started = Instant::now();
+    let load = LoadGen::start(config(principal.addr(), agents, LATENCY_FIRST));
+    load.expect_marker("latency warm-up");
+    futures::stream::iter(0..agents)
+        .map(|i| async move {
+            create_namespace(hub.api.client(), &ns(i)).await?;
+            let app = tests::fixtures::app_with_path("latency", &ns(i), "latency warm-up")?;
+            apps_in(hub, &ns(i)).create(&PostParams::default(), &app).await?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("cannot create the latency agents' namespaces and Applications")?;
+    load.wait_all_resynced(started, timeout, progress("latency", agents)).await?;
+    load.wait_all_marked(started, timeout).await.context("the warm-up Applications")?;
+
+    let marker = "latency";
+    load.expect_marker(marker);
+    let all = kube::api::Api::<kube::api::DynamicObject>::all_with(
+        hub.api.client(),
+        &tests::fixtures::application_resource(),
+    );
+    let rv = all.list_metadata(&kube::api::ListParams::default().limit(1)).await?.metadata.resource_version;
+    let mut events = all.watch(&WatchParams::default().timeout(290), rv.as_deref().unwrap_or("0")).await?.boxed();
+    let watched = tokio::spawn(async move {
+        let mut seen = std::collections::HashMap::new();
+        while seen.len() < agents {
+            let Some(event) = events.try_next().await? else { bail!("the hub watch ended") };
+            if let WatchEvent::Modified(obj) = event
+                && obj.data.pointer("/spec/source/path").and_then(serde_json::Value::as_str) == Some(marker)
+            {
+                seen.entry(obj.metadata.namespace.clone().unwrap_or_default()).or_insert_with(Instant::now);
+            }
+        }
+        anyhow::Ok(seen)
+    });
+    let t0 = Instant::now();
+    let writes = futures::stream::iter(0..agents)
+        .map(|i| async move {
+            tokio::time::sleep_until((t0 + Duration::from_secs_f64(i as f64 / rate)).into()).await;
+            let sent = Instant::now();
+            let patch = Patch::Merge(serde_json::json!({"spec": {"source": {"path": marker}}}));
+            apps_in(hub, &ns(i)).patch("latency", &PatchParams::default(), &patch).await?;
+            anyhow::Ok((sent, sent.elapsed()))
+        })
+        .buffered(agents.max(1))
+        .try_collect::<Vec<_>>()
+        .await
+        .context("cannot change the latency Applications")?;
+    load.wait_all_marked(t0, timeout).await?;
+    let seen = tokio::time::timeout(timeout, watched).await.context("the hub watch")???;
+    let applied = load.marked_at();
+    let mut watch = Vec::new();
+    let mut spoke = Vec::new();
+    for (i, ((sent, _), at)) in writes.iter().zip(&applied).enumerate() {
+        let seen_at = seen.get(&ns(i)).with_context(|| format!("the hub watch missed {}", ns(i)))?;
+        watch.push(seen_at.saturating_duration_since(*sent));
+        spoke.push(at.context("an agent without its change")?.saturating_duration_since(*sent));
+    }
+    load.stop().await;
+    drop(principal);
+    Ok(Latency {
+        agents,
+        rate,
+        hub_write: percentiles(writes.iter().map(|(_, d)| *d).collect()),
+        hub_watch: percentiles(watch),
+        spoke: percentiles(spoke),
+    })
+}
+
+async fn latency_report(hub: &Hub, agents: usize, rate: f64, timeout: Duration) -> Res<()> {
+    let l = latency(hub, agents, rate, timeout).await?;
+    let ms = |(p50, p99): (Duration, Duration)| {
+        format!("{:.1} ms | {:.1} ms", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3)
+    };
+    println!(
+        "hub to spoke latency ({} managed agents connected, one Application change per agent, {:.0} changes/s):",
+        l.agents, l.rate
+    );
+    println!("  | measured from the start of the hub write to | p50 | p99 |");
+    println!("  | hub API server acknowledged the write | {} |", ms(l.hub_write));
+    println!("  | a hub watch saw it (baseline: the principal's own input) | {} |", ms(l.hub_watch));
+    println!("  | the agent applied it (through the principal) | {} |", ms(l.spoke));
+    println!("  p99 spoke / p99 hub watch: {:.2}x", l.spoke.1.as_secs_f64() / l.hub_watch.1.as_secs_f64().max(1e-9));
+    Ok(())
 }
 
 /// The hub API server and two JWT signing keys made by `argocd-agentctl jwt create-key`.
@@ -492,13 +630,15 @@ fn print_window(label: &str, w: &Window) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Res<()> {
     let quick = std::env::var("BENCH_QUICK").is_ok();
-    let storm_n = env_usize("BENCH_STORM_AGENTS", if quick { 50 } else { 2000 });
+    let storm_n = env_usize("BENCH_STORM_AGENTS", if quick { 50 } else { 5000 });
     let idle_sizes = env_list("BENCH_IDLE_AGENTS", if quick { "50" } else { "1000,5000,10000" });
     let window = Duration::from_secs(env_usize("BENCH_IDLE_WINDOW", if quick { 1 } else { 60 }) as u64);
     let timeout = Duration::from_secs(env_usize("BENCH_STORM_TIMEOUT", if quick { 120 } else { 900 }) as u64);
     let status_n = env_usize("BENCH_STATUS_AGENTS", if quick { 50 } else { 1000 });
-    let status_interval = Duration::from_millis(env_usize("BENCH_STATUS_INTERVAL_MS", 500) as u64);
-    let largest = idle_sizes.iter().copied().max().unwrap_or(0).max(storm_n);
+    let status_intervals = env_list("BENCH_STATUS_INTERVAL_MS", "500,200");
+    let latency_n = env_usize("BENCH_LATENCY_AGENTS", if quick { 50 } else { 1000 });
+    let latency_rate = env_usize("BENCH_LATENCY_RATE", 50).max(1) as f64;
+    let largest = idle_sizes.iter().copied().max().unwrap_or(0).max(storm_n).max(latency_n).max(status_n);
     let limit = open_files_limit();
     println!(
         "storm/idle benchmarks ({} cores, ulimit -n {}, managed agents over h2c with --auth xfcc:, heartbeats and keepalive 30 s)",
@@ -512,7 +652,7 @@ async fn main() -> Res<()> {
             "ulimit -n is {limit}: {largest} agents need one descriptor each plus ~256; raise it (ulimit -n) or lower the sizes"
         );
     }
-    let phases = std::env::var("BENCH_STORM_PHASES").unwrap_or_else(|_| "idle,storm,status".to_owned());
+    let phases = std::env::var("BENCH_STORM_PHASES").unwrap_or_else(|_| "idle,storm,latency,status".to_owned());
     let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
     let hub = hub().await?;
 
@@ -522,8 +662,11 @@ async fn main() -> Res<()> {
     if phase("storm") {
         storm_report(&hub, storm_n, window, timeout).await?;
     }
+    if phase("latency") {
+        latency_report(&hub, latency_n, latency_rate, timeout).await?;
+    }
     if phase("status") {
-        status_report(&hub, status_n, status_interval, window, timeout).await?;
+        status_report(&hub, status_n, &status_intervals, window, timeout).await?;
     }
     drop(hub);
     Ok(())
@@ -617,27 +760,35 @@ async fn storm_report(hub: &Hub, storm_n: usize, window: Duration, timeout: Dura
 async fn status_report(
     hub: &Hub,
     status_n: usize,
-    status_interval: Duration,
+    status_intervals: &[usize],
     window: Duration,
     timeout: Duration,
 ) -> Res<()> {
-    let t = status_throughput(hub, status_n, status_interval, window.max(Duration::from_secs(2)), timeout).await?;
+    for &ms in status_intervals {
+        let interval = Duration::from_millis(ms as u64);
+        let t = status_throughput(hub, status_n, interval, window.max(Duration::from_secs(2)), timeout).await?;
+        print_throughput(&t);
+    }
+    Ok(())
+}
+
+fn print_throughput(t: &Throughput) {
     println!(
         "status throughput ({} managed agents, one Application each, a status update every {} ms per agent):",
         t.agents,
         t.interval.as_millis()
     );
     println!(
-        "  baseline: hub API server alone, 16 clients merge-patching the same Applications: {:.0} writes/s",
+        "  baseline: hub API server alone, {BASELINE_IN_FLIGHT} merge patches of the same Applications in flight: {:.0} writes/s",
         t.baseline
     );
+    let offered = t.sent as f64 / t.secs;
     println!(
-        "  principal: {:.0} hub writes/s from {} status updates sent over {:.0} s ({:.0}/s offered): {:.2}x the baseline",
+        "  principal: {:.0} hub writes/s from {} status updates sent over {:.0} s ({offered:.0}/s offered): {:.2}x the baseline{}",
         t.principal,
         t.sent,
         t.secs,
-        t.sent as f64 / t.secs,
-        t.principal / t.baseline.max(1e-9)
+        t.principal / t.baseline.max(1e-9),
+        if offered < t.baseline { " (bounded by the offered rate, which is below the baseline)" } else { "" }
     );
-    Ok(())
 }

@@ -199,9 +199,9 @@ struct Slot {
     /// When the last resync completed: milliseconds since [`Shared::epoch`] plus one (zero:
     /// never).
     resynced_at: AtomicU64,
-    /// When this agent applied an AppProject whose `spec.description` is the current fan-out
-    /// marker ([`LoadGen::expect_marker`]): milliseconds since [`Shared::epoch`] plus one (zero:
-    /// not yet).
+    /// When this agent applied an AppProject whose `spec.description`, or an Application whose
+    /// `spec.source.path`, is the current marker ([`LoadGen::expect_marker`]): milliseconds
+    /// since [`Shared::epoch`] plus one (zero: not yet).
     marked_at: AtomicU64,
 }
 
@@ -212,7 +212,7 @@ struct Shared {
     slots: Vec<Slot>,
     connected: AtomicUsize,
     counters: Counters,
-    /// The fan-out marker agents look for in the AppProjects they apply.
+    /// The marker agents look for in the AppProjects and Applications they apply.
     marker: std::sync::RwLock<Option<String>>,
 }
 
@@ -346,8 +346,9 @@ impl LoadGen {
         }
     }
 
-    /// From now on, count the agents that apply an AppProject whose `spec.description` is
-    /// `marker` (a fan-out measurement: one hub change that must reach every agent).
+    /// From now on, count the agents that apply an AppProject whose `spec.description`, or an
+    /// Application whose `spec.source.path`, is `marker` (a fan-out measurement: one hub change
+    /// that must reach every agent; a latency measurement: one change per agent).
     pub fn expect_marker(&self, marker: &str) {
         for slot in &self.shared.slots {
             slot.marked_at.store(0, Ordering::Relaxed);
@@ -355,7 +356,15 @@ impl LoadGen {
         *self.shared.marker.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(marker.to_owned());
     }
 
-    /// Waits until every agent has applied the AppProject carrying the marker of
+    /// When each agent (in order) applied the object carrying the marker of
+    /// [`Self::expect_marker`], as an instant (millisecond resolution); `None`: not yet.
+    #[must_use]
+    pub fn marked_at(&self) -> Vec<Option<Instant>> {
+        let at = |ms: u64| (ms > 0).then(|| self.shared.epoch + Duration::from_millis(ms - 1));
+        self.shared.slots.iter().map(|s| at(s.marked_at.load(Ordering::Relaxed))).collect()
+    }
+
+    /// Waits until every agent has applied the object carrying the marker of
     /// [`Self::expect_marker`]; returns how long after `since` the first and the last did.
     ///
     /// # Errors
@@ -363,17 +372,15 @@ impl LoadGen {
     pub async fn wait_all_marked(&self, since: Instant, timeout: Duration) -> anyhow::Result<(Duration, Duration)> {
         let deadline = Instant::now() + timeout;
         loop {
-            let times: Vec<u64> =
-                self.shared.slots.iter().map(|s| s.marked_at.load(Ordering::Relaxed)).filter(|at| *at > 0).collect();
+            let times: Vec<Instant> = self.marked_at().into_iter().flatten().collect();
             if times.len() == self.agents() {
-                let at = |ms: u64| (self.shared.epoch + Duration::from_millis(ms - 1)).saturating_duration_since(since);
-                let first = times.iter().copied().min().unwrap_or(1);
-                let last = times.iter().copied().max().unwrap_or(1);
-                return Ok((at(first), at(last)));
+                let first = times.iter().min().map_or(Duration::ZERO, |t| t.saturating_duration_since(since));
+                let last = times.iter().max().map_or(Duration::ZERO, |t| t.saturating_duration_since(since));
+                return Ok((first, last));
             }
             if Instant::now() >= deadline {
                 anyhow::bail!(
-                    "only {} of {} agents applied the marked AppProject within {timeout:?}",
+                    "only {} of {} agents applied the marked object within {timeout:?}",
                     times.len(),
                     self.agents()
                 );
@@ -644,11 +651,11 @@ impl Sim {
         keys
     }
 
-    /// Records when this agent first applied the AppProject carrying the fan-out marker.
-    fn note_marker(&self, project: &AppProject) {
-        let description = project.spec.extra.get("description").and_then(serde_json::Value::as_str);
+    /// Records when this agent first applied an object carrying the marker (`found`: the
+    /// AppProject's description or the Application's source path).
+    fn note_marker(&self, found: Option<&str>) {
         let marker = self.shared.marker.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if description.is_some() && marker.as_deref() == description {
+        if found.is_some() && marker.as_deref() == found {
             let now = self.shared.since_epoch(Instant::now()) + 1;
             let _ =
                 self.shared.slots[self.index].marked_at.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
@@ -665,6 +672,8 @@ impl Sim {
                 if ev.event_type == EventType::Delete {
                     self.apps.remove(&name);
                 } else {
+                    let path = app.spec.source.as_ref().and_then(|s| s.get("path")).and_then(serde_json::Value::as_str);
+                    self.note_marker(path);
                     self.apps.insert(name, *app);
                 }
                 self.counters().objects_applied.fetch_add(1, Ordering::Relaxed);
@@ -674,7 +683,7 @@ impl Sim {
                 if ev.event_type == EventType::Delete {
                     self.projects.remove(&name);
                 } else {
-                    self.note_marker(&project);
+                    self.note_marker(project.spec.extra.get("description").and_then(serde_json::Value::as_str));
                     self.projects.insert(name, *project);
                 }
                 self.counters().objects_applied.fetch_add(1, Ordering::Relaxed);

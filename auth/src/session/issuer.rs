@@ -381,8 +381,7 @@ impl SessionIssuer {
             cnf: bound.map(|b| Confirmation::from(b.binding)),
             amr: bound.map(|b| vec![b.method.to_owned()]).unwrap_or_default(),
         };
-        jsonwebtoken::encode(&Header::new(ALGORITHM), &claims, self.key.encoding())
-            .map_err(|e| AuthError::TokenIssue { reason: e.to_string() })
+        self.key.sign_jwt(&Header::new(ALGORITHM), &claims).map_err(|reason| AuthError::TokenIssue { reason })
     }
 }
 

@@ -19,6 +19,21 @@ use kube::{Api, Client, Config};
 /// # Errors
 /// The kubeconfig cannot be read, the context does not exist, or the client cannot be built.
 pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> anyhow::Result<Client> {
+    client_with_limit(kubeconfig, context, None).await
+}
+
+/// As [`client`], with at most `max_in_flight` requests in flight at once (watches included,
+/// for as long as they run); the others wait their turn. Each request in flight can hold a
+/// pooled connection to the API server, so this also bounds the connections: a burst of
+/// thousands of agents must not become thousands of connections (and their TLS buffers).
+///
+/// # Errors
+/// As [`client`].
+pub async fn client_with_limit(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    max_in_flight: Option<usize>,
+) -> anyhow::Result<Client> {
     let options = KubeConfigOptions { context: context.map(str::to_owned), ..KubeConfigOptions::default() };
     let what = context.map_or_else(|| "the current context".to_owned(), |c| format!("context {c:?}"));
     let config = match kubeconfig {
@@ -36,7 +51,12 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> anyhow:
             Config::infer().await.context("no Kubernetes configuration found (pass --kubeconfig or set KUBECONFIG)")?
         }
     };
-    Client::try_from(config).with_context(|| format!("cannot build a Kubernetes client for {what}"))
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .with_context(|| format!("cannot build a Kubernetes client for {what}"))?;
+    Ok(match max_in_flight {
+        Some(n) => builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(n)).build(),
+        None => builder.build(),
+    })
 }
 
 /// Secrets of one namespace in one cluster, with names for messages.

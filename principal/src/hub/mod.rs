@@ -38,12 +38,35 @@ pub(crate) struct Hub {
     /// Autonomous agents' Applications as last received (hub form): the source for reverting
     /// edits and deletions made on the hub. Rebuilt from the hub at startup.
     pub(crate) auto_source: Mutex<HashMap<Key, Application>>,
+    /// The status and operation the principal last wrote onto a hub Application, with the
+    /// resourceVersion the write produced, until the watch catches up with that version: the
+    /// base of the next status write's conditional patch ([`crate::route::managed`]).
+    pub(crate) status_written: Mutex<HashMap<Key, StatusBase>>,
     /// Hub copies whose deletion the owning agent asked for.
     pub(crate) expected_deletes: Mutex<HashSet<Key>>,
     /// Whether the Application and AppProject watchers have each listed the hub once
     /// (readiness, `/healthz`).
     pub(crate) apps_synced: AtomicBool,
     pub(crate) projects_synced: AtomicBool,
+}
+
+/// A hub Application's status and operation (as JSON) at a resourceVersion.
+#[derive(Debug, Clone)]
+pub(crate) struct StatusBase {
+    pub(crate) resource_version: String,
+    pub(crate) status: serde_json::Value,
+    pub(crate) operation: serde_json::Value,
+}
+
+impl StatusBase {
+    /// `None` without a resourceVersion (nothing to hold a conditional write to).
+    pub(crate) fn of(app: &Application) -> Option<Self> {
+        Some(Self {
+            resource_version: app.metadata.resource_version.clone()?,
+            status: serde_json::to_value(&app.status).ok()?,
+            operation: serde_json::to_value(&app.operation).ok()?,
+        })
+    }
 }
 
 impl Hub {
@@ -57,6 +80,7 @@ impl Hub {
             seen_apps: Mutex::new(HashMap::new()),
             seen_projects: Mutex::new(HashMap::new()),
             auto_source: Mutex::new(HashMap::new()),
+            status_written: Mutex::new(HashMap::new()),
             expected_deletes: Mutex::new(HashSet::new()),
             apps_synced: AtomicBool::new(false),
             projects_synced: AtomicBool::new(false),

@@ -102,6 +102,13 @@ async fn app_applied_in_span(hub: &Hub, app: Application) {
         return;
     }
     let prev = lock(&hub.seen_apps).insert(key.clone(), app.clone());
+    {
+        // The watch has caught up with the principal's own status write: it is the base again.
+        let mut written = lock(&hub.status_written);
+        if written.get(&key).is_some_and(|w| app.metadata.resource_version.as_ref() == Some(&w.resource_version)) {
+            written.remove(&key);
+        }
+    }
     if is_autonomous_copy(&app) {
         let span = tracing::info_span!("hub_app", agent = %key.0, app = %key.1, mode = "autonomous");
         if let Err(e) = autonomous::hub_copy_changed(hub, prev.as_ref(), &app).instrument(span).await {
@@ -120,6 +127,7 @@ async fn app_deleted(hub: &Hub, app: Application) {
 async fn app_deleted_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
     lock(&hub.seen_apps).remove(&key);
+    lock(&hub.status_written).remove(&key);
     if is_autonomous_copy(&app) {
         if let Err(e) = autonomous::hub_copy_deleted(hub, &app).await {
             tracing::warn!(agent = %key.0, app = %key.1, error = %e, "cannot recreate a deleted hub copy");

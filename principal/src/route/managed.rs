@@ -2,12 +2,13 @@
 
 use protocol::argocd::Application;
 use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
-use protocol::{EventType, Target};
+use protocol::{EventType, Target, merge_patch};
 
 use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
-use crate::hub::Hub;
 use crate::hub::store::StoreError;
+use crate::hub::{Hub, Key, StatusBase};
+use crate::session::lock;
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {
@@ -64,9 +65,22 @@ pub(crate) fn hub_app_deleted(hub: &Hub, app: &Application) {
 /// `status-update` from a managed agent: writes `.status` and `.operation` onto the hub
 /// Application through the main resource (Argo CD's Application has no status subresource),
 /// mirrors the refresh annotation and stamps `last-updated`.
+///
+/// One conditional merge patch against what the principal knows of the hub copy (its own last
+/// write until the watch has caught up with it, else the watch cache); a read-modify-write when
+/// that is stale (the hub refuses the patch), has nothing to change, or is missing.
 pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
     let name = incoming.metadata.name.as_deref().unwrap_or_default();
+    let key = (agent.to_owned(), name.to_owned());
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let base = lock(&hub.status_written).get(&key).cloned();
+    let base = base.or_else(|| lock(&hub.seen_apps).get(&key).and_then(StatusBase::of));
+    if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now))
+        && let Some(written) = hub.apps.patch_if_unchanged::<Application>(agent, name, &patch).await?
+    {
+        remember_written(hub, key, &written);
+        return Ok(());
+    }
     let written = hub
         .apps
         .update::<Application, _>(agent, name, |hub_app| {
@@ -85,10 +99,38 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
             true
         })
         .await?;
-    if written.is_none() {
-        tracing::debug!(%agent, %name, "status-update for an Application the hub does not have; ignored");
+    match written {
+        Some(app) => remember_written(hub, key, &app),
+        None => tracing::debug!(%agent, %name, "status-update for an Application the hub does not have; ignored"),
     }
     Ok(())
+}
+
+fn remember_written(hub: &Hub, key: Key, app: &Application) {
+    match StatusBase::of(app) {
+        Some(base) => lock(&hub.status_written).insert(key, base),
+        None => lock(&hub.status_written).remove(&key),
+    };
+}
+
+/// The merge patch that writes `incoming`'s status and operation over `base`, valid only while
+/// the hub is still at `base`'s resourceVersion. `None` when there is nothing to change.
+fn status_patch(base: &StatusBase, incoming: &Application, now: &str) -> Option<serde_json::Value> {
+    let status = merge_patch::diff(&base.status, &serde_json::to_value(&incoming.status).ok()?);
+    let operation = merge_patch::diff(&base.operation, &serde_json::to_value(&incoming.operation).ok()?);
+    if status.is_none() && operation.is_none() {
+        return None;
+    }
+    let mut patch = serde_json::json!({"metadata": {"resourceVersion": base.resource_version, "annotations": {
+        REFRESH: incoming.metadata.annotation(REFRESH),
+        LAST_UPDATED: now,
+    }}});
+    for (field, diff) in [("status", status), ("operation", operation)] {
+        if let Some(d) = diff {
+            patch[field] = d;
+        }
+    }
+    Some(patch)
 }
 
 /// `delete` from a managed agent: completes a hub deletion that waits on the agent (the hub
