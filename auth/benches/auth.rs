@@ -435,6 +435,28 @@ fn token_costs(pem: &str, n: usize) -> Res<(Duration, Duration, Duration)> {
     Ok((percentile(&issue, 0.5), percentile(&first, 0.5), percentile(&cached, 0.5)))
 }
 
+/// Baseline for [`token_costs`]' issue: the same two RS512 signatures by jsonwebtoken's
+/// RustCrypto backend (the pure-Rust `rsa` crate; what signed sessions before `ring` did), p50.
+fn rustcrypto_issue_cost(pem: &str, n: usize) -> Res<Duration> {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use rsa::pkcs1::EncodeRsaPrivateKey as _;
+    use rsa::pkcs8::DecodePrivateKey as _;
+    let pkcs8 = SigningKey::from_pem(pem)?.to_pkcs8_pem()?;
+    let pkcs1 = rsa::RsaPrivateKey::from_pkcs8_pem(&pkcs8)?.to_pkcs1_der()?;
+    let key = EncodingKey::from_rsa_der(pkcs1.as_bytes());
+    let claims = serde_json::json!({"sub": "agent-1", "aud": ["bench"], "exp": 4_000_000_000_u64});
+    let mut issue = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        let start = Instant::now();
+        for _ in 0..2 {
+            std::hint::black_box(jsonwebtoken::encode(&Header::new(Algorithm::RS512), &claims, &key)?);
+        }
+        issue.push(start.elapsed());
+    }
+    issue.sort();
+    Ok(percentile(&issue, 0.5))
+}
+
 struct Sizes {
     calls: usize,
     authenticates: usize,
@@ -627,10 +649,14 @@ async fn main() -> Res<()> {
     println!();
     for (bits, pem) in [(4096, JWT_KEY), (2048, JWT_KEY_2048)] {
         let (issue, first, cached) = token_costs(pem, in_process)?;
+        let baseline = rustcrypto_issue_cost(pem, in_process)?;
         println!(
-            "session tokens, RS512 with RSA-{bits}, in process: issue access + refresh p50 {}, verify access p50 {} \
-             (first time: the signature), {} (again: the verified-token cache)",
+            "session tokens, RS512 with RSA-{bits}, in process: issue access + refresh p50 {} (ring; the same two \
+             signatures by RustCrypto, baseline: {}, {:.2}x), verify access p50 {} (first time: the signature), {} \
+             (again: the verified-token cache)",
             fmt_dur(issue),
+            fmt_dur(baseline),
+            issue.as_secs_f64() / baseline.as_secs_f64().max(1e-12),
             fmt_dur(first),
             fmt_dur(cached)
         );
