@@ -29,9 +29,9 @@ const RSA_ENCRYPTION_OID: &str = "1.2.840.113549.1.1.1";
 ///
 /// Signing goes through `ring` (assembly Montgomery arithmetic: an RSA-4096 signature costs a
 /// fraction of what the pure-Rust `rsa` crate needs, and `Authenticate` signs two tokens);
-/// keys `ring` refuses (it accepts 2048 to 8192 bits with a public exponent of at least 65537)
-/// are signed by jsonwebtoken's RustCrypto backend. PKCS#1 v1.5 signatures are deterministic,
-/// so both give the same token.
+/// keys `ring` refuses (it takes two-prime keys of 2048 to 4096 bits with a public exponent
+/// of at least 65537) are signed by jsonwebtoken's RustCrypto backend. PKCS#1 v1.5 signatures
+/// are deterministic, so both give the same token.
 #[derive(Clone)]
 pub struct SigningKey {
     private: RsaPrivateKey,
