@@ -15,6 +15,12 @@ const PROTOS: &[&str] = &[
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(PROTOS, ["proto"])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    // Every service encodes with prost like tonic's default codec, with smaller starting
+    // buffers (src/grpc_codec.rs: an idle stream's memory).
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::grpc_codec::Codec")
+        .compile_fds(fds)?;
     Ok(())
 }

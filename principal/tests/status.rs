@@ -42,12 +42,12 @@ async fn hub_has(h: &Harness, status: &Value, operation: Option<&Value>) -> anyh
         async move {
             let app = apps.get("app").await?;
             let ok = app.data.get("status") == Some(status) && app.data.get("operation") == operation;
-            *last.lock().expect("not poisoned") = Some(app);
+            *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(app);
             Ok(ok)
         }
     })
     .await;
-    let last = last.lock().expect("not poisoned").take();
+    let last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     match (found, last) {
         (Ok(()), Some(app)) => Ok(app),
         (Err(e), last) => Err(e.context(format!("last seen: {:?}", last.map(|a| a.data)))),
