@@ -380,6 +380,33 @@ fn apps_in(hub: &Hub, ns: &str) -> kube::api::Api<kube::api::DynamicObject> {
     tests::fixtures::applications(hub.api.client(), ns)
 }
 
+/// Creates each of `namespaces` with an Application `name` (source path `path`) in it, 16 at a
+/// time; a namespace that exists already is taken to hold its Application from an earlier run.
+async fn give_each_an_application(
+    hub: &Hub,
+    namespaces: impl Iterator<Item = String>,
+    name: &str,
+    path: &str,
+) -> Res<()> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    let exists = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.is_already_exists());
+    futures::stream::iter(namespaces)
+        .map(|ns| async move {
+            match create_namespace(hub.api.client(), &ns).await {
+                Err(e) if e.downcast_ref::<kube::Error>().is_some_and(exists) => return anyhow::Ok(()),
+                r => r?,
+            }
+            let app = tests::fixtures::app_with_path(name, &ns, path)?;
+            apps_in(hub, &ns).create(&kube::api::PostParams::default(), &app).await?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .with_context(|| format!("cannot create the agents' namespaces and their {name} Applications"))?;
+    Ok(())
+}
+
 /// Status throughput: `agents` managed agents, each with one Application on the hub, send a
 /// status update every `interval`; the principal writes each onto the hub. Beside it, in the
 /// same run and on the same Applications, the hub API server's own write rate with
@@ -391,26 +418,10 @@ async fn status_throughput(
     window: Duration,
     timeout: Duration,
 ) -> Res<Throughput> {
-    use futures::{StreamExt as _, TryStreamExt as _};
-    use kube::api::{Patch, PatchParams, PostParams};
+    use kube::api::{Patch, PatchParams};
     let ns = |i: usize| format!("agent-{i}");
-    futures::stream::iter(1..=agents)
-        .map(|i| async move {
-            // Made by the first run of this phase; later runs (other intervals) reuse them.
-            let exists = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.is_already_exists());
-            match create_namespace(hub.api.client(), &ns(i)).await {
-                Err(e) if e.downcast_ref::<kube::Error>().is_some_and(exists) => return anyhow::Ok(()),
-                r => r?,
-            }
-            apps_in(hub, &ns(i))
-                .create(&PostParams::default(), &tests::fixtures::app_with_path("status", &ns(i), "v1")?)
-                .await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("cannot create the agents' namespaces and Applications")?;
+    // Made by the first run of this phase; later runs (other intervals) reuse them.
+    give_each_an_application(hub, (1..=agents).map(ns), "status", "v1").await?;
 
     // Baseline: merge patches of these Applications' status, as many in flight as the principal
     // allows itself against the hub, for one window.
@@ -458,11 +469,10 @@ const BASELINE_IN_FLIGHT: usize = 64;
 /// Agents of the latency phase are `agent-<LATENCY_FIRST>`.., apart from the other phases'.
 const LATENCY_FIRST: usize = 100_001;
 
-/// p50 and p99 of a set of durations (nearest rank).
+/// p50 and p99 of a set of durations.
 fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
     v.sort_unstable();
-    let rank = |p: usize| v.get((v.len() * p).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default();
-    (rank(50), rank(99))
+    (tests::bench::percentile(&v, 0.50), tests::bench::percentile(&v, 0.99))
 }
 
 struct Latency {
@@ -483,23 +493,13 @@ struct Latency {
 /// watch in this process.
 async fn latency(hub: &Hub, agents: usize, rate: f64, timeout: Duration) -> Res<Latency> {
     use futures::{StreamExt as _, TryStreamExt as _};
-    use kube::api::{Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+    use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
     let ns = |i: usize| format!("agent-{}", LATENCY_FIRST + i);
     let (principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
     let started = Instant::now();
     let load = LoadGen::start(config(principal.addr(), agents, LATENCY_FIRST));
     load.expect_marker("latency warm-up");
-    futures::stream::iter(0..agents)
-        .map(|i| async move {
-            create_namespace(hub.api.client(), &ns(i)).await?;
-            let app = tests::fixtures::app_with_path("latency", &ns(i), "latency warm-up")?;
-            apps_in(hub, &ns(i)).create(&PostParams::default(), &app).await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("cannot create the latency agents' namespaces and Applications")?;
+    give_each_an_application(hub, (0..agents).map(ns), "latency", "latency warm-up").await?;
     load.wait_all_resynced(started, timeout, progress("latency", agents)).await?;
     load.wait_all_marked(started, timeout).await.context("the warm-up Applications")?;
 
@@ -509,8 +509,8 @@ async fn latency(hub: &Hub, agents: usize, rate: f64, timeout: Duration) -> Res<
         hub.api.client(),
         &tests::fixtures::application_resource(),
     );
-    let rv = all.list_metadata(&kube::api::ListParams::default().limit(1)).await?.metadata.resource_version;
-    let mut events = all.watch(&WatchParams::default().timeout(290), rv.as_deref().unwrap_or("0")).await?.boxed();
+    let rv = hub_rv(hub).await?.to_string();
+    let mut events = all.watch(&WatchParams::default().timeout(290), &rv).await?.boxed();
     let watched = tokio::spawn(async move {
         let mut seen = std::collections::HashMap::new();
         while seen.len() < agents {
