@@ -1,16 +1,26 @@
 //! Conversion between the typed [`Event`] and the protobuf `io.cloudevents.v1.CloudEvent`,
-//! byte-compatible with cloudevents sdk-go's `binding/format/protobuf/v2` (`ToProto` /
-//! `FromProto`) as upstream uses it:
+//! attribute for attribute what cloudevents sdk-go v2.16.2's `binding/format/protobuf/v2`
+//! (`ToProto` / `FromProto`, the version upstream pins) writes and reads:
 //!
-//! * `datacontenttype`, `dataschema`, `subject` and every extension travel as `ce_string`
-//!   (sdk-go reads `dataschema` back only from a string: a `ce_uri` would be lost), `time` as
-//!   `ce_timestamp`.
-//! * Data always goes out as `binary_data` (empty when there is none), as sdk-go does; on the
-//!   way in both `binary_data` and `text_data` are accepted.
+//! * `dataschema` travels as `ce_uri`: sdk-go's `ToProto` writes it from a parsed URL, and its
+//!   `FromProto` reads it only from `ce_uri` (a `ce_string` would arrive as an empty
+//!   dataschema, and upstream drops the event as "unknown event target").
+//! * `datacontenttype`, `subject` and every string extension (`resourceid`, `eventid`,
+//!   `sentat`, `principaluid`, `traceparent`, `tracestate`) travel as `ce_string`; `time` as
+//!   `ce_timestamp`; extensions we keep without interpreting go out with the type they came in.
+//! * Data always goes out as `binary_data` (empty when there is none), as sdk-go does; `text_data`
+//!   would reach a Go peer JSON-encoded a second time.
+//!
+//! On the way in, every form a released upstream could send is accepted: `dataschema` (and the
+//! other text attributes) as `ce_string`, `ce_uri` or `ce_uri_ref` (sdk-go before v2.15 wrote
+//! `ce_string`), `sentat` and `time` as a string or a `ce_timestamp`, data as `binary_data` or
+//! `text_data`. docs/compatibility.md lists the rules and the Go peer test that checks each.
 //!
 //! Decoding never panics: anything malformed is an [`EventError`] naming the field.
 
 use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
 
 use crate::pb::cloudevents::CloudEvent;
 use crate::pb::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
@@ -135,15 +145,10 @@ impl Event {
             .filter(|s| !s.is_empty())
             .ok_or(EventError::MissingAttribute { name: ATTR_DATA_SCHEMA })?;
         let subject = attrs.take_text(ATTR_SUBJECT)?;
-        let time = match attrs.0.remove(ATTR_TIME) {
-            None => None,
-            Some(AttributeValue::Timestamp(t)) => Some(t),
-            Some(AttributeValue::String(s)) => Some(parse_rfc3339(ATTR_TIME, &s)?),
-            Some(other) => return Err(type_error(ATTR_TIME, "ce_timestamp", &other)),
-        };
+        let time = attrs.take_time(ATTR_TIME)?;
         let resource_id = attrs.take_required(EXT_RESOURCE_ID)?;
         let event_id = attrs.take_required(EXT_EVENT_ID)?;
-        let sent_at = attrs.take_text(EXT_SENT_AT)?.map(|s| parse_rfc3339(EXT_SENT_AT, &s)).transpose()?;
+        let sent_at = attrs.take_time(EXT_SENT_AT)?;
         let principal_uid = attrs.take_text(EXT_PRINCIPAL_UID)?;
         let trace = TraceContext {
             traceparent: attrs.take_text(EXT_TRACEPARENT)?,
@@ -183,7 +188,8 @@ impl Event {
         if let Some(ct) = &self.data_content_type {
             put(ATTR_DATA_CONTENT_TYPE, string(ct));
         }
-        put(ATTR_DATA_SCHEMA, string(self.target.as_str()));
+        // sdk-go: `attributeFor(url.Parse(dataschema))`, i.e. ce_uri (see the module docs).
+        put(ATTR_DATA_SCHEMA, AttributeValue::Uri(self.target.as_str().to_owned()));
         if let Some(subject) = &self.subject {
             put(ATTR_SUBJECT, string(subject));
         }
@@ -255,6 +261,18 @@ impl Attributes {
             None => Ok(None),
             Some(AttributeValue::String(s) | AttributeValue::Uri(s) | AttributeValue::UriRef(s)) => Ok(Some(s)),
             Some(other) => Err(type_error(name, "ce_string", &other)),
+        }
+    }
+
+    /// Removes a time attribute: a `ce_timestamp`, or RFC 3339 text (how `sentat` travels).
+    fn take_time(&mut self, name: &'static str) -> Result<Option<DateTime<Utc>>, EventError> {
+        match self.0.remove(name) {
+            None => Ok(None),
+            Some(AttributeValue::Timestamp(t)) => Ok(Some(t)),
+            Some(AttributeValue::String(s) | AttributeValue::Uri(s) | AttributeValue::UriRef(s)) => {
+                parse_rfc3339(name, &s).map(Some)
+            }
+            Some(other) => Err(type_error(name, "ce_timestamp", &other)),
         }
     }
 

@@ -74,6 +74,41 @@ fn accepts_text_data_and_uri_typed_dataschema() {
 }
 
 #[test]
+fn accepts_every_dataschema_and_sentat_form_upstream_sent() {
+    let forms =
+        [Attr::CeString("application".into()), Attr::CeUri("application".into()), Attr::CeUriRef("application".into())];
+    for form in forms {
+        let mut ce = go_style_event();
+        ce.attributes.insert("dataschema".into(), CloudEventAttributeValue { attr: Some(form.clone()) });
+        assert_eq!(Event::from_proto(ce).unwrap().target, Target::Application, "{form:?}");
+    }
+    // sentat as a ce_timestamp (sdk-go's type for a time.Time extension) is read too.
+    let mut ce = go_style_event();
+    ce.attributes.insert(
+        "sentat".into(),
+        CloudEventAttributeValue {
+            attr: Some(Attr::CeTimestamp(prost_types::Timestamp { seconds: 1_740_823_200, nanos: 500_000_000 })),
+        },
+    );
+    assert_eq!(
+        Event::from_proto(ce).unwrap().sent_at,
+        Some(DateTime::from_timestamp(1_740_823_200, 500_000_000).unwrap())
+    );
+}
+
+#[test]
+fn every_known_target_goes_out_as_ce_uri() {
+    for target in Target::KNOWN {
+        let ce = Event::new(EventType::Ping, target.clone(), "r", "e").to_proto();
+        assert_eq!(
+            ce.attributes.get("dataschema").and_then(|v| v.attr.clone()),
+            Some(Attr::CeUri(target.as_str().to_owned())),
+            "{target}"
+        );
+    }
+}
+
+#[test]
 fn encodes_like_sdk_go() {
     let meta = ObjectMeta {
         name: Some("guestbook".into()),
@@ -96,7 +131,8 @@ fn encodes_like_sdk_go() {
         Some(Attr::CeString(s)) => s,
         other => panic!("{k}: {other:?}"),
     };
-    assert_eq!(text("dataschema"), "application");
+    // sdk-go v2.16.2 writes and reads dataschema only as ce_uri.
+    assert_eq!(ce.attributes.get("dataschema").and_then(|v| v.attr.clone()), Some(Attr::CeUri("application".into())));
     assert_eq!(text("datacontenttype"), "application/json");
     assert_eq!(text("subject"), "agent-1/guestbook");
     assert_eq!(text("resourceid"), "guestbook_uid-1");
