@@ -16,6 +16,7 @@ pub mod consistency;
 pub mod envoy;
 pub mod faultproxy;
 pub mod fixtures;
+pub mod gopeer;
 pub mod http;
 pub mod kubectl;
 pub mod loadgen;

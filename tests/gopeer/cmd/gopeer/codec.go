@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 
 	format "github.com/cloudevents/sdk-go/binding/format/protobuf/v2"
@@ -20,9 +20,9 @@ func runCodec(args []string) error {
 	commands(func(c command) error {
 		switch c.Cmd {
 		case "decode":
-			b, err := base64.StdEncoding.DecodeString(c.Wire)
+			b, err := hex.DecodeString(c.Wire)
 			if err != nil {
-				return fmt.Errorf("wire is not base64: %w", err)
+				return fmt.Errorf("wire is not hex: %w", err)
 			}
 			var msg eventstreamapi.Event
 			if err := proto.Unmarshal(b, &msg); err != nil {
@@ -44,7 +44,7 @@ func runCodec(args []string) error {
 			if err != nil {
 				return err
 			}
-			out.report(map[string]any{"kind": "encoded", "cmd_id": c.ID, "wire": base64.StdEncoding.EncodeToString(b)})
+			out.report(map[string]any{"kind": "encoded", "cmd_id": c.ID, "wire": hex.EncodeToString(b)})
 		default:
 			return fmt.Errorf("unknown command %q", c.Cmd)
 		}

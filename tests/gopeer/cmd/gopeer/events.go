@@ -270,6 +270,20 @@ func buildEvent(source string, c command) (*cloudevents.Event, error) {
 			}
 		}
 	}
+	switch pl := payload.(type) {
+	case *requestSyncedResourceList:
+		if c.ChecksumKeys != nil {
+			pl.Checksum = resourceSetChecksum(c.ChecksumKeys)
+		}
+	case *requestUpdate:
+		if len(c.SpecChecksumOf) > 0 {
+			sum, err := specChecksum(c.SpecChecksumOf)
+			if err != nil {
+				return nil, err
+			}
+			pl.Checksum = sum
+		}
+	}
 	if resID == "" {
 		resID = uuid.NewString()
 	}

@@ -38,7 +38,12 @@ type command struct {
 	Data       json.RawMessage `json:"data"`
 	ResourceID string          `json:"resourceid"`
 	EventID    string          `json:"eventid"`
-	// decode: base64 of an eventstreamapi.Event.
+	// checksum_keys: the resource-set checksum of these keys goes into the payload's checksum
+	// (request-synced-resource-list); spec_checksum_of: the spec checksum of this object goes
+	// into it (request-update). Both computed here, with Go's encoding/json.
+	ChecksumKeys   []resourceKey   `json:"checksum_keys"`
+	SpecChecksumOf json.RawMessage `json:"spec_checksum_of"`
+	// decode: hex of an eventstreamapi.Event.
 	Wire string `json:"wire"`
 	// checksum: resource keys; spec_checksum: an object.
 	Keys   []resourceKey   `json:"keys"`

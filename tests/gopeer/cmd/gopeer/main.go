@@ -7,6 +7,7 @@
 //	argocd-gopeer agent --server 127.0.0.1:PORT --ca ca.crt --cert a.crt --key a.key --mode managed --version V
 //	argocd-gopeer principal --cert p.crt --key p.key --ca ca.crt --version V
 //	argocd-gopeer codec
+//	argocd-gopeer check-protos protocol/proto
 //
 // Every event received is decoded with sdk-go's FromProto, dispatched on its target the way
 // upstream's internal/event package does, its payload decoded into upstream-shaped structs, and
@@ -20,7 +21,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: argocd-gopeer agent|principal|codec [flags]")
+		fmt.Fprintln(os.Stderr, "usage: argocd-gopeer agent|principal|codec|check-protos [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -31,6 +32,8 @@ func main() {
 		err = runPrincipal(os.Args[2:])
 	case "codec":
 		err = runCodec(os.Args[2:])
+	case "check-protos":
+		err = runCheckProtos(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown role %q: want agent, principal or codec", os.Args[1])
 	}
