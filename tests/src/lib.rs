@@ -22,6 +22,7 @@ pub mod kubectl;
 pub mod loadgen;
 pub mod otlp;
 pub mod process;
+pub mod realkube;
 pub mod spire;
 pub mod topology;
 pub mod wait;

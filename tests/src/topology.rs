@@ -1,6 +1,11 @@
-//! A hub and its spokes as real processes: one embedded API server per cluster, the PKI made
-//! with `argocd-agentctl` (as upstream's secrets), a principal over mTLS and one agent per
-//! spoke, each of which can be stopped, killed and started again.
+//! A hub and its spokes as real processes: one API server per cluster (the embedded one, or a
+//! real etcd + kube-apiserver with Argo CD's own CRDs, see [`Clusters`]), the PKI made with
+//! `argocd-agentctl` (as upstream's secrets), a principal over mTLS and one agent per spoke,
+//! each of which can be stopped, killed and started again.
+//!
+//! On a real API server the principal and the agents run as ServiceAccounts bound to the
+//! least-privilege RBAC in `install/rbac/`, with tokens from the TokenRequest API, so a missing
+//! permission fails the test; the test itself and `argocd-agentctl` act as cluster admin.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +16,9 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use crate::apiserver::ApiServerProcess;
-use crate::bin_path::workspace_binary;
+use crate::bin_path::{workspace_binary, workspace_root};
 use crate::process::ChildProcess;
+use crate::realkube::RealCluster;
 use crate::wait::wait_for;
 
 /// Namespace of the principal on the hub and of Argo CD on the spokes.
@@ -39,9 +45,90 @@ impl Mode {
     }
 }
 
+/// Which API server a cluster of the topology runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClusterKind {
+    /// `argocd-agent apiserver` (fast, our own implementation).
+    #[default]
+    Embedded,
+    /// etcd + kube-apiserver built from Kubernetes' Go modules, Argo CD v3.5.1's CRDs,
+    /// processes bound to our least-privilege RBAC.
+    Real,
+}
+
+/// Which API servers the hub and the spokes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Clusters {
+    /// The hub's.
+    pub hub: ClusterKind,
+    /// Every spoke's.
+    pub spokes: ClusterKind,
+}
+
+impl Clusters {
+    /// Every cluster on a real kube-apiserver.
+    pub const REAL: Self = Self { hub: ClusterKind::Real, spokes: ClusterKind::Real };
+    /// A real hub with embedded spokes.
+    pub const REAL_HUB: Self = Self { hub: ClusterKind::Real, spokes: ClusterKind::Embedded };
+}
+
+/// ServiceAccount tokens minted for the processes outlive any test.
+const PROCESS_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// One cluster: an embedded API server, or a real control plane (with the kubeconfig of the
+/// ServiceAccount the principal or agent runs as).
+enum Cluster {
+    Embedded(Box<ApiServerProcess>),
+    Real { cluster: Box<RealCluster>, process_kubeconfig: PathBuf },
+}
+
+impl Cluster {
+    /// Start one. `role` is `principal` or `agent`: which RBAC from `install/rbac/` the
+    /// process gets on a real server.
+    async fn start(kind: ClusterKind, data_dir: PathBuf, role: &str) -> anyhow::Result<Self> {
+        match kind {
+            ClusterKind::Embedded => Ok(Self::Embedded(Box::new(ApiServerProcess::start_on(data_dir).await?))),
+            ClusterKind::Real => {
+                let cluster = RealCluster::start().await?;
+                cluster.install_argocd_crds().await?;
+                cluster.ensure_namespace(ARGOCD_NS).await?;
+                cluster.apply_file(&workspace_root().join("install").join("rbac").join(format!("{role}.yaml")))?;
+                let out = cluster.work_dir().join(format!("{role}.kubeconfig"));
+                let sa = format!("argocd-agent-{role}");
+                let process_kubeconfig =
+                    cluster.service_account_kubeconfig(ARGOCD_NS, &sa, PROCESS_TOKEN_TTL, &out).await?;
+                Ok(Self::Real { cluster: Box::new(cluster), process_kubeconfig })
+            }
+        }
+    }
+
+    fn client(&self) -> kube::Client {
+        match self {
+            Self::Embedded(s) => s.client(),
+            Self::Real { cluster, .. } => cluster.client(),
+        }
+    }
+
+    /// The admin kubeconfig (tests, argocd-agentctl).
+    fn kubeconfig_path(&self) -> &Path {
+        match self {
+            Self::Embedded(s) => s.kubeconfig_path(),
+            Self::Real { cluster, .. } => cluster.kubeconfig_path(),
+        }
+    }
+
+    /// The kubeconfig the principal or agent runs with.
+    fn process_kubeconfig_path(&self) -> &Path {
+        match self {
+            Self::Embedded(s) => s.kubeconfig_path(),
+            Self::Real { process_kubeconfig, .. } => process_kubeconfig,
+        }
+    }
+}
+
 struct AgentSlot {
     mode: Mode,
-    spoke: ApiServerProcess,
+    spoke: Cluster,
     process: Option<ChildProcess>,
     /// Mesh transport: the agent's sidecar, which the agent dials in plaintext.
     sidecar: Option<crate::envoy::EnvoySidecar>,
@@ -90,7 +177,7 @@ pub struct Topology {
     mesh_options: MeshOptions,
     principal_sidecar: Option<crate::envoy::EnvoySidecar>,
     dir: tempfile::TempDir,
-    hub: ApiServerProcess,
+    hub: Cluster,
     agents: BTreeMap<String, AgentSlot>,
     principal: Option<ChildProcess>,
     principal_port: Option<u16>,
@@ -152,7 +239,7 @@ impl Topology {
     /// # Errors
     /// Any part fails to start.
     pub async fn start_without_agents(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
-        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), false).await
+        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), false, Clusters::default()).await
     }
 
     /// The same behind Envoy sidecars (see [`Transport::Mesh`]).
@@ -179,12 +266,21 @@ impl Topology {
         Self::start_with(agents, Transport::PrincipalSidecarOnly, MeshOptions::default()).await
     }
 
+    /// mTLS on the given API servers (e.g. [`Clusters::REAL`]); agents started when
+    /// `start_agents`.
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_on(agents: &[(&str, Mode)], clusters: Clusters, start_agents: bool) -> anyhow::Result<Self> {
+        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), start_agents, clusters).await
+    }
+
     async fn start_with(
         agents: &[(&str, Mode)],
         transport: Transport,
         mesh_options: MeshOptions,
     ) -> anyhow::Result<Self> {
-        Self::start_parts(agents, transport, mesh_options, true).await
+        Self::start_parts(agents, transport, mesh_options, true, Clusters::default()).await
     }
 
     async fn start_parts(
@@ -192,12 +288,13 @@ impl Topology {
         transport: Transport,
         mesh_options: MeshOptions,
         start_agents: bool,
+        clusters: Clusters,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("topology-").tempdir()?;
-        let hub = ApiServerProcess::start_on(dir.path().join("hub")).await?;
+        let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal").await?;
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
-            let spoke = ApiServerProcess::start_on(dir.path().join(format!("spoke-{name}"))).await?;
+            let spoke = Cluster::start(clusters.spokes, dir.path().join(format!("spoke-{name}")), "agent").await?;
             slots.insert(
                 (*name).to_string(),
                 AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },
@@ -206,6 +303,9 @@ impl Topology {
         let mut parts = vec![("hub".to_string(), hub.kubeconfig_path())];
         parts.extend(slots.iter().map(|(n, s)| (n.clone(), s.spoke.kubeconfig_path())));
         std::fs::write(dir.path().join("kubeconfig"), merged_kubeconfig(&parts)?)?;
+        let mut parts = vec![("hub".to_string(), hub.process_kubeconfig_path())];
+        parts.extend(slots.iter().map(|(n, s)| (n.clone(), s.spoke.process_kubeconfig_path())));
+        std::fs::write(dir.path().join("process-kubeconfig"), merged_kubeconfig(&parts)?)?;
         let mut t = Self {
             transport,
             mesh_options,
@@ -261,10 +361,18 @@ impl Topology {
         Ok(t)
     }
 
-    /// The merged kubeconfig (contexts `hub` and one per agent name).
+    /// The merged kubeconfig (contexts `hub` and one per agent name), as cluster admin.
     #[must_use]
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
+    }
+
+    /// The merged kubeconfig the principal and agents run with: on a real API server, the
+    /// tokens of their ServiceAccounts (least-privilege RBAC); on the embedded one, as
+    /// [`Self::kubeconfig`].
+    #[must_use]
+    pub fn process_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("process-kubeconfig")
     }
 
     fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
@@ -314,7 +422,7 @@ impl Topology {
         }
         cmd.args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
             .arg("--kubeconfig")
-            .arg(self.kubeconfig())
+            .arg(self.process_kubeconfig())
             .env("NO_COLOR", "1");
         // Metrics and health on free loopback ports (see `principal_metrics_addr`).
         cmd.args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"]).args(&self.principal_args);
@@ -411,7 +519,7 @@ impl Topology {
     /// No such agent, or it does not connect in time.
     pub async fn start_agent(&mut self, name: &str) -> anyhow::Result<()> {
         let mut port = self.principal_port.context("start the principal first")?.to_string();
-        let kubeconfig = self.kubeconfig();
+        let kubeconfig = self.process_kubeconfig();
         let pki = self.pki_dir();
         let principal_sidecar = self.principal_sidecar.as_ref().map(crate::envoy::EnvoySidecar::listen_addr);
         let transport = self.transport;
@@ -547,32 +655,41 @@ impl Topology {
         self.principal.as_ref().map_or(0, |p| p.stderr().lines().filter(|l| l.contains(&needle)).count())
     }
 
-    /// SIGKILL the hub's embedded API server (a crash: no shutdown). The principal loses its
-    /// API until [`Self::restart_hub`].
+    /// SIGKILL the hub's API server (a crash: no shutdown; on a real control plane etcd keeps
+    /// running). The principal loses its API until [`Self::restart_hub`].
     ///
     /// # Errors
     /// Killing failed.
     pub fn kill_hub(&mut self) -> anyhow::Result<()> {
-        self.hub.sigkill()?;
+        match &mut self.hub {
+            Cluster::Embedded(hub) => {
+                hub.sigkill()?;
+            }
+            Cluster::Real { cluster, .. } => cluster.kill_apiserver()?,
+        }
         Ok(())
     }
 
-    /// Start the hub's API server again after [`Self::kill_hub`], on the same data dir and the
-    /// same port, and wait until it is ready. The CA and bearer token live in the data dir, so
+    /// Start the hub's API server again after [`Self::kill_hub`], on the same data (the data dir,
+    /// or etcd) and the same port, and wait until it is ready. The credentials stay valid, so
     /// the principal's kubeconfig and every client from [`Self::hub`] keep working.
     ///
     /// # Errors
     /// It still runs, or the new process is not ready in time (e.g. the port was taken).
     pub async fn restart_hub(&mut self) -> anyhow::Result<()> {
-        if self.hub.process_mut().is_running() {
+        let hub = match &mut self.hub {
+            Cluster::Real { cluster, .. } => return cluster.restart_apiserver().await,
+            Cluster::Embedded(hub) => hub,
+        };
+        if hub.process_mut().is_running() {
             bail!("the hub's API server still runs; kill it first");
         }
-        let listen = self.hub.url().trim_start_matches("https://").to_string();
-        let kubeconfig = self.hub.kubeconfig_path().to_path_buf();
+        let listen = hub.url().trim_start_matches("https://").to_string();
+        let kubeconfig = hub.kubeconfig_path().to_path_buf();
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         cmd.arg("apiserver")
             .arg("--data-dir")
-            .arg(self.hub.data_dir())
+            .arg(hub.data_dir())
             .args(["--listen", &listen])
             .arg("--kubeconfig-out")
             .arg(&kubeconfig)
@@ -585,7 +702,7 @@ impl Topology {
         }
         let mut child = ChildProcess::spawn("hub-apiserver", cmd)?;
         let line = format!("{}https://{listen}", crate::apiserver::LISTENING_MESSAGE);
-        let client = self.hub.client();
+        let client = hub.client();
         let mut poll = crate::wait::Poller::new(START, "the hub's API server to be ready again");
         loop {
             child.ensure_running()?;
@@ -598,7 +715,7 @@ impl Topology {
             poll.tick().await.with_context(|| child.log_tail(20))?;
         }
         // The dead process's guard goes (printing its log tail); the live one takes its place.
-        *self.hub.process_mut() = child;
+        *hub.process_mut() = child;
         Ok(())
     }
 
@@ -615,7 +732,11 @@ impl Topology {
                 out.push(format!("agent {name}"));
             }
         }
-        if !self.hub.process_mut().is_running() {
+        let hub_running = match &mut self.hub {
+            Cluster::Embedded(hub) => hub.process_mut().is_running(),
+            Cluster::Real { cluster, .. } => cluster.is_running(),
+        };
+        if !hub_running {
             out.push("hub".to_string());
         }
         out

@@ -1,0 +1,287 @@
+//! The principal and agents on a real control plane: etcd + kube-apiserver built from
+//! Kubernetes' Go modules, Argo CD v3.5.1's own CRDs (structural schemas: unknown fields are
+//! pruned, Application has no status subresource), and the principal and agents running as
+//! ServiceAccounts bound to the least-privilege RBAC of `install/rbac/` (a missing rule fails
+//! here). Managed and autonomous lifecycles, operations, finalizers, AppProjects, non-owner
+//! edits reverted, nothing looping, and a real hub with embedded spokes.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tests::fixtures::{application_resource, dynamic};
+use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
+use tests::wait_until_async;
+
+const CONVERGE: Duration = Duration::from_secs(60);
+
+fn apps(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &application_resource())
+}
+
+fn projects(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
+        "appprojects",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
+    tests::fixtures::app_with_path(name, ns, path)
+}
+
+async fn wait_app(
+    t: &Topology,
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&Value>) -> bool,
+) -> Result<()> {
+    let r = wait_until_async(CONVERGE, what, || async {
+        match api.get_opt(name).await {
+            Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
+            Err(_) => false,
+        }
+    })
+    .await;
+    r.with_context(|| t.logs())
+}
+
+fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
+    move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)
+}
+
+fn gone(o: Option<&Value>) -> bool {
+    o.is_none()
+}
+
+async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> Result<()> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": path}}}))).await?;
+    Ok(())
+}
+
+/// A round trip through the agent's stream: `object` is created on `from`, reaches `to`, gets a
+/// status there (as the owning side's Argo CD would), and that status reaches the hub. Events
+/// of one agent are ordered, so whatever was in flight before has been applied by then.
+async fn round_trip(
+    t: &Topology,
+    hub: &Api<DynamicObject>,
+    (from, to): (&Api<DynamicObject>, &Api<DynamicObject>),
+    object: DynamicObject,
+) -> Result<()> {
+    let name = object.metadata.name.clone().context("barrier name")?;
+    from.create(&PostParams::default(), &object).await?;
+    wait_app(t, to, &name, "the barrier crosses", |o| o.is_some()).await?;
+    let status = json!({"status": {"health": {"status": "Healthy"}}});
+    // The side that owns the Application writes its status: the spoke in both modes.
+    let spoke_side = if std::ptr::eq(from, hub) { to } else { from };
+    spoke_side.patch(&name, &PatchParams::default(), &Patch::Merge(status)).await?;
+    wait_app(t, hub, &name, "the barrier's status reaches the hub", |o| {
+        o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")
+    })
+    .await
+}
+
+/// Nothing loops on `name`: once a first round trip has flushed what was in flight, its
+/// resourceVersion on both sides stays the same across a second one (an agent writing a field
+/// the server prunes or defaults, seeing a diff and writing again, would change it).
+async fn assert_quiet(
+    t: &Topology,
+    hub: &Api<DynamicObject>,
+    spoke: &Api<DynamicObject>,
+    name: &str,
+    managed: bool,
+    barrier_ns: &str,
+) -> Result<()> {
+    let sides = if managed { (hub, spoke) } else { (spoke, hub) };
+    round_trip(t, hub, sides, app(&format!("{name}-settle"), barrier_ns, "b")?).await?;
+    let (hub_before, spoke_before) = (hub.get(name).await?, spoke.get(name).await?);
+    round_trip(t, hub, sides, app(&format!("{name}-quiet"), barrier_ns, "b")?).await?;
+    let (hub_after, spoke_after) = (hub.get(name).await?, spoke.get(name).await?);
+    let rv = |o: &DynamicObject| o.metadata.resource_version.clone().unwrap_or_default();
+    ensure!(
+        rv(&hub_before) == rv(&hub_after) && rv(&spoke_before) == rv(&spoke_after),
+        "{name} kept changing after it converged: a write loop\nhub before: {}\nhub after: {}\nspoke before: {}\nspoke after: {}\n{}",
+        serde_json::to_string(&hub_before)?,
+        serde_json::to_string(&hub_after)?,
+        serde_json::to_string(&spoke_before)?,
+        serde_json::to_string(&spoke_after)?,
+        t.logs()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_managed_lifecycle_operation_finalizers_and_reverts() -> Result<()> {
+    const FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
+    let t = Topology::start_on(&[("rm1", Mode::Managed)], Clusters::REAL, true).await?;
+    let hub = apps(&t.hub(), "rm1");
+    let spoke = apps(&t.spoke("rm1")?, ARGOCD_NS);
+
+    // A field the CRD does not know is pruned by the real server on create: it never travels.
+    let mut web = app("web", "rm1", "v1")?;
+    web.data["spec"]["notInTheSchema"] = json!("pruned");
+    hub.create(&PostParams::default(), &web).await?;
+    wait_app(&t, &spoke, "web", "create reaches the spoke", path_is("v1")).await?;
+    let on_spoke = spoke.get("web").await?;
+    ensure!(on_spoke.data["spec"].get("notInTheSchema").is_none(), "pruned field crossed: {:?}", on_spoke.data);
+
+    set_path(&hub, "web", "v2").await?;
+    wait_app(&t, &spoke, "web", "spec update reaches the spoke", path_is("v2")).await?;
+
+    // An operation (a sync requested on the hub) reaches the spoke's Argo CD.
+    hub.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"operation": {"sync": {"revision": "HEAD", "prune": true}, "initiatedBy": {"username": "admin"}}}),
+        ),
+    )
+    .await?;
+    wait_app(&t, &spoke, "web", "the operation reaches the spoke", |o| {
+        o.is_some_and(|o| o["operation"]["sync"]["revision"] == "HEAD")
+    })
+    .await?;
+
+    // Status, written by the spoke's Argo CD through the main resource (no status subresource).
+    spoke
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "operation": null,
+                "status": {"sync": {"status": "Synced", "revision": "abc123"}, "health": {"status": "Healthy"},
+                           "operationState": {"phase": "Succeeded", "message": "done", "startedAt": "2026-11-25T00:00:00Z",
+                                      "operation": {"sync": {"revision": "HEAD"}}}},
+            })),
+        )
+        .await?;
+    wait_app(&t, &hub, "web", "status comes back to the hub", |o| {
+        o.is_some_and(|o| {
+            o["status"]["health"]["status"] == "Healthy" && o["status"]["operationState"]["phase"] == "Succeeded"
+        })
+    })
+    .await?;
+
+    // The spoke does not own a managed Application: edits and deletes there are reverted.
+    set_path(&spoke, "web", "edited-on-spoke").await?;
+    wait_app(&t, &spoke, "web", "a spoke edit is reverted", path_is("v2")).await?;
+    spoke.delete("web", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "web", "a spoke delete is reverted", |o| {
+        o.is_some_and(|o| o["spec"]["source"]["path"] == "v2" && o["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await?;
+
+    assert_quiet(&t, &hub, &spoke, "web", true, "rm1").await?;
+
+    // Cascade delete: the hub keeps its copy while the spoke's finalizer holds.
+    let mut cascade = app("cascade", "rm1", "v1")?;
+    cascade.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    hub.create(&PostParams::default(), &cascade).await?;
+    wait_app(&t, &spoke, "cascade", "create with a finalizer reaches the spoke", path_is("v1")).await?;
+    hub.delete("cascade", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "cascade", "deletion reaches the spoke", |o| {
+        o.is_some_and(|o| !o["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await?;
+    ensure!(hub.get_opt("cascade").await?.is_some(), "the hub keeps its copy until the spoke is done");
+    spoke.patch("cascade", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await?;
+    wait_app(&t, &spoke, "cascade", "the spoke copy goes once its finalizer is removed", gone).await?;
+    wait_app(&t, &hub, "cascade", "then the hub copy goes", gone).await?;
+
+    hub.delete("web", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "web", "delete reaches the spoke", gone).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_autonomous_lifecycle_and_reverts() -> Result<()> {
+    let t = Topology::start_on(&[("ra1", Mode::Autonomous)], Clusters::REAL, true).await?;
+    let hub = apps(&t.hub(), "ra1");
+    let spoke = apps(&t.spoke("ra1")?, ARGOCD_NS);
+
+    spoke.create(&PostParams::default(), &app("svc", ARGOCD_NS, "v1")?).await?;
+    wait_app(&t, &hub, "svc", "create reaches the hub", path_is("v1")).await?;
+
+    set_path(&spoke, "svc", "v2").await?;
+    spoke
+        .patch("svc", &PatchParams::default(), &Patch::Merge(json!({"status": {"sync": {"status": "OutOfSync"}}})))
+        .await?;
+    wait_app(&t, &hub, "svc", "spec and status reach the hub", |o| {
+        o.is_some_and(|o| o["spec"]["source"]["path"] == "v2" && o["status"]["sync"]["status"] == "OutOfSync")
+    })
+    .await?;
+
+    set_path(&hub, "svc", "edited-on-hub").await?;
+    wait_app(&t, &hub, "svc", "a hub edit is reverted", path_is("v2")).await?;
+    hub.delete("svc", &DeleteParams::default()).await?;
+    wait_app(&t, &hub, "svc", "a hub delete is reverted", |o| {
+        o.is_some_and(|o| o["spec"]["source"]["path"] == "v2" && o["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await?;
+
+    assert_quiet(&t, &hub, &spoke, "svc", false, ARGOCD_NS).await?;
+
+    spoke.delete("svc", &DeleteParams::default()).await?;
+    wait_app(&t, &hub, "svc", "delete reaches the hub", gone).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_appprojects_reach_matching_managed_agents() -> Result<()> {
+    let t = Topology::start_on(&[("rp1", Mode::Managed)], Clusters::REAL, true).await?;
+    let hub = projects(&t.hub(), ARGOCD_NS);
+    let spoke = projects(&t.spoke("rp1")?, ARGOCD_NS);
+    let project = |name: &str, dest: &str, description: &str| {
+        dynamic(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+            "metadata": {"name": name, "namespace": ARGOCD_NS},
+            "spec": {
+                "description": description,
+                "sourceRepos": ["*"],
+                "sourceNamespaces": [dest],
+                "destinations": [{"name": dest, "namespace": "*", "server": "*"}],
+            },
+        }))
+    };
+    hub.create(&PostParams::default(), &project("team", "rp*", "first")?).await?;
+    hub.create(&PostParams::default(), &project("other", "elsewhere", "not for rp1")?).await?;
+    wait_app(&t, &spoke, "team", "a matching project reaches the agent", |o| {
+        o.is_some_and(|o| o["spec"]["description"] == "first")
+    })
+    .await?;
+    hub.patch("team", &PatchParams::default(), &Patch::Merge(json!({"spec": {"description": "second"}}))).await?;
+    wait_app(&t, &spoke, "team", "a project update reaches the agent", |o| {
+        o.is_some_and(|o| o["spec"]["description"] == "second")
+    })
+    .await?;
+    ensure!(spoke.get_opt("other").await?.is_none(), "a project that does not match the agent stays on the hub");
+    hub.delete("team", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke, "team", "a project delete reaches the agent", gone).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_hub_with_embedded_spokes_both_modes() -> Result<()> {
+    let t = Topology::start_on(&[("xm", Mode::Managed), ("xa", Mode::Autonomous)], Clusters::REAL_HUB, true).await?;
+    let (hub_m, spoke_m) = (apps(&t.hub(), "xm"), apps(&t.spoke("xm")?, ARGOCD_NS));
+    let (hub_a, spoke_a) = (apps(&t.hub(), "xa"), apps(&t.spoke("xa")?, ARGOCD_NS));
+    hub_m.create(&PostParams::default(), &app("down", "xm", "v1")?).await?;
+    spoke_a.create(&PostParams::default(), &app("up", ARGOCD_NS, "v1")?).await?;
+    wait_app(&t, &spoke_m, "down", "a managed app reaches the embedded spoke", path_is("v1")).await?;
+    wait_app(&t, &hub_a, "up", "an autonomous app reaches the real hub", path_is("v1")).await?;
+    spoke_m
+        .patch("down", &PatchParams::default(), &Patch::Merge(json!({"status": {"health": {"status": "Healthy"}}})))
+        .await?;
+    wait_app(&t, &hub_m, "down", "status reaches the real hub", |o| {
+        o.is_some_and(|o| o["status"]["health"]["status"] == "Healthy")
+    })
+    .await?;
+    hub_m.delete("down", &DeleteParams::default()).await?;
+    spoke_a.delete("up", &DeleteParams::default()).await?;
+    wait_app(&t, &spoke_m, "down", "a managed delete", gone).await?;
+    wait_app(&t, &hub_a, "up", "an autonomous delete", gone).await?;
+    Ok(())
+}
