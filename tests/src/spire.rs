@@ -378,6 +378,16 @@ impl Spire {
         log_records(&self.agent.stdout()).iter().filter(|r| r["msg"] == msg && r[key] == value).count()
     }
 
+    /// When the last X.509-SVID the server signed for entry `id` expires (`None`: none signed).
+    #[must_use]
+    pub fn last_x509_svid_expiry(&self, id: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        log_records(&self.server.stdout())
+            .iter()
+            .filter(|r| r["msg"] == "Signed X509 SVID" && r["entry_id"] == id)
+            .filter_map(|r| r["expiration"].as_str().and_then(|t| t.parse().ok()))
+            .max()
+    }
+
     fn wait_agent_entry_log(&self, msg: &str, id: &str, count: usize) -> anyhow::Result<()> {
         let what = format!("spire-agent ({}) to log {msg:?} for entry {id}", self.trust_domain());
         wait_for(START, &what, || Ok((self.agent_entry_log_count(msg, id) >= count).then_some(())))

@@ -134,6 +134,11 @@ impl Setup {
 
     /// Starts (or restarts) the managed agent from `bin`, dialling `port` with `args`.
     fn start_agent(&mut self, bin: &Path, port: u16, args: &[&str]) -> Result<()> {
+        self.agent = Some(ChildProcess::spawn("agent", self.agent_command(bin, port, args))?);
+        Ok(())
+    }
+
+    fn agent_command(&self, bin: &Path, port: u16, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin);
         cmd.args(["agent", "--agent-mode", "managed", "--server-address", "127.0.0.1"])
             .args(["--server-port", &port.to_string(), "--agent-name", &self.agent_name])
@@ -144,8 +149,7 @@ impl Setup {
             .arg(self.spoke.kubeconfig_path())
             .env("NO_COLOR", "1")
             .env_remove("SPIFFE_ENDPOINT_SOCKET");
-        self.agent = Some(ChildProcess::spawn("agent", cmd)?);
-        Ok(())
+        cmd
     }
 
     fn kill_agent(&mut self) -> Result<()> {
@@ -438,16 +442,32 @@ async fn spire_x509_refuses_a_deleted_entry_and_another_trust_domain() -> Result
     s.wait_connects(1).await?;
     s.sync_both_ways("registered").await?;
 
-    // The entry is deleted: SPIRE answers the agent's Workload API with PermissionDenied ("no
-    // identity issued"); a restarted agent has no SVID and stops, naming the Workload API.
+    // The entry is deleted. SPIRE never revokes an X.509-SVID: the running agent keeps its last
+    // one, and its live stream (authenticated once, at the handshake) stays up.
     blocking(|| spire.delete_entry("agent"))?;
+    s.sync_both_ways("entry-deleted").await?;
+    assert_eq!(s.connects(), 1, "{}", s.logs());
+    // A second agent process started now gets no SVID at all: SPIRE answers its Workload API
+    // with PermissionDenied ("no identity issued") and it stops, naming the Workload API.
+    let mut second =
+        ChildProcess::spawn("agent-restarted", s.agent_command(&agent_bin, s.principal_port, &["--creds", &creds]))?;
+    // Once the last SVID has expired, the running agent's next handshake (the principal
+    // restarts) is refused.
+    let expiry = spire.last_x509_svid_expiry("agent").context("SPIRE signed no SVID for the agent")?;
+    wait_until_async(CONVERGE, "the deleted agent's last SVID to expire", || async { chrono::Utc::now() > expiry })
+        .await?;
+    s.principal.as_mut().context("principal")?.sigkill()?;
+    s.start_principal().await?;
+    let refused = |s: &Setup| s.principal_log().matches("TLS handshake failed").count();
+    wait_until_async(CONVERGE, "the principal to refuse the agent's expired SVID twice", || async { refused(&s) >= 2 })
+        .await
+        .with_context(|| s.logs())?;
+    assert_eq!(s.connects(), 0, "an agent whose entry was deleted must not reconnect\n{}", s.logs());
+    let status = second.wait_exit_async(START).await?;
+    assert!(!status.success(), "an agent without an entry must not run\n{}", second.log_tail(20));
+    let log = second.stderr();
+    assert!(log.contains("no X.509-SVID from the SPIFFE Workload API"), "{log}");
     s.kill_agent()?;
-    s.start_agent(&agent_bin, s.principal_port, &["--creds", &creds])?;
-    let status = s.agent.as_mut().context("agent")?.wait_exit_async(START).await?;
-    assert!(!status.success(), "an agent without an entry must not run\n{}", s.logs());
-    let log = s.agent_log();
-    assert!(log.contains("SPIFFE Workload API"), "the error names the Workload API: {log}");
-    assert_eq!(s.connects(), 1, "an agent without an entry must not connect\n{}", s.logs());
 
     // Another trust domain, same agent name, not federated with the principal: the principal's
     // TLS layer refuses the client SVID (no bundle for its trust domain).
@@ -457,7 +477,7 @@ async fn spire_x509_refuses_a_deleted_entry_and_another_trust_domain() -> Result
     s.start_agent(&impostor_bin, s.principal_port, &["--creds", &creds])?;
     s.wait_agent_log("authentication failed", 2).await?;
     assert!(handshakes_failed(&s) > before, "the principal's TLS layer refuses it\n{}", s.logs());
-    assert_eq!(s.connects(), 1, "an SVID of another trust domain must not connect\n{}", s.logs());
+    assert_eq!(s.connects(), 0, "an SVID of another trust domain must not connect\n{}", s.logs());
 
     // Federated (the principal now holds the other trust domain's bundle): TLS passes, and the
     // SPIFFE policy refuses the trust domain, saying so.
@@ -475,7 +495,7 @@ async fn spire_x509_refuses_a_deleted_entry_and_another_trust_domain() -> Result
     })
     .await
     .with_context(|| s.logs())?;
-    assert_eq!(s.connects(), 1, "an SVID of another trust domain must not connect\n{}", s.logs());
+    assert_eq!(s.connects(), 0, "an SVID of another trust domain must not connect\n{}", s.logs());
     Ok(())
 }
 
