@@ -2,14 +2,20 @@
 //!
 //! ```text
 //!   Disconnected{attempt} --(backoff delay for attempt; 0 = at once)--> Connecting{attempt}
-//!   Connecting{attempt}   --dial + Subscribe ok--> Connected
-//!                         --failure--------------> Disconnected{attempt + 1}
-//!   Connected             --stream ends----------> Disconnected{1}
+//!   Connecting{attempt}   --dial, Subscribe answered--> Connected
+//!                         --failure--------------------> Disconnected{attempt + 1}
+//!   Connected             --stream ends----------------> Disconnected{1}
 //! ```
 //!
-//! While connected: a sender task drains the outbox onto the stream, the resync starts, and
-//! the receive loop applies each event in order and ACKs it. When the stream ends, events in
-//! flight are put back for the next stream; nothing is lost.
+//! Connecting opens the `Subscribe` call and starts sending at once: the sender task drains the
+//! outbox onto the stream and the resync requests go out (as upstream's agent does on its
+//! first stream) *before* the principal's response headers arrive. grpc-go sends a stream's
+//! headers only with its first message, so an upstream principal with nothing to send would
+//! otherwise never answer, and the two sides would wait for each other forever.
+//!
+//! While connected the receive loop applies each event in order and ACKs it. When the stream
+//! ends, or the principal refuses it, events in flight are put back for the next stream;
+//! nothing is lost.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -51,16 +57,48 @@ enum State {
     Connected(Box<Stream>),
 }
 
-/// An open stream: where to send, what arrives.
+/// An open stream: what arrives, and the task sending on it (started before the principal
+/// answered).
 #[derive(Debug)]
 struct Stream {
-    tx: mpsc::Sender<WireEvent>,
     inbound: Streaming<WireEvent>,
+    sender: Sender,
+}
+
+/// The task draining the outbox onto one stream, and how to stop it.
+#[derive(Debug)]
+struct Sender {
+    task: tokio::task::JoinHandle<()>,
+    cancel: CancellationToken,
+}
+
+impl Sender {
+    /// Starts draining the outbox onto `tx` until `cancel` (or a child of it) fires.
+    fn start(spoke: &Arc<Spoke>, tx: mpsc::Sender<WireEvent>, cancel: &CancellationToken) -> Self {
+        let cancel = cancel.child_token();
+        let task = tokio::spawn({
+            let (spoke, cancel) = (spoke.clone(), cancel.clone());
+            let (heartbeat, max_bytes) = (spoke.config.heartbeat_interval, spoke.config.max_message_bytes);
+            async move { spoke.mailbox.send_loop(tx, cancel, heartbeat, max_bytes).await }
+        });
+        Self { task, cancel }
+    }
+
+    /// Stops the task and waits for it, so nothing is sent after the stream is given up.
+    async fn stop(self) {
+        self.cancel.cancel();
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "the stream's sender task failed");
+        }
+    }
 }
 
 /// Runs the state machine until `cancel` fires.
 pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
     let mut state = State::Disconnected { attempt: 0 };
+    // Whether the next stream starts with a resync: after start and after every stream the
+    // principal accepted; not after a refused one, whose resync requests are still queued.
+    let mut resync_due = true;
     loop {
         if cancel.is_cancelled() {
             return;
@@ -77,7 +115,7 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
                 }
                 State::Connecting { attempt }
             }
-            State::Connecting { attempt } => match connect(&spoke).await {
+            State::Connecting { attempt } => match connect(&spoke, &cancel, &mut resync_due).await {
                 Ok(stream) => State::Connected(Box::new(stream)),
                 Err(e) => {
                     tracing::warn!(error = %e, attempt, "cannot connect to the principal");
@@ -96,13 +134,18 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
                 spoke.connected.store(false, Ordering::Relaxed);
                 crate::metrics::global().disconnected();
                 spoke.mailbox.on_disconnect();
+                resync_due = true;
                 State::Disconnected { attempt: 1 }
             }
         };
     }
 }
 
-async fn connect(spoke: &Spoke) -> Result<Stream, ConnectError> {
+async fn connect(
+    spoke: &Arc<Spoke>,
+    cancel: &CancellationToken,
+    resync_due: &mut bool,
+) -> Result<Stream, ConnectError> {
     let cfg = &spoke.config;
     let addr = cfg.principal_addr.clone();
     let channel = crate::transport::connect(&addr, cfg.tls.as_ref(), cfg.keepalive).await?;
@@ -114,59 +157,69 @@ async fn connect(spoke: &Spoke) -> Result<Stream, ConnectError> {
     if let Some(credentials) = &cfg.credentials {
         credentials(request.metadata_mut());
     }
-    let inbound = client.subscribe(request).await.map_err(ConnectError::Refused)?.into_inner();
-    tracing::info!(principal = %addr, "connected to the principal");
-    Ok(Stream { tx, inbound })
+    // Send before the principal answers (see the module docs): the request body is written
+    // while `subscribe` waits for the response headers.
+    let sender = Sender::start(spoke, tx, cancel);
+    let subscribe = client.subscribe(request);
+    let resync = async {
+        if std::mem::take(resync_due)
+            && let Err(e) = resync::on_connect(spoke).await
+        {
+            tracing::warn!(error = %e, "cannot start resync; it runs again on the next connect");
+        }
+    };
+    let answer = tokio::select! {
+        (answer, ()) = async { tokio::join!(subscribe, resync) } => answer,
+        () = cancel.cancelled() => Err(tonic::Status::cancelled("the agent is shutting down")),
+    };
+    match answer {
+        Ok(response) => {
+            tracing::info!(principal = %addr, "connected to the principal");
+            Ok(Stream { inbound: response.into_inner(), sender })
+        }
+        Err(status) => {
+            sender.stop().await;
+            spoke.mailbox.on_disconnect();
+            Err(ConnectError::Refused(status))
+        }
+    }
 }
 
 async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
-    let Stream { tx, mut inbound } = stream;
-    let stream_cancel = cancel.child_token();
-    let sender = {
-        let cancel = stream_cancel.clone();
-        let heartbeat = spoke.config.heartbeat_interval;
-        let max_bytes = spoke.config.max_message_bytes;
-        async move { spoke.mailbox.send_loop(tx, cancel, heartbeat, max_bytes).await }
-    };
-    let receiver = async {
-        if let Err(e) = resync::on_connect(spoke).await {
-            tracing::warn!(error = %e, "cannot start resync; it runs again on the next connect");
-        }
-        let silence_limit = spoke.config.stream_silence_limit();
-        loop {
-            let silent = async {
-                match silence_limit {
-                    Some(limit) => tokio::time::sleep(limit).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let msg = tokio::select! {
-                () = stream_cancel.cancelled() => break,
-                () = silent => {
-                    tracing::warn!(silent_for = ?silence_limit, "nothing from the principal (not even heartbeat ACKs); \
-                        the stream is taken as dead and replaced");
-                    break;
-                }
-                msg = inbound.message() => msg,
-            };
-            match msg {
-                Ok(Some(msg)) => on_message(spoke, msg).await,
-                Ok(None) => {
-                    tracing::info!("the principal closed the stream");
-                    crate::metrics::global().reconnect(crate::metrics::stream_end_cause(None));
-                    break;
-                }
-                Err(status) => {
-                    tracing::info!(%status, "event stream failed");
-                    session_refused(spoke, &status);
-                    crate::metrics::global().reconnect(crate::metrics::stream_end_cause(Some(&status)));
-                    break;
-                }
+    let Stream { mut inbound, sender } = stream;
+    let silence_limit = spoke.config.stream_silence_limit();
+    loop {
+        let silent = async {
+            match silence_limit {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        let msg = tokio::select! {
+            () = cancel.cancelled() => break,
+            () = silent => {
+                tracing::warn!(silent_for = ?silence_limit, "nothing from the principal (not even heartbeat ACKs); \
+                    the stream is taken as dead and replaced");
+                break;
+            }
+            msg = inbound.message() => msg,
+        };
+        match msg {
+            Ok(Some(msg)) => on_message(spoke, msg).await,
+            Ok(None) => {
+                tracing::info!("the principal closed the stream");
+                crate::metrics::global().reconnect(crate::metrics::stream_end_cause(None));
+                break;
+            }
+            Err(status) => {
+                tracing::info!(%status, "event stream failed");
+                session_refused(spoke, &status);
+                crate::metrics::global().reconnect(crate::metrics::stream_end_cause(Some(&status)));
+                break;
             }
         }
-        stream_cancel.cancel();
-    };
-    tokio::join!(sender, receiver);
+    }
+    sender.stop().await;
 }
 
 /// The principal refused the session (expired, revoked, blocklisted): tell whoever holds the

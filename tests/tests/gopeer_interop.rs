@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use protocol::argocd::ObjectMeta;
@@ -299,7 +299,7 @@ async fn gopeer_codec_resync_checksums_match_go_encoding_json() -> anyhow::Resul
     }
     // Integers and strings only: Argo CD specs have no floats, and upstream hashes typed
     // structs converted to unstructured maps (int64), not the JSON text.
-    let objects = vec![
+    let objects = [
         application_json("a", "n", "u", "1"),
         json!({"kind": "Application", "metadata": {"name": "x"},
                "spec": {"b": "<html> & \u{2028} ü \"q\" \\", "a": [1, -2, 300_000, 9_007_199_254_740_993_i64],
@@ -618,17 +618,19 @@ async fn gopeer_upstream_principal_against_our_agent_managed() -> anyhow::Result
     let (topo, mut go) = start_go_principal(agent, Mode::Managed).await?;
     let spoke = applications(topo.spoke(agent)?, ARGOCD_NS);
 
-    // Upstream's principal opens with the resync request (grpc-go sends the stream's headers
-    // with its first message; our agent sends nothing before it has them).
+    // The Go principal sends nothing first, so grpc-go holds back the stream's response
+    // headers: our agent must open with its resync request anyway, as upstream's agent does
+    // (its resource-set checksum; empty spoke, no checksum).
+    let list = received(&mut go, EventType::RequestSyncedResourceList, Target::ResourceResync, |_| true).await?;
+    ensure!(list["data"]["checksum"].is_null(), "no resources, no checksum: {list}");
+    ensure!(go.matching(|r| r["kind"] == "sent").is_empty(), "the Go principal sent first: {}", go.diagnostics());
+    // Principal -> agent resync: our agent answers request-resource-resync (nothing to list).
     send_acked(
         &mut go,
         "hello",
         json!({"type": EventType::RequestResourceResync.as_str(), "target": "resourceResync", "data": {}}),
     )
     .await?;
-    // Our agent answers with its (empty) resource-set checksum.
-    let list = received(&mut go, EventType::RequestSyncedResourceList, Target::ResourceResync, |_| true).await?;
-    ensure!(list["data"]["checksum"].is_null(), "no resources, no checksum: {list}");
 
     // Go principal -> our agent: AppProject and Application create, spec-update,
     // set-operation, terminate-operation; each applied to the spoke and ACKed.
@@ -741,15 +743,16 @@ async fn gopeer_upstream_principal_against_our_agent_autonomous() -> anyhow::Res
     let (topo, mut go) = start_go_principal(agent, Mode::Autonomous).await?;
     let spoke = applications(topo.spoke(agent)?, ARGOCD_NS);
 
-    // Upstream's principal opens with its resync request (see the managed test); our
-    // autonomous agent then asks the principal for a resync in turn.
+    // The Go principal sends nothing first (see the managed test): our autonomous agent opens
+    // with its request-resource-resync, as upstream's agent does.
+    received(&mut go, EventType::RequestResourceResync, Target::ResourceResync, |_| true).await?;
+    ensure!(go.matching(|r| r["kind"] == "sent").is_empty(), "the Go principal sent first: {}", go.diagnostics());
     send_acked(
         &mut go,
         "hello",
         json!({"type": EventType::RequestSyncedResourceList.as_str(), "target": "resourceResync", "data": {}, "checksum_keys": []}),
     )
     .await?;
-    received(&mut go, EventType::RequestResourceResync, Target::ResourceResync, |_| true).await?;
 
     // Our agent -> Go principal: create, spec-update, delete of a spoke Application.
     spoke
