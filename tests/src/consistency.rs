@@ -59,6 +59,14 @@ impl Config {
     /// # Errors
     /// A variable is set but not a number.
     pub fn from_env() -> anyhow::Result<Self> {
+        Self::from_env_or(Duration::from_secs(540))
+    }
+
+    /// [`Self::from_env`] with another default for `CONSISTENCY_DURATION`.
+    ///
+    /// # Errors
+    /// A variable is set but is not a number.
+    pub fn from_env_or(default_duration: Duration) -> anyhow::Result<Self> {
         fn var(name: &str) -> anyhow::Result<Option<u64>> {
             match std::env::var(name) {
                 Ok(v) => Ok(Some(v.trim().parse().with_context(|| format!("{name}={v:?} is not a number"))?)),
@@ -79,7 +87,7 @@ impl Config {
         Ok(Self {
             apps,
             autonomous_apps,
-            duration: Duration::from_secs(var("CONSISTENCY_DURATION")?.unwrap_or(540)),
+            duration: var("CONSISTENCY_DURATION")?.map_or(default_duration, Duration::from_secs),
             converge: Duration::from_secs(var("CONSISTENCY_CONVERGE")?.unwrap_or(120)),
             seed,
         })
@@ -694,6 +702,16 @@ pub struct Report {
     pub unobserved: BTreeMap<String, u64>,
 }
 
+impl Report {
+    /// Kinds of write ("managed status", ...) that were tried but never acknowledged: the
+    /// workload did not exercise them (e.g. every write refused by the API server), so the run
+    /// proves nothing about them.
+    #[must_use]
+    pub fn never_acked(&self) -> Vec<String> {
+        self.writes.iter().filter(|(_, n)| n[0] == 0 && n.iter().sum::<u64>() > 0).map(|(k, _)| k.clone()).collect()
+    }
+}
+
 /// The `q` quantile (0..=1) of `values` (sorted in place); zero when empty.
 pub fn quantile(values: &mut [Duration], q: f64) -> Duration {
     if values.is_empty() {
@@ -1052,7 +1070,9 @@ impl Writer {
         };
         let patch = match field {
             Field::Path => json!({"spec": {"source": {"path": value}}}),
-            Field::Revision => json!({"status": {"sync": {"revision": value}}}),
+            // `status` is required in `status.sync` by Argo CD's CRD: a real API server refuses
+            // the patch without it (422), the embedded one does not check.
+            Field::Revision => json!({"status": {"sync": {"status": "Synced", "revision": value}}}),
         };
         let id = self.checker.begin_write(&name, field, &value)?;
         let r = self.field_api(field).patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await;

@@ -1,7 +1,7 @@
 //! The consistency checker under chaos ([`tests::consistency`]): a managed and an autonomous
 //! agent behind a flapping fault proxy, hundreds of Applications written on their owner sides,
 //! the principal, the agents and the hub's API server SIGKILLed and restarted, then convergence,
-//! order and delay checks.
+//! order and delay checks; on embedded API servers and on real kube-apiservers.
 //!
 //! `CONSISTENCY_DURATION` (seconds of chaos, default 540: about 10 minutes in all),
 //! `CONSISTENCY_APPS` (default 200), `CONSISTENCY_AUTONOMOUS_APPS` (default a quarter),
@@ -20,7 +20,7 @@ use tests::consistency::{
     Checker, Config, Group, Rng, Side, StopHandle, Writer, link_chaos, process_chaos, wait_converged,
 };
 use tests::faultproxy::FaultProxy;
-use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
 use tests::wait_until_async;
 
 /// Initial sync of the populated Applications, before any chaos.
@@ -50,7 +50,18 @@ async fn watch_side(checker: Arc<Checker>, side: Side, api: Api<DynamicObject>) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consistency_under_chaos() -> Result<()> {
-    let cfg = Config::from_env()?;
+    consistency_run(Config::from_env()?, Clusters::default()).await
+}
+
+/// The same on real kube-apiservers (hub and spokes), the principal and agents bound to the
+/// shipped RBAC; the hub kills hit kube-apiserver (etcd keeps the state). 120 s of chaos
+/// unless `CONSISTENCY_DURATION` says otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_consistency_under_chaos() -> Result<()> {
+    consistency_run(Config::from_env_or(Duration::from_secs(120))?, Clusters::REAL).await
+}
+
+async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
     println!(
         "consistency: {} managed + {} autonomous Applications, {} s of chaos (CONSISTENCY_SEED={})",
         cfg.apps,
@@ -63,7 +74,7 @@ async fn consistency_under_chaos() -> Result<()> {
         agents.push(("ca", Mode::Autonomous, cfg.autonomous_apps));
     }
     let modes: Vec<(&str, Mode)> = agents.iter().map(|(n, m, _)| (*n, *m)).collect();
-    let mut t = Topology::start_without_agents(&modes).await?;
+    let mut t = Topology::start_on(&modes, clusters, false).await?;
     let proxy = FaultProxy::start(t.principal_addr().context("the principal's address")?).await?;
     for (name, _) in &modes {
         t.start_agent_via(name, proxy.addr()).await?;
@@ -161,6 +172,9 @@ async fn consistency_under_chaos() -> Result<()> {
 
     let report = checker.report();
     println!("{report}");
+    for kind in report.never_acked() {
+        problems.push(format!("no {kind} write was ever acknowledged: the run did not exercise it"));
+    }
     let violations = checker.violations();
     if violations.is_empty() && problems.is_empty() {
         return Ok(());

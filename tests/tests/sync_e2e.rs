@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tests::fixtures::{application_resource, dynamic};
-use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
 use tests::wait_until_async;
 
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -343,8 +343,8 @@ async fn count_with_path(api: &Api<DynamicObject>, path: &str) -> usize {
 /// more creates, updates and deletes land while it is down and after it is back. Every
 /// Application must end in its owner's final state on the other side: none lost, none
 /// resurrected, none left at an older path.
-async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str) -> Result<()> {
-    let mut t = Topology::start(&[(managed, Mode::Managed), (autonomous, Mode::Autonomous)]).await?;
+async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clusters: Clusters) -> Result<()> {
+    let mut t = Topology::start_on(&[(managed, Mode::Managed), (autonomous, Mode::Autonomous)], clusters, true).await?;
     let owner_m = apps(&t.hub(), managed);
     let other_m = apps(&t.spoke(managed)?, ARGOCD_NS);
     let owner_a = apps(&t.spoke(autonomous)?, ARGOCD_NS);
@@ -450,10 +450,22 @@ async fn live_paths(api: &Api<DynamicObject>) -> Result<std::collections::BTreeM
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn principal_killed_mid_sync_converges_without_loss_both_modes() -> Result<()> {
-    restart_mid_sync(Victim::Principal, "mp", "ap").await
+    restart_mid_sync(Victim::Principal, "mp", "ap", Clusters::default()).await
+}
+
+/// The same with the hub and spokes on real kube-apiservers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_principal_killed_mid_sync_converges_without_loss_both_modes() -> Result<()> {
+    restart_mid_sync(Victim::Principal, "rmp", "rap", Clusters::REAL).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_killed_mid_sync_converge_without_loss_both_modes() -> Result<()> {
-    restart_mid_sync(Victim::Agents, "mk", "ak").await
+    restart_mid_sync(Victim::Agents, "mk", "ak", Clusters::default()).await
+}
+
+/// The same with the hub and spokes on real kube-apiservers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_agents_killed_mid_sync_converge_without_loss_both_modes() -> Result<()> {
+    restart_mid_sync(Victim::Agents, "rmk", "rak", Clusters::REAL).await
 }
