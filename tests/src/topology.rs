@@ -72,6 +72,39 @@ impl Clusters {
     pub const REAL_HUB: Self = Self { hub: ClusterKind::Real, spokes: ClusterKind::Embedded };
 }
 
+/// How [`Topology::start_with_options`] starts a topology.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Which API servers run.
+    pub clusters: Clusters,
+    /// Start the agents (else start each with [`Topology::start_agent`]).
+    pub start_agents: bool,
+    /// Create each agent's namespace on the hub beforehand (as an operator would); without it
+    /// the principal must create them (`--namespace-create-enable`).
+    pub hub_agent_namespaces: bool,
+    /// Extra flags for the principal from its first start.
+    pub principal_args: Vec<String>,
+}
+
+impl Default for StartOptions {
+    fn default() -> Self {
+        Self {
+            clusters: Clusters::default(),
+            start_agents: true,
+            hub_agent_namespaces: true,
+            principal_args: Vec::new(),
+        }
+    }
+}
+
+/// Set to a directory holding other RBAC files than `install/rbac/` (to check by hand that
+/// removing a rule fails a test, without touching the shipped files).
+pub const RBAC_DIR_ENV: &str = "TESTS_RBAC_DIR";
+
+fn rbac_dir() -> PathBuf {
+    std::env::var_os(RBAC_DIR_ENV).map_or_else(|| workspace_root().join("install").join("rbac"), PathBuf::from)
+}
+
 /// ServiceAccount tokens minted for the processes outlive any test.
 const PROCESS_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 
@@ -85,14 +118,19 @@ enum Cluster {
 impl Cluster {
     /// Start one. `role` is `principal` or `agent`: which RBAC from `install/rbac/` the
     /// process gets on a real server.
-    async fn start(kind: ClusterKind, data_dir: PathBuf, role: &str) -> anyhow::Result<Self> {
+    /// `extra_rbac` names more files of `install/rbac/` (optional features).
+    async fn start(kind: ClusterKind, data_dir: PathBuf, role: &str, extra_rbac: &[&str]) -> anyhow::Result<Self> {
         match kind {
             ClusterKind::Embedded => Ok(Self::Embedded(Box::new(ApiServerProcess::start_on(data_dir).await?))),
             ClusterKind::Real => {
                 let cluster = RealCluster::start().await?;
                 cluster.install_argocd_crds().await?;
                 cluster.ensure_namespace(ARGOCD_NS).await?;
-                cluster.apply_file(&workspace_root().join("install").join("rbac").join(format!("{role}.yaml")))?;
+                let rbac = rbac_dir();
+                cluster.apply_file(&rbac.join(format!("{role}.yaml")))?;
+                for file in extra_rbac {
+                    cluster.apply_file(&rbac.join(file))?;
+                }
                 let out = cluster.work_dir().join(format!("{role}.kubeconfig"));
                 let sa = format!("argocd-agent-{role}");
                 let process_kubeconfig =
@@ -239,7 +277,8 @@ impl Topology {
     /// # Errors
     /// Any part fails to start.
     pub async fn start_without_agents(agents: &[(&str, Mode)]) -> anyhow::Result<Self> {
-        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), false, Clusters::default()).await
+        let options = StartOptions { start_agents: false, ..StartOptions::default() };
+        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), options).await
     }
 
     /// The same behind Envoy sidecars (see [`Transport::Mesh`]).
@@ -272,7 +311,15 @@ impl Topology {
     /// # Errors
     /// Any part fails to start.
     pub async fn start_on(agents: &[(&str, Mode)], clusters: Clusters, start_agents: bool) -> anyhow::Result<Self> {
-        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), start_agents, clusters).await
+        Self::start_with_options(agents, StartOptions { clusters, start_agents, ..StartOptions::default() }).await
+    }
+
+    /// mTLS with every knob of [`StartOptions`].
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_with_options(agents: &[(&str, Mode)], options: StartOptions) -> anyhow::Result<Self> {
+        Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), options).await
     }
 
     async fn start_with(
@@ -280,21 +327,26 @@ impl Topology {
         transport: Transport,
         mesh_options: MeshOptions,
     ) -> anyhow::Result<Self> {
-        Self::start_parts(agents, transport, mesh_options, true, Clusters::default()).await
+        Self::start_parts(agents, transport, mesh_options, StartOptions::default()).await
     }
 
     async fn start_parts(
         agents: &[(&str, Mode)],
         transport: Transport,
         mesh_options: MeshOptions,
-        start_agents: bool,
-        clusters: Clusters,
+        options: StartOptions,
     ) -> anyhow::Result<Self> {
+        let clusters = options.clusters;
         let dir = tempfile::Builder::new().prefix("topology-").tempdir()?;
-        let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal").await?;
+        // RBAC for the principal's optional features, as an operator would grant it.
+        let mut hub_rbac = Vec::new();
+        if options.principal_args.iter().any(|a| a == "--namespace-create-enable") {
+            hub_rbac.push("principal-namespace-create.yaml");
+        }
+        let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal", &hub_rbac).await?;
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
-            let spoke = Cluster::start(clusters.spokes, dir.path().join(format!("spoke-{name}")), "agent").await?;
+            let spoke = Cluster::start(clusters.spokes, dir.path().join(format!("spoke-{name}")), "agent", &[]).await?;
             slots.insert(
                 (*name).to_string(),
                 AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },
@@ -315,13 +367,15 @@ impl Topology {
             agents: slots,
             principal: None,
             principal_port: None,
-            principal_args: Vec::new(),
+            principal_args: options.principal_args.clone(),
             agent_args: Vec::new(),
         };
 
         ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;
         for (name, slot) in &t.agents {
-            ensure_namespace(&t.hub.client(), name).await?;
+            if options.hub_agent_namespaces {
+                ensure_namespace(&t.hub.client(), name).await?;
+            }
             ensure_namespace(&slot.spoke.client(), ARGOCD_NS).await?;
         }
         t.ctl(&["pki", "init", "--key-algorithm", "ecdsa-p256"])?;
@@ -353,7 +407,7 @@ impl Topology {
             t.ctl(&["--agent-context", name, "pki", "propagate"])?;
         }
         t.start_principal().await?;
-        if start_agents {
+        if options.start_agents {
             for name in &names {
                 t.start_agent(name).await?;
             }

@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result, ensure};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tests::fixtures::{application_resource, dynamic};
-use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
+use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology};
 use tests::wait_until_async;
 
 const CONVERGE: Duration = Duration::from_secs(60);
@@ -283,5 +283,121 @@ async fn realkube_hub_with_embedded_spokes_both_modes() -> Result<()> {
     spoke_a.delete("up", &DeleteParams::default()).await?;
     wait_app(&t, &spoke_m, "down", "a managed delete", gone).await?;
     wait_app(&t, &hub_a, "up", "an autonomous delete", gone).await?;
+    Ok(())
+}
+
+/// The README's kubectl flow, on real API servers: the operator applies
+/// `docs/examples/managed-app.yaml` to the hub and watches it arrive on the managed spoke
+/// (`kubectl get applications --watch`); the spoke's Argo CD (played here with kubectl) reports
+/// status, which `kubectl get` shows on the hub; an autonomous spoke's Application appears on the
+/// hub; `kubectl delete` on the owner side removes both copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_kubectl_flow_of_the_quickstart() -> Result<()> {
+    let t = Topology::start_on(
+        &[("agent-managed", Mode::Managed), ("agent-autonomous", Mode::Autonomous)],
+        Clusters::REAL,
+        true,
+    )
+    .await?;
+    let kubectl = tests::Kubectl::new(&t.kubeconfig())?;
+    let example = tests::workspace_root().join("docs").join("examples").join("managed-app.yaml");
+    let mut watch =
+        kubectl.spawn_watch(["--context", "agent-managed", "get", "applications", "-n", ARGOCD_NS, "--watch"])?;
+    kubectl.ok(["--context", "hub", "apply", "-f", &example.display().to_string()]).await?;
+    watch.wait_for_line(CONVERGE, |l| l.starts_with("my-app")).await.with_context(|| t.logs())?;
+
+    kubectl
+        .ok([
+            "--context",
+            "agent-managed",
+            "-n",
+            ARGOCD_NS,
+            "patch",
+            "application",
+            "my-app",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"status":{"sync":{"status":"Synced"},"health":{"status":"Healthy"}}}"#,
+        ])
+        .await?;
+    let hub_status = || async {
+        kubectl
+            .ok([
+                "--context",
+                "hub",
+                "get",
+                "application",
+                "my-app",
+                "-n",
+                "agent-managed",
+                "-o",
+                "jsonpath={.status.sync.status}/{.status.health.status}",
+            ])
+            .await
+            .unwrap_or_default()
+    };
+    wait_until_async(CONVERGE, "kubectl to show the status on the hub", || async {
+        hub_status().await == "Synced/Healthy"
+    })
+    .await
+    .with_context(|| t.logs())?;
+
+    let autonomous = kubectl.write_manifest(
+        "autonomous.yaml",
+        "apiVersion: argoproj.io/v1alpha1\nkind: Application\nmetadata:\n  name: local\n  namespace: argocd\nspec:\n  project: default\n  source:\n    repoURL: https://example.com/local.git\n    path: local\n  destination:\n    server: https://kubernetes.default.svc\n    namespace: local\n",
+    )?;
+    kubectl.ok(["--context", "agent-autonomous", "apply", "-f", &autonomous.display().to_string()]).await?;
+    wait_until_async(CONVERGE, "kubectl to show the autonomous app on the hub", || async {
+        kubectl
+            .run(["--context", "hub", "get", "application", "local", "-n", "agent-autonomous"])
+            .await
+            .is_ok_and(|o| o.success())
+    })
+    .await
+    .with_context(|| t.logs())?;
+
+    kubectl.ok(["--context", "hub", "delete", "-f", &example.display().to_string(), "--wait=false"]).await?;
+    kubectl
+        .ok(["--context", "agent-autonomous", "-n", ARGOCD_NS, "delete", "application", "local", "--wait=false"])
+        .await?;
+    let gone = |ctx: &'static str, ns: &'static str, name: &'static str| {
+        let kubectl = &kubectl;
+        async move {
+            kubectl
+                .run(["--context", ctx, "get", "application", name, "-n", ns, "--ignore-not-found", "-o", "name"])
+                .await
+                .is_ok_and(|o| o.success() && o.stdout.trim().is_empty())
+        }
+    };
+    wait_until_async(CONVERGE, "both deletes to reach the other side", || async {
+        gone("agent-managed", ARGOCD_NS, "my-app").await && gone("hub", "agent-autonomous", "local").await
+    })
+    .await
+    .with_context(|| t.logs())?;
+    Ok(())
+}
+
+/// `--namespace-create-enable` on a real hub: the autonomous agent's namespace does not exist
+/// until it connects; the principal creates it with the grant of
+/// `install/rbac/principal-namespace-create.yaml`, and the agent's Applications land there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_principal_creates_the_autonomous_agents_namespace() -> Result<()> {
+    let options = StartOptions {
+        clusters: Clusters::REAL,
+        hub_agent_namespaces: false,
+        principal_args: vec!["--namespace-create-enable".to_string()],
+        ..StartOptions::default()
+    };
+    let t = Topology::start_with_options(&[("rn1", Mode::Autonomous)], options).await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(t.hub());
+    wait_until_async(CONVERGE, "the principal to create the agent's namespace", || async {
+        namespaces.get_opt("rn1").await.ok().flatten().is_some()
+    })
+    .await
+    .with_context(|| t.logs())?;
+    let (hub, spoke) = (apps(&t.hub(), "rn1"), apps(&t.spoke("rn1")?, ARGOCD_NS));
+    spoke.create(&PostParams::default(), &app("first", ARGOCD_NS, "v1")?).await?;
+    wait_app(&t, &hub, "first", "the autonomous app reaches the created namespace", path_is("v1")).await?;
     Ok(())
 }
