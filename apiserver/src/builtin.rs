@@ -26,6 +26,7 @@ fn builtin(
         categories: vec![],
         status_subresource,
         printer_columns: vec![],
+        schemas: std::collections::BTreeMap::new(),
     }
 }
 

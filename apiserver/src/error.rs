@@ -157,7 +157,7 @@ impl ApiError {
                 details["causes"] = d
                     .causes
                     .iter()
-                    .map(|(field, message)| json!({"reason": "FieldValueInvalid", "message": message, "field": field}))
+                    .map(|(field, message)| json!({"reason": crate::schema::cause_reason(message), "message": message, "field": field}))
                     .collect();
             }
             status["details"] = details;

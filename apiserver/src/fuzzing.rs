@@ -33,7 +33,7 @@ pub fn check_request_body(data: &[u8]) {
             matches!(t.plural.as_str(), "applications" | "secrets" | "namespaces" | "customresourcedefinitions")
         }) {
             let ns = if t.namespaced { "argocd" } else { "" };
-            let target = Target { rtype: t, version: &t.versions[0], namespace: ns };
+            let target = Target::new(t, &t.versions[0], ns);
             if let Err(e) = prepare::create(target, body.clone()) {
                 assert!((400..500).contains(&e.code), "create {}: {e}", t.plural);
             }

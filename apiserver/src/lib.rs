@@ -22,6 +22,7 @@ pub mod openapi;
 pub mod prepare;
 pub mod protobuf;
 pub mod resource;
+pub mod schema;
 pub mod selector;
 mod server;
 pub mod store;

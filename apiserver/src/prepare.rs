@@ -4,6 +4,8 @@
 
 use base64::Engine as _;
 use rand::Rng as _;
+use std::sync::{Mutex, PoisonError};
+
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiResult};
@@ -46,6 +48,18 @@ pub fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     Ok(v)
 }
 
+/// What to do with fields a custom resource's schema does not know (`fieldValidation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them and say so in a `Warning` header (Kubernetes' default).
+    #[default]
+    Warn,
+    /// Refuse the request (400), as `kubectl` asks by default.
+    Strict,
+}
+
 /// The target of a write: type, served version and namespace from the URL.
 #[derive(Debug, Clone, Copy)]
 pub struct Target<'a> {
@@ -55,9 +69,56 @@ pub struct Target<'a> {
     pub version: &'a str,
     /// Namespace in the URL ("" for cluster-scoped).
     pub namespace: &'a str,
+    /// `fieldValidation` of the request.
+    pub field_validation: FieldValidation,
+    /// Where `Warning`s for the response go (unknown fields dropped under `Warn`).
+    pub warnings: Option<&'a Mutex<Vec<String>>>,
 }
 
-impl Target<'_> {
+impl<'a> Target<'a> {
+    /// A target with Kubernetes' default `fieldValidation` and no warnings collected.
+    #[must_use]
+    pub fn new(rtype: &'a ResourceType, version: &'a str, namespace: &'a str) -> Self {
+        Self { rtype, version, namespace, field_validation: FieldValidation::default(), warnings: None }
+    }
+
+    /// Prune, drop disallowed nulls and default by the version's structural schema, if it has
+    /// one. `existing` is the stored object of an update: unknown fields it already has are not
+    /// the request's doing.
+    fn apply_schema(&self, obj: &mut Value, existing: Option<&Value>) -> ApiResult<()> {
+        let Some(schema) = self.rtype.schema(self.version) else { return Ok(()) };
+        let mut unknown = crate::schema::prune_resource(obj, schema);
+        if !unknown.is_empty()
+            && self.field_validation != FieldValidation::Ignore
+            && let Some(old) = existing
+        {
+            let had = crate::schema::prune_resource(&mut old.clone(), schema);
+            unknown.retain(|u| !had.contains(u));
+        }
+        if !unknown.is_empty() {
+            let each = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect::<Vec<_>>();
+            match self.field_validation {
+                FieldValidation::Strict => {
+                    let kind = &self.rtype.kind;
+                    return Err(ApiError::bad_request(format!(
+                        "{kind} in version \"{}\" cannot be handled as a {kind}: strict decoding error: {}",
+                        self.version,
+                        each.join(", ")
+                    )));
+                }
+                FieldValidation::Warn => {
+                    if let Some(w) = self.warnings {
+                        w.lock().unwrap_or_else(PoisonError::into_inner).extend(each);
+                    }
+                }
+                FieldValidation::Ignore => {}
+            }
+        }
+        crate::schema::drop_disallowed_nulls(obj, schema);
+        crate::schema::apply_defaults(obj, schema);
+        Ok(())
+    }
+
     fn check_type(&self, obj: &mut Value) -> ApiResult<()> {
         let want_av = self.rtype.api_version(self.version);
         match obj.get("apiVersion").and_then(Value::as_str) {
@@ -122,6 +183,9 @@ impl Target<'_> {
         if self.rtype.group.is_empty() && self.rtype.plural == "secrets" {
             causes.extend(normalize_secret_errors(obj));
         }
+        if let Some(schema) = self.rtype.schema(self.version) {
+            causes.extend(crate::schema::validate_resource(obj, schema));
+        }
         if causes.is_empty() { Ok(()) } else { Err(self.invalid(name, causes)) }
     }
 }
@@ -174,6 +238,7 @@ fn crd_status(obj: &Value) -> Value {
 /// 400 for a body that does not fit the URL, 422 for invalid names or fields.
 pub fn create(t: Target<'_>, mut obj: Value) -> ApiResult<(Value, String)> {
     t.check_type(&mut obj)?;
+    t.apply_schema(&mut obj, None)?;
     let mut name = meta_str(&obj, "name").to_string();
     if name.is_empty() {
         let prefix = meta_str(&obj, "generateName").to_string();
@@ -257,6 +322,7 @@ fn without_rv(v: &Value) -> Value {
 /// 400 for a body that does not fit the URL, 409 for a stale resourceVersion, 422 for invalid fields.
 pub fn update(t: Target<'_>, existing: &Value, mut obj: Value, part: Part) -> ApiResult<Change> {
     t.check_type(&mut obj)?;
+    t.apply_schema(&mut obj, Some(existing))?;
     let name = meta_str(existing, "name").to_string();
     let body_name = meta_str(&obj, "name");
     if !body_name.is_empty() && body_name != name {
@@ -401,7 +467,7 @@ mod tests {
     }
 
     fn target(t: &ResourceType) -> Target<'_> {
-        Target { rtype: t, version: t.versions[0].as_str(), namespace: "argocd" }
+        Target::new(t, t.versions[0].as_str(), "argocd")
     }
 
     #[test]
@@ -452,7 +518,7 @@ mod tests {
     fn status_subresource_separates_writes() {
         let types = builtin_types();
         let Some(pod) = types.iter().find(|t| t.plural == "pods") else { panic!("pods") };
-        let t = Target { rtype: pod, version: "v1", namespace: "argocd" };
+        let t = Target::new(pod, "v1", "argocd");
         let (mut existing, _) =
             create(t, json!({"metadata": {"name": "p"}, "spec": {"a": 1}, "status": {"phase": "X"}}))
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -30,6 +30,9 @@ pub struct ResourceType {
     pub status_subresource: bool,
     /// Extra columns for `kubectl get`, as `(name, json path)`.
     pub printer_columns: Vec<(String, String)>,
+    /// The structural schema (`openAPIV3Schema`) of each served version that has one which
+    /// prunes (see [`crate::schema`]); versions without one store what they are given.
+    pub schemas: BTreeMap<String, Arc<Value>>,
 }
 
 /// Identity of a resource type in storage and in the registry.
@@ -78,6 +81,12 @@ impl ResourceType {
     #[must_use]
     pub fn is_crd(&self) -> bool {
         self.group == "apiextensions.k8s.io" && self.plural == "customresourcedefinitions"
+    }
+
+    /// The pruning schema of a version, if it has one.
+    #[must_use]
+    pub fn schema(&self, version: &str) -> Option<&Arc<Value>> {
+        self.schemas.get(version)
     }
 
     /// Verbs for discovery.
@@ -157,6 +166,7 @@ impl ResourceType {
         let mut storage_first = None;
         let mut status_subresource = false;
         let mut printer_columns = Vec::new();
+        let mut schemas = BTreeMap::new();
         match spec["versions"].as_array() {
             Some(list) if !list.is_empty() => {
                 for v in list {
@@ -169,7 +179,15 @@ impl ResourceType {
                         if v["storage"].as_bool().unwrap_or(false) {
                             storage_first = Some(vname.clone());
                         }
-                        versions.push(vname);
+                        versions.push(vname.clone());
+                    }
+                    // A schema per version, else the top-level (v1beta1-style) one.
+                    let schema = match &v["schema"]["openAPIV3Schema"] {
+                        Value::Null => &spec["validation"]["openAPIV3Schema"],
+                        s => s,
+                    };
+                    if schema.is_object() && !crate::schema::preserves_everything(schema) {
+                        schemas.insert(vname.clone(), Arc::new(schema.clone()));
                     }
                     if v["subresources"]["status"].is_object() {
                         status_subresource = true;
@@ -220,6 +238,7 @@ impl ResourceType {
             categories: strings(&names["categories"]),
             status_subresource,
             printer_columns,
+            schemas,
         })
     }
 }

@@ -145,7 +145,7 @@ fn seed(store: &Store, registry: &Registry) -> Result<(), ServerError> {
         if store.get(&rtype.gr(), "", &name).is_some() {
             continue;
         }
-        let target = crate::prepare::Target { rtype: &rtype, version: rtype.versions[0].as_str(), namespace: "" };
+        let target = crate::prepare::Target::new(&rtype, rtype.versions[0].as_str(), "");
         let (obj, _) = crate::prepare::create(target, obj).map_err(|e| ServerError::Seed(e.to_string()))?;
         store
             .write(&rtype.gr(), "", &name, false, |_| Ok(Change::Put(obj)))

@@ -620,16 +620,23 @@ async fn a_crd_created_through_the_api_is_served() -> Result<()> {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": "widgets.example.com"},
         "spec": {"group": "example.com", "scope": "Cluster", "names": {"plural": "widgets", "kind": "Widget"},
-                 "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object"}}}]},
+                 "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}}}]},
     }))?;
     crds.create(&PostParams::default(), &crd).await?;
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.com", "v1", "Widget"), "widgets");
     let widgets: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
     let w: DynamicObject = serde_json::from_value(
-        json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 3}}),
+        json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 3, "colour": "red"}}),
     )?;
     widgets.create(&PostParams::default(), &w).await?;
-    assert_eq!(widgets.get("w").await?.data["spec"]["size"], 3);
+    let stored = widgets.get("w").await?;
+    assert_eq!(stored.data["spec"]["size"], 3);
+    assert!(stored.data["spec"].get("colour").is_none(), "the structural schema prunes unknown fields");
+    // A value of the wrong type is a 422 naming the field.
+    let bad: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "b"}, "spec": {"size": "big"}}),
+    )?;
+    assert_eq!(widgets.create(&PostParams::default(), &bad).await.err().as_ref().and_then(err_code), Some(422));
     let discovery = kube::discovery::Discovery::new(c.client.clone()).run().await?;
     assert!(discovery.groups().any(|g| g.name() == "example.com"), "discovery lists the new group");
     // Deleting the CRD stops serving it.

@@ -1,6 +1,6 @@
 //! get, create, update, patch, delete and deletecollection of single objects.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::response::Response;
 use http::StatusCode;
@@ -10,7 +10,7 @@ use super::query::Params;
 use super::{AppState, json_response};
 use crate::error::{ApiError, ApiResult};
 use crate::object::{is_deleting, meta_str};
-use crate::prepare::{self, Part, Target};
+use crate::prepare::{self, FieldValidation, Part, Target};
 use crate::resource::{GroupResource, ResourceType};
 use crate::store::{Applied, Change};
 use crate::strategic_merge;
@@ -23,11 +23,33 @@ pub(crate) struct Ctx {
     pub version: String,
     pub namespace: String,
     pub dry_run: bool,
+    pub field_validation: FieldValidation,
+    /// `Warning` headers for the response.
+    pub warnings: Arc<Mutex<Vec<String>>>,
 }
 
 impl Ctx {
     pub fn target(&self) -> Target<'_> {
-        Target { rtype: &self.rtype, version: &self.version, namespace: &self.namespace }
+        Target {
+            rtype: &self.rtype,
+            version: &self.version,
+            namespace: &self.namespace,
+            field_validation: self.field_validation,
+            warnings: Some(&self.warnings),
+        }
+    }
+
+    /// A context for the server's own writes (cascades): no warnings, Kubernetes' defaults.
+    pub fn internal(state: Arc<AppState>, rtype: Arc<ResourceType>, version: String, namespace: String) -> Self {
+        Self {
+            state,
+            rtype,
+            version,
+            namespace,
+            dry_run: false,
+            field_validation: FieldValidation::Ignore,
+            warnings: Arc::default(),
+        }
     }
 
     pub fn gr(&self) -> GroupResource {
@@ -51,7 +73,15 @@ impl Ctx {
     }
 
     fn respond(&self, code: StatusCode, obj: &Value) -> Response {
-        json_response(code, self.encode(obj))
+        let mut resp = json_response(code, self.encode(obj));
+        for w in self.warnings.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            // RFC 7234 warn-text: a quoted string.
+            let text = w.replace('\\', "\\\\").replace('"', "\\\"");
+            if let Ok(v) = http::HeaderValue::from_str(&format!("299 - \"{text}\"")) {
+                resp.headers_mut().append(http::header::WARNING, v);
+            }
+        }
+        resp
     }
 
     /// Run a store write on the blocking pool (commits fsync).
@@ -303,7 +333,7 @@ async fn after_write(ctx: &Ctx, applied: &Applied) {
 
 fn namespace_ctx(ctx: &Ctx) -> Option<Ctx> {
     let rtype = ctx.state.registry().lookup("", "v1", "namespaces")?;
-    Some(Ctx { state: ctx.state.clone(), rtype, version: "v1".into(), namespace: String::new(), dry_run: false })
+    Some(Ctx::internal(ctx.state.clone(), rtype, "v1".into(), String::new()))
 }
 
 /// Delete every object in a terminating namespace, then the namespace when nothing is left.
@@ -311,13 +341,8 @@ async fn empty_namespace(ctx: &Ctx, ns: &str) {
     let registry = ctx.state.registry();
     for (gr, name) in ctx.state.store.keys_in_namespace(ns) {
         let Some(rtype) = registry.get(&gr) else { continue };
-        let c = Ctx {
-            state: ctx.state.clone(),
-            version: rtype.versions[0].clone(),
-            rtype,
-            namespace: ns.to_string(),
-            dry_run: false,
-        };
+        let version = rtype.versions[0].clone();
+        let c = Ctx::internal(ctx.state.clone(), rtype, version, ns.to_string());
         if let Err(e) = Box::pin(delete_one(&c, &name, prepare::DeletePreconditions::default())).await
             && e.code != 404
         {
@@ -350,13 +375,7 @@ async fn remove_type(ctx: &Ctx, t: ResourceType) {
     let gr = t.gr();
     let rtype = Arc::new(t);
     for (ns, name) in ctx.state.store.names_of(&gr) {
-        let c = Ctx {
-            state: ctx.state.clone(),
-            version: rtype.versions[0].clone(),
-            rtype: rtype.clone(),
-            namespace: ns,
-            dry_run: false,
-        };
+        let c = Ctx::internal(ctx.state.clone(), rtype.clone(), rtype.versions[0].clone(), ns);
         let result = c
             .write(gr.clone(), c.namespace.clone(), name.clone(), |cur| match cur {
                 Some(o) => Ok(Change::Delete((**o).clone())),

@@ -206,8 +206,15 @@ async fn resource(
     let params = query::parse(req.uri().query())?;
     let method = req.method().clone();
     let namespace = rp.namespace.clone().unwrap_or_default();
-    let ctx =
-        crud::Ctx { state: state.clone(), rtype, version: rp.version.clone(), namespace, dry_run: params.dry_run };
+    let ctx = crud::Ctx {
+        state: state.clone(),
+        rtype,
+        version: rp.version.clone(),
+        namespace,
+        dry_run: params.dry_run,
+        field_validation: params.field_validation,
+        warnings: std::sync::Arc::default(),
+    };
     match (method.clone(), rp.name.clone(), rp.subresource.as_deref()) {
         (Method::GET, None, _) if params.watch => {
             watch::serve(&ctx, rp.namespace.as_deref(), &params, wants_table(&req))

@@ -1,6 +1,7 @@
 //! Query parameters of list, watch, write and delete requests.
 
 use crate::error::{ApiError, ApiResult};
+use crate::prepare::FieldValidation;
 use crate::selector::{FieldSelector, LabelSelector};
 
 /// The parameters this server honours; unknown ones are ignored as Kubernetes does.
@@ -26,6 +27,8 @@ pub struct Params {
     pub continue_token: Option<String>,
     /// `dryRun=All`.
     pub dry_run: bool,
+    /// `fieldValidation` (`Ignore`, `Warn`, `Strict`).
+    pub field_validation: FieldValidation,
 }
 
 fn boolean(name: &str, v: &str) -> ApiResult<bool> {
@@ -71,6 +74,18 @@ pub fn parse(query: Option<&str>) -> ApiResult<Params> {
                 })?
             }
             "continue" if !v.is_empty() => p.continue_token = Some(v.into_owned()),
+            "fieldValidation" => {
+                p.field_validation = match v.as_ref() {
+                    "Ignore" => FieldValidation::Ignore,
+                    "Warn" | "" => FieldValidation::Warn,
+                    "Strict" => FieldValidation::Strict,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "fieldValidation parameter unsupported: {other}: expected Ignore, Warn or Strict"
+                        )));
+                    }
+                }
+            }
             "dryRun" => match v.as_ref() {
                 "All" => p.dry_run = true,
                 "" => {}
