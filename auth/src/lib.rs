@@ -31,6 +31,7 @@ pub mod method;
 pub mod service;
 pub mod session;
 pub mod tls;
+pub mod version;
 
 pub use client::{AccessTokenInterceptor, AuthParams, CallMetadata, ClientError, Credentials, PrincipalInfo};
 pub use error::AuthError;
@@ -45,3 +46,4 @@ pub use method::xfcc::XfccAuthenticator;
 pub use method::{AuthContext, AuthMethods, Authenticator};
 pub use service::{AuthObserver, AuthService, AuthServiceConfig, NewSession, SessionHook, VersionCheck};
 pub use session::{SessionIssuer, Sessions, SigningKey, TokenKind, TokenLifetimes};
+pub use version::{DEFAULT_MIN_AGENT_VERSION, ReleaseVersion};

@@ -5,11 +5,13 @@
 //! `Authenticate`, in upstream's order:
 //! 1. `mode` must be `managed` or `autonomous` (else `InvalidArgument`);
 //! 2. the method named by `method` runs (unknown method or failure: `Unauthenticated`);
-//! 3. version handshake: empty `version` is `InvalidArgument`, a different one
-//!    `FailedPrecondition` (upstream compares strings exactly);
+//! 3. version handshake ([`VersionCheck`]): an empty `version` is `InvalidArgument`, one outside
+//!    the policy `FailedPrecondition` (upstream compares strings exactly; by default we accept
+//!    upstream releases from a minimum on, see [`crate::version`]);
 //! 4. tokens are signed, then the [`SessionHook`] creates the principal's session (queues,
 //!    self-registration); its error is returned as is;
-//! 5. the response carries the tokens, the principal's version and namespace.
+//! 5. the response carries the tokens, the version answered (ours, or an upstream agent's own)
+//!    and the principal's namespace.
 //!
 //! Nothing reaches the hook unless every check passed, so a refused agent leaves no session.
 
@@ -26,6 +28,7 @@ use crate::error::AuthError;
 use crate::identity::{AgentIdentity, AgentMode, TransportIdentity};
 use crate::method::AuthContext;
 use crate::session::Sessions;
+pub use crate::version::VersionCheck;
 
 /// What the principal learns when an agent authenticates.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,20 +78,10 @@ impl SessionHook for () {
     }
 }
 
-/// How `Authenticate` compares the agent's version with the principal's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum VersionCheck {
-    /// Exact string equality, as upstream (an empty version is refused).
-    #[default]
-    Exact,
-    /// No check.
-    Skip,
-}
-
 /// The principal facts `Authenticate` reports and checks against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthServiceConfig {
-    /// The principal's version string (`AuthResponse.version`).
+    /// The principal's version string (`AuthResponse.version` for our own agents).
     pub principal_version: String,
     /// The principal's namespace (`AuthResponse.principalNamespace`).
     pub principal_namespace: String,
@@ -199,25 +192,6 @@ impl<H: SessionHook> AuthService<H> {
             observer.refused(method, reason);
         }
     }
-
-    fn check_version(&self, agent: &str) -> Result<(), Status> {
-        if self.config.version_check == VersionCheck::Skip {
-            return Ok(());
-        }
-        if agent.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "the agent sent no version; this principal is version {}",
-                self.config.principal_version
-            )));
-        }
-        if agent != self.config.principal_version {
-            return Err(Status::failed_precondition(format!(
-                "version mismatch: agent is {agent}, principal is {}",
-                self.config.principal_version
-            )));
-        }
-        Ok(())
-    }
 }
 
 #[tonic::async_trait]
@@ -241,7 +215,8 @@ impl<H: SessionHook> Authentication for AuthService<H> {
             self.refused(&req.method, failure_reason(&error));
             error.to_status()
         })?;
-        self.check_version(&req.version).inspect_err(|status| {
+        let answer_version = self.config.version_check.judge(&req.version, &self.config.principal_version);
+        let answer_version = answer_version.inspect_err(|status| {
             tracing::info!(agent = %identity.name(), ?remote_addr, error = status.message(), "authentication refused");
             let no_version = status.code() == tonic::Code::InvalidArgument;
             self.refused(&req.method, if no_version { "no_version" } else { "version_mismatch" });
@@ -280,7 +255,7 @@ impl<H: SessionHook> Authentication for AuthService<H> {
         Ok(Response::new(AuthResponse {
             access_token: tokens.access_token,
             refresh_token: tokens.refresh_token,
-            version: self.config.principal_version.clone(),
+            version: answer_version,
             principal_namespace: self.config.principal_namespace.clone(),
         }))
     }

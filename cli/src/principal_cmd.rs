@@ -70,6 +70,13 @@ pub struct Args {
     /// Lowest TLS version (tls1.2 or tls1.3).
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_MIN_VERSION", default_value = "tls1.3")]
     pub tls_min_version: String,
+    /// Version handshake on Authenticate: `compatible` (our agents and upstream agent releases
+    /// from --min-agent-version on), `exact` (upstream's rule: equal to ours) or `skip`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_VERSION_CHECK", default_value = "compatible")]
+    pub agent_version_check: String,
+    /// Oldest upstream agent release accepted by `--agent-version-check=compatible`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MIN_AGENT_VERSION", default_value_t = auth::DEFAULT_MIN_AGENT_VERSION.to_string())]
+    pub min_agent_version: String,
     /// Secret holding the JWT signing key.
     #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_SECRET_NAME", default_value = "argocd-agent-jwt")]
     pub jwt_secret_name: String,
@@ -167,6 +174,18 @@ pub struct Args {
     pub event_processors: Option<u32>,
 }
 
+/// `--agent-version-check` and `--min-agent-version`.
+fn version_check(args: &Args) -> anyhow::Result<auth::VersionCheck> {
+    Ok(match args.agent_version_check.as_str() {
+        "compatible" => {
+            auth::VersionCheck::Compatible { min: args.min_agent_version.parse().context("--min-agent-version")? }
+        }
+        "exact" => auth::VersionCheck::Exact,
+        "skip" => auth::VersionCheck::Skip,
+        other => anyhow::bail!("--agent-version-check {other:?}: use compatible, exact or skip"),
+    })
+}
+
 impl Args {
     /// Refuse flags whose feature is not implemented yet.
     ///
@@ -196,6 +215,7 @@ impl Args {
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
         }
+        version_check(self)?;
         if self.auth.is_empty() {
             anyhow::bail!(
                 "argocd-agent principal: --auth (ARGOCD_PRINCIPAL_AUTH) is required, e.g. --auth 'mtls:subject:CN=([^,]+)'"
@@ -424,7 +444,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             auth::AuthServiceConfig {
                 principal_version: VERSION.to_string(),
                 principal_namespace: args.namespace.clone(),
-                version_check: auth::VersionCheck::Exact,
+                version_check: version_check(&args)?,
             },
             // A refreshed session extends the agent's live stream.
             principal.session_hook(),

@@ -386,17 +386,62 @@ async fn wait_hub<T>(what: &str, mut check: impl AsyncFnMut() -> anyhow::Result<
     }
 }
 
+/// What a released upstream agent sends as `AuthRequest.version`: its bare build version (the
+/// `VERSION` file through `-X internal/version.version`), not `argocd-agent-<version>`.
+const UPSTREAM_AGENT_VERSION: &str = "0.10.0";
+
+/// Waits until the Go agent authenticated (it reports `authenticated` only when our answer
+/// passed its version check), or says how it was refused.
+async fn go_authenticated(go: &mut GoPeer, topo: &Topology) -> anyhow::Result<Value> {
+    let auth = go
+        .wait("authenticated", |r| {
+            ["authenticated", "auth_error", "version_refused"].contains(&r["kind"].as_str().unwrap_or(""))
+        })
+        .await?;
+    ensure!(auth["kind"] == "authenticated", "the Go agent did not get through: {auth}\n{}", topo.logs());
+    Ok(auth)
+}
+
 async fn start_go_agent(name: &str, mode: Mode) -> anyhow::Result<(Topology, GoPeer)> {
     let topo = Topology::start_without_agents(&[(name, mode)]).await?;
     let pki = Pki::of_kubeconfig(&topo.kubeconfig())?;
     let addr = topo.principal_addr().context("principal address")?;
     let mode_str = if mode == Mode::Managed { "managed" } else { "autonomous" };
-    let mut go = GoPeer::agent(&pki, name, addr, mode_str, OUR_VERSION)?;
-    let auth = go.wait("authenticated", |r| r["kind"] == "authenticated" || r["kind"] == "auth_error").await?;
-    ensure!(auth["kind"] == "authenticated", "our principal refused the Go agent: {auth}\n{}", topo.logs());
-    ensure!(auth["principal_version"] == OUR_VERSION, "{auth}");
+    let mut go = GoPeer::agent(&pki, name, addr, mode_str, UPSTREAM_AGENT_VERSION)?;
+    let auth = go_authenticated(&mut go, &topo).await?;
+    ensure!(auth["principal_version"] == UPSTREAM_AGENT_VERSION, "{auth}");
     go.wait("subscribed", |r| r["kind"] == "subscribed").await?;
     Ok((topo, go))
+}
+
+/// The version handshake as released upstream agents do it, against our principal's default
+/// `--agent-version-check=compatible`: v0.9.x, v0.10.x, later releases and dev builds send
+/// their bare version and get it back (the Go agent refuses any other answer, as upstream's
+/// exact comparison would), then stream; one older than the minimum, and one sending no
+/// version (releases before the handshake), are refused with upstream's status codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_agent_versions_against_our_principal() -> anyhow::Result<()> {
+    let name = "agent-gov";
+    let topo = Topology::start_without_agents(&[(name, Mode::Managed)]).await?;
+    let pki = Pki::of_kubeconfig(&topo.kubeconfig())?;
+    let addr = topo.principal_addr().context("principal address")?;
+    for version in ["0.9.0", "0.9.3", "0.10.0", "0.10.2", "0.11.0-rc1", "99.9.9-unreleased", OUR_VERSION] {
+        let mut go = GoPeer::agent(&pki, name, addr, "managed", version)?;
+        let auth = go_authenticated(&mut go, &topo).await.with_context(|| format!("agent version {version}"))?;
+        ensure!(auth["principal_version"] == version, "{version}: {auth}");
+        let info = go.wait("the Version answer", |r| r["kind"] == "version").await?;
+        ensure!(info["version"] == OUR_VERSION, "versionapi.Version reports our own version: {info}");
+        go.wait("subscribed", |r| r["kind"] == "subscribed").await?;
+        received(&mut go, EventType::RequestResourceResync, Target::ResourceResync, |_| true)
+            .await
+            .with_context(|| format!("agent version {version}"))?;
+    }
+    for (version, code) in [("0.8.9", "FailedPrecondition"), ("", "InvalidArgument"), ("main", "FailedPrecondition")] {
+        let mut go = GoPeer::agent(&pki, name, addr, "managed", version)?;
+        let refused = go.wait("auth_error", |r| r["kind"] == "auth_error" || r["kind"] == "authenticated").await?;
+        ensure!(refused["kind"] == "auth_error" && refused["code"] == code, "agent version {version:?}: {refused}");
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

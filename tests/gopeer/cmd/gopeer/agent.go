@@ -48,7 +48,7 @@ func runAgent(args []string) error {
 	certFile := fs.String("cert", "", "client certificate")
 	keyFile := fs.String("key", "", "client key")
 	mode := fs.String("mode", "managed", "managed or autonomous")
-	version := fs.String("version", "", "AuthRequest.version")
+	version := fs.String("version", "", "AuthRequest.version (empty: an agent from before the handshake)")
 	namespace := fs.String("namespace", "argocd", "AuthRequest.agentNamespace")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -76,6 +76,14 @@ func runAgent(args []string) error {
 	if err != nil {
 		st, _ := status.FromError(err)
 		out.report(map[string]any{"kind": "auth_error", "code": st.Code().String(), "message": st.Message()})
+		return nil
+	}
+	// An agent with the version handshake (upstream PR #757) sends its bare build version and
+	// takes the principal's AuthResponse.version as the principal's build version; its
+	// principal compares versions byte for byte, so this peer holds the answer to the same
+	// rule: anything but its own version ends the connection.
+	if *version != "" && resp.GetVersion() != *version {
+		out.report(map[string]any{"kind": "version_refused", "principal_version": resp.GetVersion(), "agent_version": *version})
 		return nil
 	}
 	out.report(map[string]any{"kind": "authenticated", "principal_version": resp.GetVersion(), "principal_namespace": resp.GetPrincipalNamespace()})
