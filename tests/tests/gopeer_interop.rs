@@ -317,6 +317,39 @@ async fn gopeer_codec_resync_checksums_match_go_encoding_json() -> anyhow::Resul
     Ok(())
 }
 
+/// The expected values in protocol/tests/checksum_vectors.json (which the protocol tests hold
+/// ours to) are what Go computes: none of them can be a wrong hand computation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_codec_checksum_vectors_are_what_go_computes() -> anyhow::Result<()> {
+    let path = tests::workspace_root().join("protocol/tests/checksum_vectors.json");
+    let vectors: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let mut go = GoPeer::codec().await?;
+    let sets = vectors["resource_sets"].as_array().context("resource_sets")?;
+    for (i, set) in sets.iter().enumerate() {
+        let go_sum = go.ask(&format!("k{i}"), json!({"cmd": "checksum", "keys": set["keys"]})).await?;
+        ensure!(
+            go_sum["checksum"] == set["checksum"],
+            "{}: Go computes {}, the vector says {}",
+            set["name"],
+            go_sum["checksum"],
+            set["checksum"]
+        );
+    }
+    let specs = vectors["specs"].as_array().context("specs")?;
+    for (i, spec) in specs.iter().enumerate() {
+        let go_sum = go.ask(&format!("s{i}"), json!({"cmd": "spec_checksum", "object": spec["object"]})).await?;
+        ensure!(
+            go_sum["checksum"] == spec["checksum"],
+            "{}: Go computes {}, the vector says {}",
+            spec["name"],
+            go_sum["checksum"],
+            spec["checksum"]
+        );
+    }
+    ensure!(sets.len() + specs.len() >= 8, "vectors missing from {}", path.display());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gopeer_generated_code_is_current() -> anyhow::Result<()> {
     // The committed .pb.go files record the hashes of the .proto files they were made from.

@@ -62,12 +62,35 @@ func specChecksum(raw json.RawMessage) ([]byte, error) {
 		return nil, fmt.Errorf("%s of %s is not an object", field, kind)
 	}
 	delete(m, "destination")
-	b, err := json.Marshal(m)
+	b, err := json.Marshal(unstructuredNumbers(m))
 	if err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(b)
 	return sum[:], nil
+}
+
+// unstructuredNumbers turns json.Numbers into what Kubernetes' unstructured JSON decoder makes
+// of them, int64 when integral and float64 otherwise, so encoding/json formats them itself.
+func unstructuredNumbers(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, e := range t {
+			t[k] = unstructuredNumbers(e)
+		}
+	case []any:
+		for i, e := range t {
+			t[i] = unstructuredNumbers(e)
+		}
+	case json.Number:
+		if i, err := t.Int64(); err == nil {
+			return i
+		}
+		if f, err := t.Float64(); err == nil {
+			return f
+		}
+	}
+	return v
 }
 
 func hexOrNil(b []byte) any {
