@@ -52,6 +52,8 @@ impl Setup {
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", ARGOCD_NS, "--auth", auth])
             .args(["--listen-host", "127.0.0.1", "--listen-port", "0", "--log-level", "debug"])
+            // Free loopback ports: the defaults (8000, 0.0.0.0:8003) collide between tests.
+            .args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
             .arg("--insecure-jwt-generate")
             .arg("--kubeconfig")
             .arg(hub.kubeconfig_path())
@@ -80,6 +82,7 @@ impl Setup {
         cmd.args(["agent", "--agent-mode", "managed", "--server-address", "127.0.0.1"])
             .args(["--server-port", &self.principal_port.to_string(), "--creds", creds])
             .args(["--namespace", ARGOCD_NS, "--log-level", "debug"])
+            .args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
             .arg("--kubeconfig")
             .arg(self.spoke.kubeconfig_path())
             .env("NO_COLOR", "1")
