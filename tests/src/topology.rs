@@ -702,6 +702,15 @@ impl Topology {
         Ok(())
     }
 
+    /// The running principal's log lines (stderr) containing `needle`.
+    #[must_use]
+    pub fn principal_log_lines(&self, needle: &str) -> Vec<String> {
+        self.principal
+            .as_ref()
+            .map(|p| p.stderr().lines().filter(|l| l.contains(needle)).map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
     /// How many times the principal has logged `agent connected` for `agent`.
     #[must_use]
     pub fn principal_connects(&self, agent: &str) -> usize {

@@ -401,3 +401,34 @@ async fn realkube_principal_creates_the_autonomous_agents_namespace() -> Result<
     wait_app(&t, &hub, "first", "the autonomous app reaches the created namespace", path_is("v1")).await?;
     Ok(())
 }
+
+/// The hub's kube-apiserver restarts (etcd keeps the state): its new watch cache starts at the
+/// current resourceVersion, so the principal's watches, resumed from where they were, are told
+/// `410 Gone` ("too old resource version") and must list again. Nothing is lost: changes made
+/// right after the restart reach the spoke, and a hub edit of the spoke's status is not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_hub_apiserver_restart_410_and_relist() -> Result<()> {
+    let mut t = Topology::start_on(&[("rg1", Mode::Managed)], Clusters::REAL, true).await?;
+    let hub = apps(&t.hub(), "rg1");
+    let spoke = apps(&t.spoke("rg1")?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &app("before", "rg1", "v1")?).await?;
+    wait_app(&t, &spoke, "before", "initial sync", path_is("v1")).await?;
+    // Move the hub's resourceVersion on, so the resumed watches are behind the new cache.
+    for i in 0..20 {
+        hub.create(&PostParams::default(), &app(&format!("filler-{i}"), "rg1", "v1")?).await?;
+    }
+    wait_app(&t, &spoke, "filler-19", "the fillers cross", path_is("v1")).await?;
+    t.kill_hub()?;
+    t.restart_hub().await?;
+    set_path(&hub, "before", "v2").await?;
+    hub.create(&PostParams::default(), &app("after", "rg1", "v1")?).await?;
+    wait_app(&t, &spoke, "before", "an update right after the restart", path_is("v2")).await?;
+    wait_app(&t, &spoke, "after", "a create right after the restart", path_is("v1")).await?;
+    let gone = t.principal_log_lines("too old resource version");
+    eprintln!("principal log lines with a 410 after the restart: {}", gone.len());
+    for line in gone.iter().take(3) {
+        eprintln!("  {line}");
+    }
+    ensure!(!gone.is_empty(), "the restart did not make any principal watch resume from an expired resourceVersion");
+    Ok(())
+}
