@@ -121,6 +121,41 @@ impl ApiError {
         e
     }
 
+    /// 422 Invalid without field causes (a JSON patch that cannot be applied), as Kubernetes
+    /// answers it.
+    pub fn invalid_patch(message: impl Into<String>) -> Self {
+        Self::new(422, "Invalid", message)
+    }
+
+    /// 422 Invalid for a query parameter out of its allowed values.
+    pub fn unsupported_parameter(param: &str, value: &str, supported: &[&str]) -> Self {
+        let listed = supported.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ");
+        let cause = format!("Unsupported value: \"{value}\": supported values: {listed}");
+        let mut e = Self::new(422, "Invalid", format!("{param}: {cause}"));
+        e.details = Some(Box::new(Details { causes: vec![(param.to_string(), cause)], ..Details::default() }));
+        e
+    }
+
+    /// 403 for a create in a namespace being deleted, with Kubernetes' `NamespaceTerminating`
+    /// cause.
+    pub fn namespace_terminating(group: &str, resource: &str, name: &str, namespace: &str) -> Self {
+        let mut e = Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                qualified(group, resource)
+            ),
+        );
+        e.details = Some(Box::new(Details {
+            name: name.to_string(),
+            group: group.to_string(),
+            kind: resource.to_string(),
+            causes: vec![("metadata.namespace".into(), format!("namespace {namespace} is being terminated"))],
+        }));
+        e
+    }
+
     /// 500: something broke inside the server (storage I/O). Never used for bad input.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
@@ -149,7 +184,13 @@ impl ApiError {
             "code": self.code,
         });
         if let Some(d) = &self.details {
-            let mut details = json!({ "name": d.name, "kind": d.kind });
+            let mut details = json!({});
+            if !d.name.is_empty() {
+                details["name"] = json!(d.name);
+            }
+            if !d.kind.is_empty() {
+                details["kind"] = json!(d.kind);
+            }
             if !d.group.is_empty() {
                 details["group"] = json!(d.group);
             }

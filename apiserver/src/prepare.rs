@@ -95,6 +95,7 @@ impl<'a> Target<'a> {
             let had = crate::schema::prune_resource(&mut old.clone(), schema);
             unknown.retain(|u| !had.contains(u));
         }
+        unknown.sort();
         if !unknown.is_empty() {
             let each = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect::<Vec<_>>();
             match self.field_validation {
@@ -121,6 +122,16 @@ impl<'a> Target<'a> {
 
     fn check_type(&self, obj: &mut Value) -> ApiResult<()> {
         let want_av = self.rtype.api_version(self.version);
+        // A custom resource of another kind is a 422 naming `kind`, as the CRD handler answers
+        // (another apiVersion, or any mismatch for built-in kinds, fails to decode: 400).
+        if self.rtype.is_custom()
+            && obj.get("apiVersion").and_then(Value::as_str) == Some(want_av.as_str())
+            && let Some(have) =
+                obj.get("kind").and_then(Value::as_str).filter(|k| !k.is_empty() && *k != self.rtype.kind)
+        {
+            let cause = format!("Invalid value: \"{have}\": must be {}", self.rtype.kind);
+            return Err(self.invalid(meta_str(obj, "name"), vec![("kind".to_string(), cause)]));
+        }
         match obj.get("apiVersion").and_then(Value::as_str) {
             None | Some("") => obj["apiVersion"] = json!(want_av),
             Some(av) if av == want_av => {}
@@ -269,6 +280,9 @@ pub fn create(t: Target<'_>, mut obj: Value) -> ApiResult<(Value, String)> {
     if !t.rtype.is_namespace() && !matches!(t.rtype.plural.as_str(), "secrets" | "configmaps" | "events" | "leases") {
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
+    if t.rtype.is_namespace() {
+        namespace_defaults(&mut obj, &name);
+    }
     if let Some(root) = obj.as_object_mut() {
         if t.rtype.is_namespace() {
             root.insert("status".into(), json!({"phase": "Active"}));
@@ -281,6 +295,22 @@ pub fn create(t: Target<'_>, mut obj: Value) -> ApiResult<(Value, String)> {
         }
     }
     Ok((obj, name))
+}
+
+/// What kube-apiserver adds to every Namespace: the `kubernetes.io/metadata.name` label (always
+/// its name) and the `kubernetes` finalizer in `spec` (the namespace controller's).
+fn namespace_defaults(obj: &mut Value, name: &str) {
+    let meta = meta_mut(obj);
+    if !meta.get("labels").is_some_and(Value::is_object) {
+        meta.insert("labels".into(), json!({}));
+    }
+    meta["labels"]["kubernetes.io/metadata.name"] = json!(name);
+    if !obj["spec"]["finalizers"].is_array() {
+        if !obj.get("spec").is_some_and(Value::is_object) {
+            obj["spec"] = json!({});
+        }
+        obj["spec"]["finalizers"] = json!(["kubernetes"]);
+    }
 }
 
 /// Which part of the object a write addresses.
@@ -370,6 +400,22 @@ pub fn update(t: Target<'_>, existing: &Value, mut obj: Value, part: Part) -> Ap
             obj
         }
     };
+    if t.rtype.is_namespace() && part == Part::Main {
+        namespace_defaults(&mut new, &name);
+    }
+    if is_deleting(existing) {
+        let old = finalizers(existing);
+        let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !old.contains(f)).collect();
+        if !added.is_empty() {
+            return Err(t.invalid(
+                &name,
+                vec![(
+                    "metadata.finalizers".into(),
+                    format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                )],
+            ));
+        }
+    }
     t.validate(&new)?;
     if part == Part::Main
         && spec_changed(existing, &new)
@@ -448,7 +494,13 @@ pub fn delete(t: Target<'_>, existing: &Value, pre: &DeletePreconditions) -> Api
         let mut marked = existing.clone();
         let meta = meta_mut(&mut marked);
         meta.insert("deletionTimestamp".into(), json!(now_rfc3339()));
-        meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        if !t.rtype.is_namespace() {
+            meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        }
+        // Setting deletionTimestamp is a change of the object's desired state.
+        if let Some(g) = meta.get("generation").and_then(Value::as_i64).filter(|g| *g > 0) {
+            meta.insert("generation".into(), json!(g + 1));
+        }
         if t.rtype.is_namespace() {
             marked["status"] = json!({"phase": "Terminating"});
         }
@@ -480,8 +532,11 @@ mod tests {
         assert_eq!(obj["metadata"]["namespace"], "argocd");
         assert_ne!(obj["metadata"]["uid"], "mine");
         assert_eq!(obj["metadata"]["generation"], 1);
-        let wrong_kind = create(target(&t), json!({"kind": "AppProject", "metadata": {"name": "a"}}));
-        assert_eq!(wrong_kind.err().map(|e| e.code), Some(400));
+        let wrong_kind = create(
+            target(&t),
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject", "metadata": {"name": "a"}}),
+        );
+        assert_eq!(wrong_kind.err().map(|e| e.code), Some(422), "a custom resource of another kind is Invalid");
         let wrong_ns = create(target(&t), json!({"metadata": {"name": "a", "namespace": "other"}}));
         assert_eq!(wrong_ns.err().map(|e| e.code), Some(400));
         let bad_name = create(target(&t), json!({"metadata": {"name": "Not_Valid"}}));

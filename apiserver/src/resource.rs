@@ -77,6 +77,12 @@ impl ResourceType {
         self.group.is_empty() && self.plural == "namespaces"
     }
 
+    /// Whether objects of this type are custom resources (defined by a CRD), not built in.
+    #[must_use]
+    pub fn is_custom(&self) -> bool {
+        !matches!(self.group.as_str(), "" | "coordination.k8s.io" | "apiextensions.k8s.io")
+    }
+
     /// The CRD type check.
     #[must_use]
     pub fn is_crd(&self) -> bool {

@@ -274,10 +274,24 @@ fn validate(v: &Value, schema: &Value, path: &str, causes: &mut Vec<Cause>) {
     let int_or_string = schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if int_or_string {
         if !matches!(json_type(v), "integer" | "string") {
+            let have = json_type(v);
             causes.push((
                 path.to_string(),
-                format!("Invalid value: {}: {path} in body must be of type integer,string: {}", quoted(v), quoted(v)),
+                format!("Invalid value: \"{have}\": {path} in body must be of type integer,string: \"{have}\""),
             ));
+            // As kube-openapi: the anyOf as a whole, then its first branch.
+            if let Some(first) = schema.get("anyOf").and_then(Value::as_array).and_then(|a| a.first()) {
+                causes.push((
+                    "<nil>".to_string(),
+                    format!("Invalid value: \"\": \"{path}\" must validate at least one schema (anyOf)"),
+                ));
+                if let Some(t) = first.get("type").and_then(Value::as_str) {
+                    causes.push((
+                        path.to_string(),
+                        format!("Invalid value: \"{have}\": {path} in body must be of type {t}: \"{have}\""),
+                    ));
+                }
+            }
             return;
         }
     } else if let Some(want) = schema.get("type").and_then(Value::as_str)
@@ -434,6 +448,8 @@ pub fn cause_reason(message: &str) -> &'static str {
         "FieldValueDuplicate"
     } else if message.starts_with("Forbidden") {
         "FieldValueForbidden"
+    } else if message.starts_with("namespace ") && message.ends_with(" is being terminated") {
+        "NamespaceTerminating"
     } else if message.starts_with("Invalid value") && message.contains(" in body must be of type ") {
         "FieldValueTypeInvalid"
     } else {
@@ -515,6 +531,8 @@ mod tests {
         assert_eq!(
             got,
             [
+                ("<nil>", "FieldValueInvalid"),
+                ("spec.count", "FieldValueTypeInvalid"),
                 ("spec.count", "FieldValueTypeInvalid"),
                 ("spec.items[0].x", "FieldValueTypeInvalid"),
                 ("spec.labels[a]", "FieldValueTypeInvalid"),

@@ -475,12 +475,13 @@ async fn malformed_and_hostile_requests_get_status_codes() -> Result<()> {
         ("bad JSON", coll.into(), "application/json", b"{\"metadata\":".to_vec(), 400, "BadRequest"),
         ("not an object", coll.into(), "application/json", b"[1,2]".to_vec(), 400, "BadRequest"),
         (
+            // A custom resource of another kind is a 422 naming `kind`, as kube-apiserver answers.
             "wrong kind",
             coll.into(),
             "application/json",
             br#"{"apiVersion":"argoproj.io/v1alpha1","kind":"AppProject","metadata":{"name":"a"}}"#.to_vec(),
-            400,
-            "BadRequest",
+            422,
+            "Invalid",
         ),
         (
             "wrong apiVersion",

@@ -113,7 +113,7 @@ pub(crate) async fn create(ctx: &Ctx, content_type: &str, body: &[u8]) -> ApiRes
     let obj = prepare::decode_body(body, content_type)?;
     let (obj, name) = prepare::create(ctx.target(), obj)?;
     if ctx.rtype.namespaced {
-        check_namespace_open(ctx)?;
+        check_namespace_open(ctx, &name)?;
     }
     let (group, resource) = (ctx.rtype.group.clone(), ctx.rtype.plural.clone());
     let n = name.clone();
@@ -129,16 +129,13 @@ pub(crate) async fn create(ctx: &Ctx, content_type: &str, body: &[u8]) -> ApiRes
     Ok(ctx.respond(StatusCode::CREATED, applied.object()))
 }
 
-fn check_namespace_open(ctx: &Ctx) -> ApiResult<()> {
+fn check_namespace_open(ctx: &Ctx, name: &str) -> ApiResult<()> {
     let ns_gr = GroupResource::new("", "namespaces");
     match ctx.state.store.get(&ns_gr, "", &ctx.namespace) {
         None => Err(ApiError::not_found("", "namespaces", &ctx.namespace)),
-        Some(ns) if is_deleting(&ns) => Err(ApiError::forbidden(format!(
-            "{} \"{}\" is forbidden: unable to create new content in namespace {} because it is being terminated",
-            ctx.rtype.plural,
-            meta_str(&ns, "name"),
-            ctx.namespace
-        ))),
+        Some(ns) if is_deleting(&ns) => {
+            Err(ApiError::namespace_terminating(&ctx.rtype.group, &ctx.rtype.plural, name, &ctx.namespace))
+        }
         Some(_) => Ok(()),
     }
 }
@@ -193,14 +190,8 @@ fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body:
             let p: json_patch::Patch = serde_json::from_value(parse("JSON")?).map_err(|e| {
                 ApiError::bad_request(format!("the JSON patch is not a list of RFC 6902 operations: {e}"))
             })?;
-            json_patch::patch(&mut doc, &p).map_err(|e| {
-                ApiError::invalid(
-                    &rtype.group,
-                    &rtype.kind,
-                    meta_str(existing, "name"),
-                    vec![("patch".into(), e.to_string())],
-                )
-            })?;
+            json_patch::patch(&mut doc, &p)
+                .map_err(|e| ApiError::invalid_patch(format!("the JSON patch cannot be applied: {e}")))?;
         }
         "application/strategic-merge-patch+json" => {
             let Some(kind) = strategic_kind(rtype) else {
@@ -254,6 +245,22 @@ pub(crate) async fn patch(
 pub(crate) async fn delete(ctx: &Ctx, name: &str, body: &[u8]) -> ApiResult<Response> {
     let pre = prepare::delete_options(body)?;
     let applied = delete_one(ctx, name, pre).await?;
+    // Kubernetes answers an immediate delete with a Success Status, except for the kinds whose
+    // storage returns the deleted object (pods, services); a delete that only marks the object
+    // (finalizers, namespaces) answers with the object.
+    let returns_object = ctx.rtype.group.is_empty() && matches!(ctx.rtype.plural.as_str(), "pods" | "services");
+    if let Applied::Deleted(obj) = &applied
+        && !returns_object
+        && !ctx.dry_run
+    {
+        let mut details = json!({"name": name, "kind": ctx.rtype.plural, "uid": meta_str(obj, "uid")});
+        if !ctx.rtype.group.is_empty() {
+            details["group"] = json!(ctx.rtype.group);
+        }
+        let status =
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details});
+        return Ok(json_response(StatusCode::OK, serde_json::to_vec(&status).unwrap_or_default()));
+    }
     Ok(ctx.respond(StatusCode::OK, applied.object()))
 }
 

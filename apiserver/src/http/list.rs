@@ -91,7 +91,10 @@ pub(crate) fn serve(ctx: &Ctx, namespace: Option<&str>, params: &Params, as_tabl
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if let Some(c) = &continue_token {
         meta["continue"] = json!(c);
-        meta["remainingItemCount"] = json!(remaining);
+        // As Kubernetes: a selected list cannot know how many of the rest match, so no count.
+        if params.labels.is_none() && params.fields.is_none() {
+            meta["remainingItemCount"] = json!(remaining);
+        }
     }
     out.extend_from_slice(
         format!(

@@ -80,9 +80,11 @@ pub fn parse(query: Option<&str>) -> ApiResult<Params> {
                     "Warn" | "" => FieldValidation::Warn,
                     "Strict" => FieldValidation::Strict,
                     other => {
-                        return Err(ApiError::bad_request(format!(
-                            "fieldValidation parameter unsupported: {other}: expected Ignore, Warn or Strict"
-                        )));
+                        return Err(ApiError::unsupported_parameter(
+                            "fieldValidation",
+                            other,
+                            &["Ignore", "Strict", "Warn"],
+                        ));
                     }
                 }
             }
