@@ -414,7 +414,7 @@ fn validate_object(map: &Map<String, Value>, schema: &Value, path: &str, causes:
     if embedded(schema) {
         // An embedded resource needs apiVersion and kind (its metadata is an ObjectMeta).
         for k in ["apiVersion", "kind"] {
-            if !map.get(k).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+            if map.get(k).and_then(Value::as_str).is_none_or(str::is_empty) {
                 causes.push((child(path, k), "Required value: must not be empty".to_string()));
             }
         }

@@ -31,8 +31,8 @@ const CONFIGMAPS: &str = "/api/v1/namespaces/conformance/configmaps";
 
 /// One of the two servers under test.
 enum Backend {
-    Real(RealCluster),
-    Embedded(ApiServerProcess),
+    Real(Box<RealCluster>),
+    Embedded(Box<ApiServerProcess>),
 }
 
 struct Server {
@@ -246,7 +246,9 @@ async fn start_servers() -> Result<(Server, Server)> {
     let (real, embedded) = tokio::join!(RealCluster::start(), ApiServerProcess::start());
     let (real, embedded) = (real?, embedded?);
     let mut servers = Vec::new();
-    for (name, backend) in [("real", Backend::Real(real)), ("embedded", Backend::Embedded(embedded))] {
+    for (name, backend) in
+        [("real", Backend::Real(Box::new(real))), ("embedded", Backend::Embedded(Box::new(embedded)))]
+    {
         let kubectl = match &backend {
             Backend::Real(c) => c.kubectl()?,
             Backend::Embedded(e) => e.kubectl()?,
