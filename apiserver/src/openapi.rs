@@ -1,7 +1,9 @@
 //! OpenAPI v3 documents: enough for kubectl to find each kind, see that the server validates
 //! fields itself (`fieldValidation` on PATCH), and skip client-side schema validation.
 //!
-//! Every schema preserves unknown fields: this server does not prune, and says so.
+//! Every schema here preserves unknown fields, so kubectl validates nothing itself: the server
+//! prunes and validates custom resources by their CRD's schema ([`crate::schema`]) and answers
+//! `fieldValidation=Strict` as kube-apiserver does.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};
