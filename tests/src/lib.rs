@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
+pub mod apps;
 pub mod bench;
 pub mod bin_path;
 pub mod consistency;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tests::apps::{gone, health_is, path_is, wait_object};
 use tests::faultproxy::{Direction, FaultProxy, Side};
 use tests::fixtures::application_resource;
 use tests::topology::{ARGOCD_NS, Mode, Topology};
@@ -37,26 +38,7 @@ async fn wait_app(
     what: &str,
     check: impl Fn(Option<&Value>) -> bool,
 ) -> Result<()> {
-    let r = wait_until_async(CONVERGE, what, || async {
-        match api.get_opt(name).await {
-            Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
-            Err(_) => false,
-        }
-    })
-    .await;
-    r.with_context(|| context(t, proxy))
-}
-
-fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
-    move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)
-}
-
-fn health_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
-    move |o| o.is_some_and(|o| o["status"]["health"]["status"] == expected)
-}
-
-fn gone(o: Option<&Value>) -> bool {
-    o.is_none()
+    wait_object(api, name, CONVERGE, what, check, || context(t, proxy)).await
 }
 
 async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> Result<()> {

@@ -10,23 +10,11 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tests::fixtures::{application_resource, dynamic};
+use tests::apps::{apps, gone, path_is, set_path, wait_object};
 use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology};
 use tests::wait_until_async;
 
 const CONVERGE: Duration = Duration::from_secs(60);
-
-fn apps(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &application_resource())
-}
-
-fn projects(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    let ar = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
-        "appprojects",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
 
 fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
     tests::fixtures::app_with_path(name, ns, path)
@@ -39,27 +27,7 @@ async fn wait_app(
     what: &str,
     check: impl Fn(Option<&Value>) -> bool,
 ) -> Result<()> {
-    let r = wait_until_async(CONVERGE, what, || async {
-        match api.get_opt(name).await {
-            Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
-            Err(_) => false,
-        }
-    })
-    .await;
-    r.with_context(|| t.logs())
-}
-
-fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
-    move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)
-}
-
-fn gone(o: Option<&Value>) -> bool {
-    o.is_none()
-}
-
-async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> Result<()> {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": path}}}))).await?;
-    Ok(())
+    wait_object(api, name, CONVERGE, what, check, || t.logs()).await
 }
 
 /// A round trip through the agent's stream: `object` is created on `from`, reaches `to`, gets a
@@ -226,40 +194,6 @@ async fn realkube_autonomous_lifecycle_and_reverts() -> Result<()> {
 
     spoke.delete("svc", &DeleteParams::default()).await?;
     wait_app(&t, &hub, "svc", "delete reaches the hub", gone).await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn realkube_appprojects_reach_matching_managed_agents() -> Result<()> {
-    let t = Topology::start_on(&[("rp1", Mode::Managed)], Clusters::REAL, true).await?;
-    let hub = projects(&t.hub(), ARGOCD_NS);
-    let spoke = projects(&t.spoke("rp1")?, ARGOCD_NS);
-    let project = |name: &str, dest: &str, description: &str| {
-        dynamic(json!({
-            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
-            "metadata": {"name": name, "namespace": ARGOCD_NS},
-            "spec": {
-                "description": description,
-                "sourceRepos": ["*"],
-                "sourceNamespaces": [dest],
-                "destinations": [{"name": dest, "namespace": "*", "server": "*"}],
-            },
-        }))
-    };
-    hub.create(&PostParams::default(), &project("team", "rp*", "first")?).await?;
-    hub.create(&PostParams::default(), &project("other", "elsewhere", "not for rp1")?).await?;
-    wait_app(&t, &spoke, "team", "a matching project reaches the agent", |o| {
-        o.is_some_and(|o| o["spec"]["description"] == "first")
-    })
-    .await?;
-    hub.patch("team", &PatchParams::default(), &Patch::Merge(json!({"spec": {"description": "second"}}))).await?;
-    wait_app(&t, &spoke, "team", "a project update reaches the agent", |o| {
-        o.is_some_and(|o| o["spec"]["description"] == "second")
-    })
-    .await?;
-    ensure!(spoke.get_opt("other").await?.is_none(), "a project that does not match the agent stays on the hub");
-    hub.delete("team", &DeleteParams::default()).await?;
-    wait_app(&t, &spoke, "team", "a project delete reaches the agent", gone).await?;
     Ok(())
 }
 

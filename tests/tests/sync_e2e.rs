@@ -7,15 +7,12 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tests::fixtures::{application_resource, dynamic};
+use tests::apps::{apps, gone, path_is, projects, set_path, wait_object};
+use tests::fixtures::dynamic;
 use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
 use tests::wait_until_async;
 
 const CONVERGE: Duration = Duration::from_secs(45);
-
-fn apps(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &application_resource())
-}
 
 fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
     tests::fixtures::app_with_path(name, ns, path)
@@ -29,27 +26,7 @@ async fn wait_app(
     what: &str,
     check: impl Fn(Option<&Value>) -> bool,
 ) -> Result<()> {
-    let r = wait_until_async(CONVERGE, what, || async {
-        match api.get_opt(name).await {
-            Ok(o) => check(o.map(|o| serde_json::to_value(o).unwrap_or_default()).as_ref()),
-            Err(_) => false,
-        }
-    })
-    .await;
-    r.with_context(|| t.logs())
-}
-
-fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
-    move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)
-}
-
-fn gone(o: Option<&Value>) -> bool {
-    o.is_none()
-}
-
-async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> Result<()> {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": path}}}))).await?;
-    Ok(())
+    wait_object(api, name, CONVERGE, what, check, || t.logs()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,14 +142,6 @@ async fn principal_restart_converges_both_modes() -> Result<()> {
     Ok(())
 }
 
-fn projects(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
-    let ar = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
-        "appprojects",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn managed_cascade_delete_waits_for_the_spoke_finalizer() -> Result<()> {
     const FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
@@ -200,9 +169,21 @@ async fn managed_cascade_delete_waits_for_the_spoke_finalizer() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appprojects_reach_matching_managed_agents() -> Result<()> {
-    let t = Topology::start(&[("m5", Mode::Managed)]).await?;
+    appprojects_reach_matching_agents("m5", Clusters::default()).await
+}
+
+/// The same with the hub and the spoke on real kube-apiservers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_appprojects_reach_matching_managed_agents() -> Result<()> {
+    appprojects_reach_matching_agents("rp5", Clusters::REAL).await
+}
+
+/// A project whose destinations match the agent (`<first letter>*`) reaches it, follows updates
+/// and deletes; one for elsewhere stays on the hub.
+async fn appprojects_reach_matching_agents(agent: &str, clusters: Clusters) -> Result<()> {
+    let t = Topology::start_on(&[(agent, Mode::Managed)], clusters, true).await?;
     let hub = projects(&t.hub(), ARGOCD_NS);
-    let spoke = projects(&t.spoke("m5")?, ARGOCD_NS);
+    let spoke = projects(&t.spoke(agent)?, ARGOCD_NS);
     let project = |name: &str, dest: &str, description: &str| {
         dynamic(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
@@ -215,8 +196,9 @@ async fn appprojects_reach_matching_managed_agents() -> Result<()> {
             },
         }))
     };
-    hub.create(&PostParams::default(), &project("team", "m*", "first")?).await?;
-    hub.create(&PostParams::default(), &project("other", "elsewhere", "not for m5")?).await?;
+    let pattern = format!("{}*", &agent[..1]);
+    hub.create(&PostParams::default(), &project("team", &pattern, "first")?).await?;
+    hub.create(&PostParams::default(), &project("other", "elsewhere", "not for this agent")?).await?;
     wait_app(&t, &spoke, "team", "a matching project reaches the agent", |o| {
         o.is_some_and(|o| o["spec"]["description"] == "first")
     })
