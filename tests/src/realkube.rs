@@ -37,23 +37,28 @@ const START: Duration = Duration::from_secs(90);
 /// Where Argo CD's CRDs are read from (never copied into this repository).
 pub const ARGOCD_CRDS_DIR_ENV: &str = "ARGOCD_CRDS_DIR";
 
-/// Argo CD v3.5.1's CRDs: `$ARGOCD_CRDS_DIR`, else `../shared/data/argocd-crds-v3.5.1` beside
-/// the workspace.
+/// Argo CD v3.5.1's CRDs: `$ARGOCD_CRDS_DIR`, else `shared/data/argocd-crds-v3.5.1` in the
+/// nearest directory above the workspace that has it (`../shared/data/...` for a clone beside
+/// the shared data).
 ///
 /// # Errors
 /// The directory does not exist (the message says where it was looked for).
 pub fn argocd_crds_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::var_os(ARGOCD_CRDS_DIR_ENV).map_or_else(
-        || workspace_root().join("..").join("shared").join("data").join("argocd-crds-v3.5.1"),
-        PathBuf::from,
-    );
-    if !dir.is_dir() {
-        bail!(
-            "Argo CD v3.5.1's CRDs are not at {} (set {ARGOCD_CRDS_DIR_ENV} to the directory holding them)",
-            dir.display()
-        );
+    if let Some(dir) = std::env::var_os(ARGOCD_CRDS_DIR_ENV) {
+        let dir = PathBuf::from(dir);
+        if !dir.is_dir() {
+            bail!("{ARGOCD_CRDS_DIR_ENV}={} is not a directory", dir.display());
+        }
+        return Ok(dir);
     }
-    Ok(dir)
+    let root = workspace_root();
+    let tail = Path::new("shared").join("data").join("argocd-crds-v3.5.1");
+    root.ancestors().skip(1).map(|a| a.join(&tail)).find(|d| d.is_dir()).with_context(|| {
+        format!(
+            "Argo CD v3.5.1's CRDs are not in {} or any directory above it (set {ARGOCD_CRDS_DIR_ENV} to the directory holding them)",
+            root.join("..").join(&tail).display()
+        )
+    })
 }
 
 /// A free loopback port (bound and released; a start that loses the race is retried).
