@@ -139,7 +139,6 @@ pub struct RealCluster {
     apiserver: ChildProcess,
     etcd: ChildProcess,
     launch: Launch,
-    client: kube::Client,
     url: String,
     kubeconfig: PathBuf,
     ca_pem: String,
@@ -189,31 +188,33 @@ impl RealCluster {
                 }
             };
             let (mut etcd, etcd_url) = etcd;
+            // The admin kubeconfig first: the readiness probe and the tests use the same client.
+            let port = free_port()?;
+            let url = format!("https://127.0.0.1:{port}");
+            let kubeconfig = dir.path().join("admin.kubeconfig");
+            write_kubeconfig(
+                &kubeconfig,
+                &url,
+                &ca_pem,
+                &json!({
+                    "client-certificate-data": b64(&std::fs::read(&pki.admin_crt)?),
+                    "client-key-data": b64(&std::fs::read(&pki.admin_key)?),
+                }),
+            )?;
+            let (_, client) = client_from_kubeconfig(&kubeconfig).await?;
             let launch = Launch {
                 bin: apiserver_bin.clone(),
                 dir: dir.path().to_path_buf(),
                 pki: pki.clone(),
                 etcd_url,
                 options: options.clone(),
-                port: free_port()?,
+                port,
+                client,
                 starts: attempt,
             };
             match launch.start().await {
                 Ok(apiserver) => {
-                    let port = launch.port;
-                    let url = format!("https://127.0.0.1:{port}");
-                    let kubeconfig = dir.path().join("admin.kubeconfig");
-                    write_kubeconfig(
-                        &kubeconfig,
-                        &url,
-                        &ca_pem,
-                        &json!({
-                            "client-certificate-data": b64(&std::fs::read(&pki.admin_crt)?),
-                            "client-key-data": b64(&std::fs::read(&pki.admin_key)?),
-                        }),
-                    )?;
-                    let (_, client) = client_from_kubeconfig(&kubeconfig).await?;
-                    return Ok(Self { apiserver, etcd, launch, client, url, kubeconfig, ca_pem, dir });
+                    return Ok(Self { apiserver, etcd, launch, url, kubeconfig, ca_pem, dir });
                 }
                 Err(e) => {
                     etcd.sigkill().ok();
@@ -239,7 +240,7 @@ impl RealCluster {
     /// The admin client.
     #[must_use]
     pub fn client(&self) -> kube::Client {
-        self.client.clone()
+        self.launch.client.clone()
     }
 
     /// A scratch directory living as long as the cluster.
@@ -313,7 +314,7 @@ impl RealCluster {
         let mut poll = Poller::new(START, "argoproj.io/v1alpha1 to be served");
         loop {
             let req = http::Request::get("/apis/argoproj.io/v1alpha1").body(Vec::new())?;
-            if let Ok(text) = self.client.request_text(req).await
+            if let Ok(text) = self.launch.client.request_text(req).await
                 && text.contains("\"applications\"")
                 && text.contains("\"appprojects\"")
             {
@@ -372,6 +373,7 @@ impl RealCluster {
             .header("content-type", "application/json")
             .body(serde_json::to_vec(&body)?)?;
         let answer: serde_json::Value = self
+            .launch
             .client
             .request(req)
             .await
@@ -468,7 +470,6 @@ async fn start_etcd(bin: &Path, dir: &Path, attempt: u32) -> anyhow::Result<(Chi
 }
 
 /// How kube-apiserver is started, kept to start it again on the same port.
-#[derive(Debug)]
 struct Launch {
     bin: PathBuf,
     dir: PathBuf,
@@ -476,6 +477,8 @@ struct Launch {
     etcd_url: String,
     options: RealClusterOptions,
     port: u16,
+    /// The admin client of this port (the readiness probe's and the tests').
+    client: kube::Client,
     starts: u32,
 }
 
@@ -503,26 +506,15 @@ impl Launch {
             .arg("--allow-privileged=true")
             .args(&self.options.apiserver_args);
         let mut apiserver = ChildProcess::spawn(&format!("kube-apiserver#{}", self.starts), cmd)?;
-        match wait_readyz(&mut apiserver, port, pki).await {
+        match wait_readyz(&mut apiserver, &self.client).await {
             Ok(()) => Ok(apiserver),
             Err(e) => Err(e.context(format!("kube-apiserver did not become ready\n{}", apiserver.log_tail(40)))),
         }
     }
 }
 
-/// Polls `/readyz` with the admin certificate until it answers `ok`.
-async fn wait_readyz(process: &mut ChildProcess, port: u16, pki: &Pki) -> anyhow::Result<()> {
-    let kubeconfig = pki.ca_crt.with_file_name("readyz.kubeconfig");
-    write_kubeconfig(
-        &kubeconfig,
-        &format!("https://127.0.0.1:{port}"),
-        &std::fs::read_to_string(&pki.ca_crt)?,
-        &json!({
-            "client-certificate-data": b64(&std::fs::read(&pki.admin_crt)?),
-            "client-key-data": b64(&std::fs::read(&pki.admin_key)?),
-        }),
-    )?;
-    let (_, client) = client_from_kubeconfig(&kubeconfig).await?;
+/// Polls `/readyz` with the admin client until it answers `ok`.
+async fn wait_readyz(process: &mut ChildProcess, client: &kube::Client) -> anyhow::Result<()> {
     let mut poll = Poller::new(START, format!("{} to answer /readyz", process.name()));
     loop {
         process.ensure_running()?;
