@@ -1,13 +1,18 @@
 //! Checks on Applications and AppProjects that the cross-process sync tests share: typed access,
-//! waiting until an object reaches a state, and the usual states.
+//! waiting until an object reaches a state, the usual states, and that nothing loops.
 
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use anyhow::Context as _;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::fixtures::application_resource;
+use crate::fixtures::{app_with_path, application_resource};
+use crate::topology::Topology;
 use crate::wait::wait_until_async;
+
+/// How long a barrier of [`assert_quiet`] may take to cross.
+const CONVERGE: Duration = Duration::from_secs(60);
 
 /// Applications in `ns`.
 #[must_use]
@@ -70,5 +75,57 @@ pub fn gone(o: Option<&Value>) -> bool {
 /// The API server refuses the patch.
 pub async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> anyhow::Result<()> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": path}}}))).await?;
+    Ok(())
+}
+
+/// A round trip through the agent's stream: `object` is created on `from`, reaches `to`, gets a
+/// status there (as the owning side's Argo CD would), and that status reaches the hub. Events
+/// of one agent are ordered, so whatever was in flight before has been applied by then.
+async fn round_trip(
+    t: &Topology,
+    hub: &Api<DynamicObject>,
+    (from, to): (&Api<DynamicObject>, &Api<DynamicObject>),
+    object: DynamicObject,
+) -> anyhow::Result<()> {
+    let name = object.metadata.name.clone().context("barrier name")?;
+    from.create(&PostParams::default(), &object).await?;
+    wait_object(to, &name, CONVERGE, "the barrier crosses", |o| o.is_some(), || t.logs()).await?;
+    let status = json!({"status": {"health": {"status": "Healthy"}}});
+    // The side that owns the Application writes its status: the spoke in both modes.
+    let spoke_side = if std::ptr::eq(from, hub) { to } else { from };
+    spoke_side.patch(&name, &PatchParams::default(), &Patch::Merge(status)).await?;
+    wait_object(hub, &name, CONVERGE, "the barrier's status reaches the hub", health_is("Healthy"), || t.logs()).await
+}
+
+/// Nothing loops on Application `name`: once a first round trip has flushed what was in flight, its
+/// resourceVersion on both sides stays the same across a second one (an agent writing a field
+/// the server prunes or defaults, seeing a diff and writing again, would change it). `managed`
+/// says which side owns it; the barrier Applications go into `barrier_ns` on the owner's side.
+///
+/// # Errors
+/// A barrier does not cross in time, or `name` changed: the error shows both versions.
+pub async fn assert_quiet(
+    t: &Topology,
+    hub: &Api<DynamicObject>,
+    spoke: &Api<DynamicObject>,
+    name: &str,
+    managed: bool,
+    barrier_ns: &str,
+) -> anyhow::Result<()> {
+    let sides = if managed { (hub, spoke) } else { (spoke, hub) };
+    round_trip(t, hub, sides, app_with_path(&format!("{name}-settle"), barrier_ns, "b")?).await?;
+    let (hub_before, spoke_before) = (hub.get(name).await?, spoke.get(name).await?);
+    round_trip(t, hub, sides, app_with_path(&format!("{name}-quiet"), barrier_ns, "b")?).await?;
+    let (hub_after, spoke_after) = (hub.get(name).await?, spoke.get(name).await?);
+    let rv = |o: &DynamicObject| o.metadata.resource_version.clone().unwrap_or_default();
+    anyhow::ensure!(
+        rv(&hub_before) == rv(&hub_after) && rv(&spoke_before) == rv(&spoke_after),
+        "{name} kept changing after it converged: a write loop\nhub before: {}\nhub after: {}\nspoke before: {}\nspoke after: {}\n{}",
+        serde_json::to_string(&hub_before)?,
+        serde_json::to_string(&hub_after)?,
+        serde_json::to_string(&spoke_before)?,
+        serde_json::to_string(&spoke_after)?,
+        t.logs()
+    );
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tests::apps::{apps, gone, path_is, projects, set_path, wait_object};
+use tests::apps::{apps, assert_quiet, gone, path_is, projects, set_path, wait_object};
 use tests::fixtures::dynamic;
 use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
 use tests::wait_until_async;
@@ -66,9 +66,21 @@ async fn managed_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn autonomous_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()> {
-    let t = Topology::start(&[("a1", Mode::Autonomous)]).await?;
-    let hub = apps(&t.hub(), "a1");
-    let spoke = apps(&t.spoke("a1")?, ARGOCD_NS);
+    autonomous_lifecycle("a1", Clusters::default()).await
+}
+
+/// The same with the hub and the spoke on real kube-apiservers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_autonomous_lifecycle_and_reverts() -> Result<()> {
+    autonomous_lifecycle("ra1", Clusters::REAL).await
+}
+
+/// Create, spec and status from the spoke, hub edits and deletes reverted, nothing looping,
+/// delete from the spoke.
+async fn autonomous_lifecycle(agent: &str, clusters: Clusters) -> Result<()> {
+    let t = Topology::start_on(&[(agent, Mode::Autonomous)], clusters, true).await?;
+    let hub = apps(&t.hub(), agent);
+    let spoke = apps(&t.spoke(agent)?, ARGOCD_NS);
 
     spoke.create(&PostParams::default(), &app("svc", ARGOCD_NS, "v1")?).await?;
     wait_app(&t, &hub, "svc", "create reaches the hub", path_is("v1")).await?;
@@ -86,7 +98,12 @@ async fn autonomous_mode_lifecycle_and_non_owner_changes_reverted() -> Result<()
     set_path(&hub, "svc", "edited-on-hub").await?;
     wait_app(&t, &hub, "svc", "a hub edit is reverted", path_is("v2")).await?;
     hub.delete("svc", &DeleteParams::default()).await?;
-    wait_app(&t, &hub, "svc", "a hub delete is reverted", path_is("v2")).await?;
+    wait_app(&t, &hub, "svc", "a hub delete is reverted", |o| {
+        o.is_some_and(|o| o["spec"]["source"]["path"] == "v2" && o["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await?;
+
+    assert_quiet(&t, &hub, &spoke, "svc", false, ARGOCD_NS).await?;
 
     spoke.delete("svc", &DeleteParams::default()).await?;
     wait_app(&t, &hub, "svc", "delete reaches the hub", gone).await?;
