@@ -1,4 +1,4 @@
-//! The agent's configuration, with upstream's defaults (docs/upstream-argocd-agent.md §7.2).
+//! The agent's configuration, with upstream's defaults (docs/configuration.md).
 
 use std::fmt;
 use std::time::Duration;

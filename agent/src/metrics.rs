@@ -1,8 +1,8 @@
 //! The agent's Prometheus metrics (docs/operations/metrics.md), in the text exposition format
 //! 0.0.4 that `promtool check metrics` accepts.
 //!
-//! Names and labels are upstream's where upstream has the metric (docs/upstream-argocd-agent.md
-//! §8.1); counters always end in `_total` (upstream's `agent_events_received` is
+//! Names and labels are upstream's where upstream has the metric (docs/operations/metrics.md);
+//! counters always end in `_total` (upstream's `agent_events_received` is
 //! `agent_events_received_total` here, the name it gets when upstream is scraped as
 //! OpenMetrics). What upstream lacks carries the `argocd_agent_` prefix: outbox depth and
 //! oldest-unacked age, resync counts and durations, reconnects by cause.

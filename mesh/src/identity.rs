@@ -1,8 +1,8 @@
 //! From a forwarded identity header to an agent: XFCC (Istio, Envoy) and `l5d-client-id`
 //! (Linkerd), checked against a [`SpiffePolicy`].
 //!
-//! XFCC rule (see `docs/mesh-identity.md`): the **last** element is the one our own sidecar
-//! added, describing the peer it verified; earlier elements are history written by other hops and
+//! XFCC rule (docs/mesh/envoy.md): hops append in order, so the **last** element is the one our own
+//! sidecar added, describing the peer it verified; earlier elements are history written by other hops and
 //! never identity. That element must carry exactly one non-empty `URI` (an X.509-SVID has exactly
 //! one URI SAN) that parses as a SPIFFE ID and passes the policy. Behind an ingress gateway that
 //! URI is the gateway's, which the profiles' policies deny.

@@ -1,4 +1,4 @@
-//! The principal's configuration, with upstream's defaults (docs/upstream-argocd-agent.md §7.1).
+//! The principal's configuration, with upstream's defaults (docs/configuration.md).
 
 use protocol::outbox::RetryPolicy;
 use protocol::pb::MAX_MESSAGE_BYTES;

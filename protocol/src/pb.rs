@@ -5,7 +5,7 @@
 //! re-exported at the bottom: [`cloudevents`] and [`logstreamapi`].
 //!
 //! Packages, services, methods, message names and field numbers are the upstream ones
-//! (docs/upstream-argocd-agent.md §2.1), so Go peers interoperate.
+//! (upstream's `pkg/api/grpc/*.proto`; docs/compatibility.md), so Go peers interoperate.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 

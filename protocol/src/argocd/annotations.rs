@@ -1,4 +1,4 @@
-//! Annotation and label keys argocd-agent reads and writes (docs/upstream-argocd-agent.md §4.11).
+//! Annotation and label keys argocd-agent reads and writes (upstream's `internal/manager` and `pkg/types`; docs/compatibility.md).
 
 /// The UID of the object on the source-of-truth side this copy was made from.
 pub const SOURCE_UID: &str = "argocd.argoproj.io/source-uid";

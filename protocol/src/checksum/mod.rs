@@ -1,4 +1,4 @@
-//! Upstream's resync checksums (docs/upstream-argocd-agent.md §4.13), byte-compatible with
+//! Upstream's resync checksums (upstream's `internal/resync`; verified by the Go peer, docs/compatibility.md), byte-compatible with
 //! `internal/resources/resources.go` and `internal/resync/resync.go`.
 //!
 //! * **Resource-set checksum** ([`resource_set_checksum`]): SHA-256 over the concatenation,

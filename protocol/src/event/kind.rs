@@ -1,5 +1,5 @@
 //! The event catalogue: CloudEvent `type` values and `dataschema` targets
-//! (docs/upstream-argocd-agent.md §2.3, §2.4).
+//! (upstream's `internal/event`; docs/compatibility.md).
 //!
 //! Both enums parse every string: values we do not know are kept verbatim in `Unknown`, so an
 //! event from a newer peer is answered and logged rather than failing to decode, and it

@@ -1,4 +1,4 @@
-//! JSON payload types (docs/upstream-argocd-agent.md §2.5) and [`Payload`], the typed view of
+//! JSON payload types (upstream's `internal/event`; docs/compatibility.md) and [`Payload`], the typed view of
 //! an event's data chosen by its target and type.
 //!
 //! Payload structs decode the way Go's `encoding/json` does into upstream's structs: missing
