@@ -334,49 +334,70 @@ enum Victim {
 /// travelling when the kill lands, few enough for 2 shared cores.
 const MID_SYNC_APPS: usize = 40;
 
-async fn count_with_path(api: &Api<DynamicObject>, path: &str) -> usize {
-    live_paths(api).await.map_or(0, |paths| paths.values().filter(|p| *p == path).count())
+/// Fresh batches tried before giving up on landing the kill while one is crossing.
+const MID_SYNC_ATTEMPTS: usize = 3;
+
+async fn count_with_path(api: &Api<DynamicObject>, prefix: &str, path: &str) -> usize {
+    live_paths(api)
+        .await
+        .map_or(0, |paths| paths.iter().filter(|(name, p)| name.starts_with(prefix) && *p == path).count())
 }
 
-/// A batch of creates on the owner side of both modes is in flight when `victim` is SIGKILLed;
-/// more creates, updates and deletes land while it is down and after it is back. Every
-/// Application must end in its owner's final state on the other side: none lost, none
-/// resurrected, none left at an older path.
-async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clusters: Clusters) -> Result<()> {
-    let mut t = Topology::start_on(&[(managed, Mode::Managed), (autonomous, Mode::Autonomous)], clusters, true).await?;
+/// How many of a batch had reached the other side in each mode (managed, autonomous).
+type Arrived = (usize, usize);
+
+/// Writes a batch of `n` creates named `<prefix>-NNN` on the owner side of both modes,
+/// concurrently, and SIGKILLs `victim` as soon as the batch has reached the other side of both
+/// modes (or half of it in one mode), while the rest are still being written or crossing.
+/// Returns how many had arrived in each mode, counted right after the kill (an upper bound of
+/// what had arrived at the kill: nothing is deleted meanwhile).
+async fn kill_during_batch(
+    t: &mut Topology,
+    victim: Victim,
+    (managed, autonomous): (&str, &str),
+    prefix: &str,
+    n: usize,
+) -> Result<Arrived> {
     let owner_m = apps(&t.hub(), managed);
     let other_m = apps(&t.spoke(managed)?, ARGOCD_NS);
     let owner_a = apps(&t.spoke(autonomous)?, ARGOCD_NS);
     let other_a = apps(&t.hub(), autonomous);
-    let name = |i: usize| format!("app-{i:03}");
-
-    // The batch: written concurrently so the principal and agents are busy with it.
-    let batch = |api: Api<DynamicObject>, ns: String| async move {
-        let writes = (0..MID_SYNC_APPS).map(|i| {
-            let api = api.clone();
-            let ns = ns.clone();
-            async move {
-                let obj = app(&name(i), &ns, "v1")?;
-                api.create(&PostParams::default(), &obj).await?;
-                anyhow::Ok(())
+    let batch = |api: Api<DynamicObject>, ns: String| {
+        let prefix = prefix.to_owned();
+        async move {
+            let writes = (0..n).map(|i| {
+                let (api, ns, prefix) = (api.clone(), ns.clone(), prefix.clone());
+                async move {
+                    let obj = app(&format!("{prefix}-{i:03}"), &ns, "v1")?;
+                    api.create(&PostParams::default(), &obj).await?;
+                    anyhow::Ok(())
+                }
+            });
+            for r in futures::future::join_all(writes).await {
+                r?;
             }
-        });
-        for r in futures::future::join_all(writes).await {
-            r?;
+            anyhow::Ok(())
         }
-        anyhow::Ok(())
     };
-    let (m, a) =
-        tokio::join!(batch(owner_m.clone(), managed.to_string()), batch(owner_a.clone(), ARGOCD_NS.to_string()));
-    m?;
-    a?;
-
-    // Kill as soon as the batch has started to arrive on the other side of either mode.
-    wait_until_async(CONVERGE, "the batch to start arriving", || async {
-        count_with_path(&other_m, "v1").await + count_with_path(&other_a, "v1").await > 0
+    let writing = tokio::spawn({
+        let (m, a) = (batch(owner_m, managed.to_owned()), batch(owner_a, ARGOCD_NS.to_owned()));
+        async move {
+            let (m, a) = tokio::join!(m, a);
+            m.and(a)
+        }
+    });
+    // Kill as soon as the batch arrives on the other side of both modes, or half of it in one
+    // (the modes do not cross at the same pace).
+    let started = wait_until_async(CONVERGE, "the batch to start arriving", || async {
+        let m = count_with_path(&other_m, prefix, "v1").await;
+        let a = count_with_path(&other_a, prefix, "v1").await;
+        (m > 0 && a > 0) || 2 * m.max(a) >= n
     })
-    .await
-    .with_context(|| t.logs())?;
+    .await;
+    if let Err(e) = started {
+        writing.abort();
+        return Err(e.context(t.logs()));
+    }
     match victim {
         Victim::Principal => t.kill_principal()?,
         Victim::Agents => {
@@ -384,8 +405,64 @@ async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clust
             t.kill_agent(autonomous)?;
         }
     }
-    let arrived = (count_with_path(&other_m, "v1").await, count_with_path(&other_a, "v1").await);
-    eprintln!("{victim:?} killed with {arrived:?} of {MID_SYNC_APPS} (managed, autonomous) arrived");
+    let arrived = (count_with_path(&other_m, prefix, "v1").await, count_with_path(&other_a, prefix, "v1").await);
+    // The owners' API servers are up: the rest of the batch is written while the victim is down.
+    writing.await??;
+    Ok(arrived)
+}
+
+async fn restart(t: &mut Topology, victim: Victim, (managed, autonomous): (&str, &str)) -> Result<()> {
+    match victim {
+        Victim::Principal => t.start_principal().await,
+        Victim::Agents => {
+            t.start_agent(managed).await?;
+            t.start_agent(autonomous).await
+        }
+    }
+}
+
+/// A batch of creates on the owner side of both modes is crossing when `victim` is SIGKILLed:
+/// some have reached the other side, and in each mode not all (checked, with fresh batches up to
+/// [`MID_SYNC_ATTEMPTS`] times; the test fails if no kill landed mid-batch). More creates,
+/// updates and deletes land while it is down and after it is back. Every Application must end in
+/// its owner's final state on the other side: none lost, none resurrected, none left at an older
+/// path.
+async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clusters: Clusters) -> Result<()> {
+    let mut t = Topology::start_on(&[(managed, Mode::Managed), (autonomous, Mode::Autonomous)], clusters, true).await?;
+    let owner_m = apps(&t.hub(), managed);
+    let other_m = apps(&t.spoke(managed)?, ARGOCD_NS);
+    let owner_a = apps(&t.spoke(autonomous)?, ARGOCD_NS);
+    let other_a = apps(&t.hub(), autonomous);
+    let agents = (managed, autonomous);
+
+    let mut missed: Vec<Arrived> = Vec::new();
+    let prefix = loop {
+        let prefix = format!("b{}", missed.len());
+        let arrived = kill_during_batch(&mut t, victim, agents, &prefix, MID_SYNC_APPS).await?;
+        eprintln!(
+            "{victim:?} killed with {arrived:?} of {MID_SYNC_APPS} (managed, autonomous) of batch {prefix} arrived"
+        );
+        if arrived.0 < MID_SYNC_APPS && arrived.1 < MID_SYNC_APPS && arrived.0 + arrived.1 > 0 {
+            break prefix;
+        }
+        // Too late (or too early) in some mode: the batch crossed whole. Let it settle, and try
+        // a fresh one.
+        missed.push(arrived);
+        anyhow::ensure!(
+            missed.len() < MID_SYNC_ATTEMPTS,
+            "the kill never landed while a batch was crossing: arrived (managed, autonomous) of {MID_SYNC_APPS} at \
+             each of {MID_SYNC_ATTEMPTS} kills: {missed:?}"
+        );
+        restart(&mut t, victim, agents).await?;
+        for (other, what) in [(&other_m, "managed"), (&other_a, "autonomous")] {
+            wait_until_async(CONVERGE, &format!("{what}: batch {prefix} to arrive after the restart"), || async {
+                count_with_path(other, &prefix, "v1").await == MID_SYNC_APPS
+            })
+            .await
+            .with_context(|| t.logs())?;
+        }
+    };
+    let name = |i: usize| format!("{prefix}-{i:03}");
 
     // While it is down: a third of the Applications move to v2, every fifth is deleted.
     for (owner, ns) in [(&owner_m, managed), (&owner_a, ARGOCD_NS)] {
@@ -397,13 +474,7 @@ async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clust
         }
         owner.create(&PostParams::default(), &app("while-down", ns, "v1")?).await?;
     }
-    match victim {
-        Victim::Principal => t.start_principal().await?,
-        Victim::Agents => {
-            t.start_agent(managed).await?;
-            t.start_agent(autonomous).await?;
-        }
-    }
+    restart(&mut t, victim, agents).await?;
     // Right after the restart, before the resync can have finished: more updates.
     for owner in [&owner_m, &owner_a] {
         for i in (1..MID_SYNC_APPS).step_by(7) {
@@ -413,10 +484,12 @@ async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clust
         }
     }
 
-    // The final state on the owner side, expected on the other side.
+    // The final state on the owner side (with the batches that crossed whole), expected on the
+    // other side.
     for (owner, other, what) in [(&owner_m, &other_m, "managed"), (&owner_a, &other_a, "autonomous")] {
         let want = live_paths(owner).await?;
-        assert_eq!(want.len(), MID_SYNC_APPS - MID_SYNC_APPS.div_ceil(5) + 1, "{what}: owner side");
+        let expected = MID_SYNC_APPS - MID_SYNC_APPS.div_ceil(5) + 1 + missed.len() * MID_SYNC_APPS;
+        assert_eq!(want.len(), expected, "{what}: owner side");
         let last = std::cell::RefCell::new(String::new());
         let r = wait_until_async(CONVERGE, &format!("{what}: the other side in the owner's final state"), || async {
             let Ok(got) = live_paths(other).await else { return false };
