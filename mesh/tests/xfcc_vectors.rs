@@ -14,8 +14,32 @@ fn in_repo_vectors() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/xfcc-vectors.tsv")
 }
 
-fn shared_vectors() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/xfcc-vectors.tsv")
+/// Overrides where the project's shared vectors are read from.
+const XFCC_VECTORS_ENV: &str = "XFCC_VECTORS";
+
+/// The project's shared `xfcc-vectors.tsv`: `$XFCC_VECTORS`, else `shared/data/xfcc-vectors.tsv`
+/// in the nearest directory above the workspace that has it (`../shared/data/...` for a clone
+/// beside the shared data, found the same way as Argo CD's CRDs in `tests::realkube`).
+fn shared_vectors() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(XFCC_VECTORS_ENV) {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("{XFCC_VECTORS_ENV}={} is not a file", path.display()))
+        };
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().expect("mesh/ has a parent: the workspace root");
+    let tail = std::path::Path::new("shared").join("data").join("xfcc-vectors.tsv");
+    root.ancestors().skip(1).map(|a| a.join(&tail)).find(|p| p.is_file()).ok_or_else(|| {
+        format!(
+            "the project's shared XFCC vectors are not at {} nor in shared/data/ of any directory above it; \
+             set {XFCC_VECTORS_ENV} to the file (the in-repo copy mesh/tests/data/xfcc-vectors.tsv must be \
+             checked against it)",
+            root.join("..").join(&tail).display()
+        )
+    })
 }
 
 /// (header, expectation, source) rows, comments skipped.
@@ -331,22 +355,19 @@ fn vectors_that_envoy_emits_render_byte_for_byte() {
     }
 }
 
-/// The in-repo copy is what the tests use, so a fresh clone is self-contained; when the
-/// project's shared copy is present (it is in the development workspace), the two must agree.
+/// The in-repo copy is what the tests use, so the parser tests need nothing outside the
+/// repository; the project's shared copy (always beside the clone in development and CI) must
+/// agree with it, and its absence is a failure, not a skip.
 #[test]
 fn in_repo_copy_matches_shared_vectors() {
     let copy = std::fs::read_to_string(in_repo_vectors()).expect("in-repo vectors present");
-    let shared_path = shared_vectors();
-    match std::fs::read_to_string(&shared_path) {
-        Ok(shared) => assert_eq!(
-            copy,
-            shared,
-            "mesh/tests/data/xfcc-vectors.tsv differs from {}: copy the shared file over and update expectations",
-            shared_path.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("note: {} not present (outside the repository); using the in-repo copy", shared_path.display());
-        }
-        Err(e) => panic!("cannot read {}: {e}", shared_path.display()),
-    }
+    let shared_path = shared_vectors().unwrap_or_else(|e| panic!("{e}"));
+    let shared =
+        std::fs::read_to_string(&shared_path).unwrap_or_else(|e| panic!("cannot read {}: {e}", shared_path.display()));
+    assert_eq!(
+        copy,
+        shared,
+        "mesh/tests/data/xfcc-vectors.tsv differs from {}: copy the shared file over and update expectations",
+        shared_path.display()
+    );
 }

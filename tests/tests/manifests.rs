@@ -648,17 +648,29 @@ fn heartbeat_is_at_most_a_third_of_every_idle_timeout() {
                 "{doc}: stream_idle_timeout (production value from envoy/README.md) differs from mesh::MeshProfile::Envoy"
             );
             timeouts.push((format!("{doc}: stream_idle_timeout"), t));
-            // The route must not put a deadline on the stream (Envoy's default is 15 s).
+            // No route may put a deadline on the stream (Envoy's default is 15 s). Every entry of
+            // every `routes` list that forwards (has a `route` action) is checked, and there must be
+            // at least one: a config whose routes moved (RDS, a renamed key) must not pass unchecked.
+            let mut routes = 0;
             walk(hcm, &mut |v| {
-                if let Some(route) = v.get("route").filter(|r| r.get("cluster").is_some()) {
+                let Some(entries) = v.get("routes").and_then(Value::as_sequence) else { return };
+                for route in entries.iter().filter_map(|e| e.get("route")) {
+                    routes += 1;
                     let t = route.get("timeout").and_then(Value::as_str).map(duration);
                     assert_eq!(
                         t,
                         Some(Ok(Duration::ZERO)),
-                        "{doc}: route timeout must be 0s (no deadline on the stream)"
+                        "{doc}: http_connection_manager #{}: route timeout must be 0s (no deadline on the stream)",
+                        i + 1
                     );
                 }
             });
+            assert!(
+                routes > 0,
+                "{doc}: http_connection_manager #{}: no route found under route_config.virtual_hosts.*.routes: \
+                 the route timeout (must be 0s) cannot be checked",
+                i + 1
+            );
         }
     }
     for (what, timeout) in &timeouts {
