@@ -20,6 +20,7 @@ pub mod http;
 pub mod object;
 pub mod openapi;
 pub mod prepare;
+mod private_file;
 pub mod protobuf;
 pub mod resource;
 pub mod schema;

@@ -116,17 +116,9 @@ fn load_or_create_token(dir: &Path) -> Result<String, ServerError> {
         (0..40).map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.random_range(0..36)])).collect()
     };
     let tmp = dir.join("token.tmp");
-    write_private(&tmp, token.as_bytes()).map_err(io)?;
+    crate::private_file::write(&tmp, token.as_bytes()).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(token)
-}
-
-pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
 }
 
 /// Seed what a fresh cluster has: namespaces and the Argo CD CRDs. Idempotent.
@@ -242,7 +234,7 @@ impl ApiServer {
     /// The file cannot be written.
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         let tmp = path.with_extension("tmp");
-        write_private(&tmp, self.kubeconfig().as_bytes())?;
+        crate::private_file::write(&tmp, self.kubeconfig().as_bytes())?;
         std::fs::rename(tmp, path)
     }
 

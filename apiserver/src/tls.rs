@@ -64,8 +64,8 @@ fn load_or_create_ca(dir: &Path) -> Result<(String, String), TlsError> {
     params.not_after = rcgen::date_time_ymd(2100, 1, 1);
     let cert = params.self_signed(&key)?;
     // Key first: a crash between the two writes leaves no cert without its key.
-    crate::server::write_private(&key_path, key.serialize_pem().as_bytes()).map_err(io(dir))?;
-    crate::server::write_private(&cert_path, cert.pem().as_bytes()).map_err(io(dir))?;
+    crate::private_file::write(&key_path, key.serialize_pem().as_bytes()).map_err(io(dir))?;
+    crate::private_file::write(&cert_path, cert.pem().as_bytes()).map_err(io(dir))?;
     Ok((cert.pem(), key.serialize_pem()))
 }
 

@@ -1,9 +1,11 @@
 //! The HTTP face of the server: routing, authentication and the Kubernetes REST verbs.
 
 mod crud;
+mod ctx;
 mod list;
 pub mod query;
 pub mod route;
+mod table;
 mod watch;
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -206,7 +208,7 @@ async fn resource(
     let params = query::parse(req.uri().query())?;
     let method = req.method().clone();
     let namespace = rp.namespace.clone().unwrap_or_default();
-    let ctx = crud::Ctx {
+    let ctx = ctx::Ctx {
         state: state.clone(),
         rtype,
         version: rp.version.clone(),

@@ -12,9 +12,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::crud::Ctx;
-use super::list::{matches, table_value};
+use super::ctx::Ctx;
+use super::list::matches;
 use super::query::{Params, parse_rv};
+use super::table::table_value;
 use crate::error::{ApiError, ApiResult};
 use crate::object::meta_str;
 use crate::store::{EventKind, StoredEvent};
