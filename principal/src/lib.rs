@@ -160,6 +160,15 @@ impl Principal {
         SessionHook { hub: self.hub.clone(), blocklist: self.blocklist.clone() }
     }
 
+    /// How many managed agents' status writes took each path so far: the conditional patch,
+    /// a patch the hub refused (409, the principal's cache was behind), the read-modify-write.
+    /// For tests: `principal/tests/status.rs` proves each path runs when it should.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn status_write_paths(&self) -> hub::StatusWritePaths {
+        self.hub.status_paths.snapshot()
+    }
+
     /// Whether `agent` has a live stream.
     #[must_use]
     pub fn is_connected(&self, agent: &str) -> bool {

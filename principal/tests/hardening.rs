@@ -9,12 +9,17 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use common::{
-    Harness, RawStream, WAIT, access_token, autonomous_create, header_sessions, is_ack_of, open_insecure,
-    open_with_token, raw, read_to_end, read_until, wait_until,
+    CapturedLogs, Harness, ProxyMode, RawStream, WAIT, access_token, authenticate, autonomous_create, header_sessions,
+    is_ack_of, open_insecure, open_with_token, raw, read_to_end, read_until, refresh, wait_until,
 };
-use kube::api::{DynamicObject, PostParams};
-use protocol::pb::eventstreamapi::Event as WireEvent;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
+use protocol::pb::eventstreamapi::{Event as WireEvent, PushSummary};
 use protocol::{Event, EventType, Target};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 /// A hub Application `name` in agent namespace `ns`, made `filler` bytes larger by an annotation.
@@ -122,16 +127,18 @@ async fn an_oversized_message_ends_its_stream_with_out_of_range_and_the_next_str
 
 /// Policy "oversized event for an agent": the principal never sends it (sending would end
 /// the stream at encode time, and the event would be resent on every reconnect); it gives it
-/// up at once and the stream carries on with the next events.
+/// up at once, parked, with a warning naming the resource and its size; the stream carries on,
+/// and the same resource's next event (once it fits) is delivered.
 #[tokio::test]
 async fn an_event_too_large_for_the_agent_is_given_up_without_ending_the_stream() -> anyhow::Result<()> {
     const LIMIT: usize = 64 * 1024;
+    let logs = CapturedLogs::start();
     let h = Harness::start(&["agent-out"], |c| c.max_message_bytes = LIMIT).await?;
     let mut s = open_insecure(&h.url, "agent-out", "managed").await?;
     round_trip(&mut s).await?;
 
     let apps = h.apps("agent-out");
-    apps.create(&PostParams::default(), &hub_app("agent-out", "huge", 2 * LIMIT)?).await?;
+    let huge = apps.create(&PostParams::default(), &hub_app("agent-out", "huge", 2 * LIMIT)?).await?;
     apps.create(&PostParams::default(), &hub_app("agent-out", "small", 0)?).await?;
     let mut seen =
         read_until(&mut s.inbound, "the small Application", |ev| ev.resource_id.starts_with("small_")).await?;
@@ -141,6 +148,41 @@ async fn an_event_too_large_for_the_agent_is_given_up_without_ending_the_stream(
         "the oversized event must never be sent: {:?}",
         seen.iter().map(|e| &e.resource_id).collect::<Vec<_>>()
     );
+    assert!(h.principal.is_connected("agent-out"));
+
+    // The warning names the resource and its size.
+    let huge_id = format!("huge_{}", huge.metadata.uid.as_deref().context("uid")?);
+    let lines = logs.lines();
+    let warning = lines
+        .iter()
+        .find(|l| {
+            l.contains("WARN") && l.contains("event too large to send") && l.contains(&format!("resource_id={huge_id}"))
+        })
+        .with_context(|| format!("no warning naming {huge_id}: {lines:#?}"))?;
+    let bytes: usize = warning
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("bytes="))
+        .with_context(|| format!("no size in {warning:?}"))?
+        .parse()?;
+    assert!(bytes > LIMIT && warning.contains(&format!("limit={LIMIT}")), "{warning}");
+    // Parked (given up and counted), not left in flight.
+    let metrics = h.principal.metrics_text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("argocd_principal_event_writer_events_discarded_total{agent_name=\"agent-out\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+
+    // The same resource's next event goes ahead once it fits.
+    let shrink =
+        serde_json::json!({"metadata": {"annotations": {"filler": null}}, "spec": {"source": {"path": "shrunk"}}});
+    apps.patch("huge", &PatchParams::default(), &Patch::Merge(&shrink)).await?;
+    let seen = read_until(&mut s.inbound, "the huge Application's next event", |ev| ev.resource_id == huge_id).await?;
+    let next = seen.last().context("no event")?;
+    assert_eq!(next.event_type, EventType::SpecUpdate, "{next:?}");
+    round_trip(&mut s).await?;
     assert!(h.principal.is_connected("agent-out"));
     h.stop().await
 }
@@ -257,41 +299,233 @@ async fn a_stream_ends_with_unauthenticated_when_its_access_token_expires() -> a
     h.stop().await
 }
 
-/// Policy "expiry", refreshed: a refresh of the same session (same binding) moves the end of
-/// the live stream to the new access token's expiry, so an agent that keeps its session fresh
-/// keeps its stream; a refresh bound to another identity does not; without further refreshes
-/// the stream ends at the new expiry.
+/// Policy "expiry", refreshed, through the real `RefreshToken` RPC behind the auth layer: the
+/// agent's refresh (same binding) moves the end of its live stream to the new access token's
+/// expiry, so the stream outlives its first token; a refresh token presented from another
+/// transport identity is refused; another workload claiming the same agent name (another
+/// binding) refreshes its own session but never extends the agent's stream; once the agent
+/// stops refreshing, the stream ends with `Unauthenticated` at its last token's expiry.
 #[tokio::test]
 async fn a_refreshed_session_keeps_its_stream_past_the_first_tokens_expiry() -> anyhow::Result<()> {
-    use auth::SessionHook as _;
+    const AGENT: &str = "agent-ref";
+    const IMPOSTOR: &str = "agent-ref;instance=other";
     let sessions = header_sessions(Duration::from_secs(3));
-    let h = Harness::start_with_auth(&["agent-ref"], |_| {}, sessions.clone()).await?;
-    let token = access_token(&sessions, "agent-ref", auth::AgentMode::Managed);
-    let first_expiry = sessions.issuer().verify(&token, auth::TokenKind::Access)?.expires_at.context("no expiry")?;
-    let mut s = open_with_token(&h.url, "agent-ref", &token).await??;
+    let h = Harness::start_with_auth(&[AGENT], |_| {}, sessions.clone()).await?;
+    let expiry = |token: &str| -> anyhow::Result<SystemTime> {
+        sessions.issuer().verify(token, auth::TokenKind::Access)?.expires_at.context("no expiry")
+    };
+    // Waits until wall-clock `at`: the passage of time is what is under test here.
+    let wait_for_clock = |at: SystemTime| tokio::time::sleep(at.duration_since(SystemTime::now()).unwrap_or_default());
+
+    let agent = authenticate(&h.url, AGENT, "managed").await?;
+    let impostor = authenticate(&h.url, IMPOSTOR, "managed").await?;
+    let first_expiry = expiry(&agent.access_token)?;
+    let mut s = open_with_token(&h.url, AGENT, &agent.access_token).await??;
     round_trip(&mut s).await?;
 
-    let name = auth::AgentName::new("agent-ref")?;
-    let hook = h.principal.session_hook();
-    let impostor = auth::AgentIdentity::new(name.clone(), "header", auth::Binding::header_value(b"someone-else"));
-    hook.on_refreshed(&impostor, first_expiry + Duration::from_secs(60))?;
-    let agent = auth::AgentIdentity::new(name, "header", auth::Binding::header_value(b"agent-ref"));
-    let second_expiry = first_expiry + Duration::from_secs(3);
-    hook.on_refreshed(&agent, second_expiry)?;
+    // The agent's refresh token, presented by the other workload: the auth layer refuses it.
+    let stolen = refresh(&h.url, IMPOSTOR, &agent.refresh_token).await?.err().context("a stolen refresh must fail")?;
+    assert_eq!(stolen.code(), Code::Unauthenticated, "{stolen:?}");
+
+    // The agent refreshes 1.5 s before its first token expires (token expiries are whole
+    // seconds, so not at once: the new expiry must be later than the first).
+    wait_for_clock(first_expiry - Duration::from_millis(1500)).await;
+    let refreshed = refresh(&h.url, AGENT, &agent.refresh_token).await??;
+    let refreshed_at = SystemTime::now();
+    let second_expiry = expiry(&refreshed.access_token)?;
+    assert!(second_expiry > first_expiry, "{second_expiry:?} must be later than {first_expiry:?}");
 
     // Past the first token's expiry, the stream still carries events.
-    let past_first = first_expiry.duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_millis(500);
-    tokio::time::sleep(past_first).await; // the passage of time is what is under test
+    wait_for_clock(first_expiry + Duration::from_millis(200)).await;
     round_trip(&mut s).await?;
+    assert!(h.principal.is_connected(AGENT));
+
+    // From now on only the other workload refreshes, every 300 ms, each time successfully: had
+    // its refreshes extended the agent's stream, the stream would not end before the deadline.
+    let impostor_refreshes = CancellationToken::new();
+    let refresher = tokio::spawn({
+        let (url, token, stop) = (h.url.clone(), impostor.refresh_token.clone(), impostor_refreshes.clone());
+        async move {
+            let mut refreshed = 0u32;
+            while !stop.is_cancelled() {
+                refresh(&url, IMPOSTOR, &token).await??;
+                refreshed += 1;
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_millis(300)) => {}
+                }
+            }
+            anyhow::Ok(refreshed)
+        }
+    });
     let (_, status) = read_to_end(&mut s.inbound).await?;
     let ended = SystemTime::now();
+    impostor_refreshes.cancel();
+    let impostor_refreshed = refresher.await??;
     let status = status.context("the stream must end with a status")?;
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{status:?}");
+    // Timers are never early; allow for the wall clock and the monotonic clock drifting apart.
     assert!(ended + Duration::from_millis(100) >= second_expiry, "ended {ended:?} before {second_expiry:?}");
+    // The principal extends to the refresh time + the access lifetime (sub-second), the token
+    // says whole seconds: the stream ends no later than 3 s after the agent's refresh.
+    let agents_end = refreshed_at + Duration::from_secs(3);
     assert!(
-        ended < first_expiry + Duration::from_secs(60),
-        "a refresh bound to another identity must not extend the stream"
+        ended < agents_end + Duration::from_secs(2),
+        "the stream lived until {ended:?}, past the agent's session ({agents_end:?}): \
+         the other workload's refreshes ({impostor_refreshed}) extended it"
     );
+    assert!(impostor_refreshed >= 1, "the other workload's refreshes must succeed (only the binding differs)");
+    h.stop().await
+}
+
+/// Policy "Push" (the unused call, as upstream): it honours revocation of its access token,
+/// checked between messages. Messages before the revocation are applied and the call stays
+/// open; the first message after it ends the call with `Unauthenticated` and is not applied.
+#[tokio::test]
+async fn push_ends_at_the_first_message_after_its_token_is_revoked() -> anyhow::Result<()> {
+    const AGENT: &str = "agent-push";
+    let sessions = header_sessions(Duration::from_secs(300));
+    let h = Harness::start_with_auth(&[AGENT], |_| {}, sessions.clone()).await?;
+    let token = access_token(&sessions, AGENT, auth::AgentMode::Autonomous);
+    // Revocation ends the stream the token opened and refuses that token from then on.
+    let mut s = open_with_token(&h.url, AGENT, &token).await??;
+    round_trip(&mut s).await?;
+    let (push, call) = open_push(&h.url, AGENT, &token).await?;
+
+    push.send(autonomous_create("pushed-before", 0)?.to_wire()).await?;
+    let apps = h.apps(AGENT);
+    wait_until("the pushed event is applied", || async { Ok(apps.get_opt("pushed-before").await?.is_some()) }).await?;
+    assert!(!call.is_finished(), "Push must stay open while its token is valid");
+
+    assert!(h.principal.revoke(AGENT));
+    let (_, status) = read_to_end(&mut s.inbound).await?;
+    assert_eq!(status.map(|s| s.code()), Some(Code::Unauthenticated));
+    push.send(autonomous_create("pushed-after", 0)?.to_wire()).await?;
+    let refused = tokio::time::timeout(WAIT, call).await.context("Push must end")??.err().context("must fail")?;
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("revoked"), "{refused:?}");
+    assert!(apps.get_opt("pushed-after").await?.is_none(), "nothing after the revocation is applied");
+    h.stop().await
+}
+
+/// Policy "Push": the call ends with `Unauthenticated` ("expired") when its access token
+/// expires, not before, even while the agent sends nothing.
+#[tokio::test]
+async fn push_ends_with_unauthenticated_when_its_access_token_expires() -> anyhow::Result<()> {
+    const AGENT: &str = "agent-push-exp";
+    let sessions = header_sessions(Duration::from_secs(3));
+    let h = Harness::start_with_auth(&[AGENT], |_| {}, sessions.clone()).await?;
+    let token = access_token(&sessions, AGENT, auth::AgentMode::Autonomous);
+    let expires_at = sessions.issuer().verify(&token, auth::TokenKind::Access)?.expires_at.context("no expiry")?;
+    let (push, call) = open_push(&h.url, AGENT, &token).await?;
+    push.send(Event::heartbeat().to_wire()).await?;
+    let ended = tokio::time::timeout(WAIT, call).await.context("Push must end")??;
+    let at = SystemTime::now();
+    let status = ended.err().context("Push must end with a status")?;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{status:?}");
+    assert!(at + Duration::from_millis(100) >= expires_at, "ended {at:?} before expiry {expires_at:?}");
+    drop(push);
+    h.stop().await
+}
+
+/// Opens `Push` as `agent` with `token`: the sender of its messages, and the call's outcome.
+async fn open_push(
+    url: &str,
+    agent: &str,
+    token: &str,
+) -> anyhow::Result<(mpsc::Sender<WireEvent>, JoinHandle<Result<PushSummary, tonic::Status>>)> {
+    let (tx, rx) = mpsc::channel::<WireEvent>(16);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    request.metadata_mut().insert("authorization", token.parse()?);
+    request.metadata_mut().insert(common::AGENT_HEADER, agent.parse()?);
+    let mut client = EventStreamClient::connect(url.to_owned()).await?;
+    let call = tokio::spawn(async move { client.push(request).await.map(tonic::Response::into_inner) });
+    Ok((tx, call))
+}
+
+/// Policy "bad events", the transient kind: while the hub API is unavailable, an event is not
+/// ACKed, so the agent's outbox (its default retry policy) resends it with backoff and gives
+/// it up after 20 sends; an event resent once the hub is back is applied and ACKed. The test
+/// plays the agent with the agent's outbox, on a simulated clock (its backoff reaches minutes).
+#[tokio::test]
+async fn an_event_failing_while_the_hub_is_unavailable_is_not_acked_and_resent_at_most_20_times() -> anyhow::Result<()>
+{
+    const AGENT: &str = "agent-down";
+    let h = Harness::start_behind_proxies(&[AGENT], |_| {}).await?;
+    let proxies = h.proxies.as_ref().context("proxies")?;
+    let mut s = open_insecure(&h.url, AGENT, "autonomous").await?;
+    round_trip(&mut s).await?;
+    let policy = protocol::outbox::RetryPolicy::default();
+    assert_eq!(policy.max_attempts, 20, "the documented limit");
+    let mut outbox = protocol::outbox::Outbox::<Event>::new(policy);
+    let mut now = std::time::Instant::now();
+
+    // Sends what the outbox has due at `now`; returns the events sent and whether each was ACKed.
+    async fn send_due(
+        s: &mut RawStream,
+        outbox: &mut protocol::outbox::Outbox<Event>,
+        now: std::time::Instant,
+    ) -> anyhow::Result<Vec<(String, bool)>> {
+        let mut sent = Vec::new();
+        while let Some(ev) = outbox.next_ready(now) {
+            s.tx.send(ev.to_wire()).await?;
+            sent.push(ev);
+        }
+        // The principal handles an agent's messages in order: the heartbeat's ACK comes after
+        // the answer to everything sent before it, and ACKs leave in the order they were queued.
+        let seen = round_trip(s).await?;
+        Ok(sent
+            .into_iter()
+            .map(|ev| {
+                let acked = seen.iter().any(|a| is_ack_of(a, &ev.resource_id) && a.event_id == ev.event_id);
+                if acked {
+                    outbox.ack(&ev.resource_id, &ev.event_id);
+                }
+                (ev.resource_id, acked)
+            })
+            .collect())
+    }
+
+    // The hub stays unavailable: 20 sends, none ACKed, then the event is parked.
+    proxies.requests.set(ProxyMode::Down);
+    let given_up = autonomous_create("given-up", 0)?;
+    assert!(outbox.push(given_up.clone(), now));
+    let mut sends = 0;
+    let mut delays = Vec::new();
+    loop {
+        let sent = send_due(&mut s, &mut outbox, now).await?;
+        assert!(sent.iter().all(|(_, acked)| !acked), "nothing may be ACKed while the hub is down: {sent:?}");
+        sends += sent.len();
+        let Some(next) = outbox.next_deadline() else { break };
+        delays.push(next - now);
+        now = next;
+        anyhow::ensure!(sends <= 20, "sent {sends} times");
+    }
+    assert_eq!(sends, 20, "sent {sends} times");
+    let parked = outbox.take_parked();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0].attempts, 20);
+    assert_eq!(parked[0].item.resource_id, given_up.resource_id);
+    assert!(delays.windows(2).take(2).all(|w| w[1] > w[0]), "resends back off: {delays:?}");
+    assert!(h.principal.is_connected(AGENT), "a failing hub must not end the stream");
+
+    // Not ACKed twice, then the hub is back: the third send is applied and ACKed.
+    let recovers = autonomous_create("recovers", 0)?;
+    assert!(outbox.push(recovers.clone(), now));
+    for _ in 0..2 {
+        let sent = send_due(&mut s, &mut outbox, now).await?;
+        assert_eq!(sent, [(recovers.resource_id.clone(), false)]);
+        now = outbox.next_deadline().context("a resend is due")?;
+    }
+    proxies.requests.set(ProxyMode::Open);
+    let sent = send_due(&mut s, &mut outbox, now).await?;
+    assert_eq!(sent, [(recovers.resource_id.clone(), true)], "resent after the hub is back: applied and ACKed");
+    assert!(outbox.is_empty() && outbox.take_parked().is_empty());
+    let apps = h.apps(AGENT);
+    assert!(apps.get_opt("recovers").await?.is_some());
+    assert!(apps.get_opt("given-up").await?.is_none());
     h.stop().await
 }
 

@@ -1,14 +1,17 @@
 //! Status from a managed agent onto the hub Application: the principal writes it as one
 //! conditional merge patch against its watch cache, and falls back to read-modify-write when
-//! the hub has moved on. Either way the hub must end up with exactly the agent's status and
-//! operation: removed fields removed, a concurrent writer's fields not left behind.
+//! the hub has moved on (409). Either way the hub must end up with exactly the agent's status
+//! and operation: removed fields removed, a concurrent writer's fields not left behind. The
+//! principal reaches the hub through proxies, so the test decides whether its watch cache has
+//! seen a concurrent writer's change, and asserts which path the write took.
 
 mod common;
 
-use common::{Harness, RawStream, is_ack_of, open_insecure, read_until, wait_until};
+use anyhow::Context as _;
+use common::{Harness, ProxyMode, RawStream, is_ack_of, open_insecure, read_until, wait_until};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use protocol::argocd::annotations::LAST_UPDATED;
-use protocol::{Event, EventType, Target};
+use protocol::{Event, EventType, Payload, Target};
 use serde_json::{Value, json};
 
 const AGENT: &str = "agent-status";
@@ -28,8 +31,18 @@ async fn send_status(s: &mut RawStream, rv: u32, status: Value, operation: Optio
     let typed: protocol::argocd::Application = serde_json::from_value(app)?;
     let ev = Event::for_object(EventType::StatusUpdate, Target::Application, &typed.metadata, &typed)?;
     s.tx.send(ev.to_wire()).await?;
-    read_until(&mut s.inbound, "the status update's ACK", |e| is_ack_of(e, &ev.resource_id)).await?;
+    read_acking(s, "the status update's ACK", |e| is_ack_of(e, &ev.resource_id)).await?;
     Ok(())
+}
+
+/// Reads events until `pred` holds for one, and ACKs what it read, as an agent does: the
+/// principal sends an Application's next event only once the one before is ACKed.
+async fn read_acking(s: &mut RawStream, what: &str, pred: impl FnMut(&Event) -> bool) -> anyhow::Result<Vec<Event>> {
+    let seen = read_until(&mut s.inbound, what, pred).await?;
+    for ev in seen.iter().filter(|e| !e.is_ack()) {
+        s.tx.send(ev.processed_ack().to_wire()).await?;
+    }
+    Ok(seen)
 }
 
 /// Waits until the hub Application's `status` and `operation` are exactly these.
@@ -57,7 +70,7 @@ async fn hub_has(h: &Harness, status: &Value, operation: Option<&Value>) -> anyh
 
 #[tokio::test]
 async fn status_updates_replace_the_hub_status_exactly_and_survive_a_concurrent_writer() -> anyhow::Result<()> {
-    let h = Harness::start(&[AGENT], |_| {}).await?;
+    let h = Harness::start_behind_proxies(&[AGENT], |_| {}).await?;
     let hub_app: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
         "metadata": {"name": "app", "namespace": AGENT},
@@ -65,7 +78,7 @@ async fn status_updates_replace_the_hub_status_exactly_and_survive_a_concurrent_
     }))?;
     let mut s = open_insecure(&h.url, AGENT, "managed").await?;
     h.apps(AGENT).create(&PostParams::default(), &hub_app).await?;
-    read_until(&mut s.inbound, "the Application's create", |e| e.event_type == EventType::Create).await?;
+    read_acking(&mut s, "the Application's create", |e| e.event_type == EventType::Create).await?;
 
     // A first status, then one that drops and changes nested fields and a list.
     let first = json!({"sync": {"status": "Synced", "revision": "a"},
@@ -80,25 +93,59 @@ async fn status_updates_replace_the_hub_status_exactly_and_survive_a_concurrent_
     let annotations = app.metadata.annotations.unwrap_or_default();
     assert!(annotations.contains_key(LAST_UPDATED), "the status write stamps {LAST_UPDATED}: {annotations:?}");
 
-    // Another writer changes the hub status; the agent's next status (sent right after, while
-    // the principal's cache may still hold the version before) must replace it whole.
+    // Another writer changes the hub status while the principal's watch is held back, so its
+    // cache still has the version before: the conditional patch is refused (409) and the
+    // read-modify-write replaces the status whole.
+    let proxies = h.proxies.as_ref().context("proxies")?;
+    proxies.watches.set(ProxyMode::Hold);
     let patch = Patch::Merge(json!({"status": {"foreign": "left by another writer", "health": {"message": "x"}}}));
     h.apps(AGENT).patch("app", &PatchParams::default(), &patch).await?;
+    let before = h.principal.status_write_paths();
     let third = json!({"sync": {"status": "Synced", "revision": "b"}, "health": {"status": "Healthy"}});
     send_status(&mut s, 3, third.clone(), None).await?;
+    let after = h.principal.status_write_paths();
+    assert_eq!(
+        (
+            after.patched - before.patched,
+            after.patch_refused - before.patch_refused,
+            after.read_modify_write - before.read_modify_write
+        ),
+        (0, 1, 1),
+        "a stale cache: the patch is refused and the read-modify-write runs ({before:?} -> {after:?})"
+    );
     hub_has(&h, &third, None).await?;
+    proxies.watches.set(ProxyMode::Open);
 
-    // Again with the writer's change settled in the principal's cache first: the patch itself
-    // must remove the foreign field.
+    // Again with the writer's change seen by the principal's cache first (its spec change
+    // reaches the agent only through the watch): the one-request patch itself must remove
+    // the foreign fields.
+    let patch = Patch::Merge(json!({"spec": {"source": {"path": "moved"}},
+        "status": {"foreign": "left by another writer", "health": {"message": "x"}}}));
     h.apps(AGENT).patch("app", &PatchParams::default(), &patch).await?;
+    read_acking(&mut s, "the writer's change, through the principal's watch", |e| {
+        e.event_type == EventType::SpecUpdate
+            && e.payload().is_ok_and(|p| {
+                matches!(p, Payload::Application(a)
+                if a.spec.source.as_ref().and_then(|src| src.get("path")) == Some(&json!("moved")))
+            })
+    })
+    .await?;
     let with_foreign = json!({"sync": {"status": "Synced", "revision": "b"},
         "health": {"status": "Healthy", "message": "x"}, "foreign": "left by another writer"});
     hub_has(&h, &with_foreign, None).await?;
-    // (Whether the principal's watcher has seen that change yet is up to timing: if it has,
-    // the patch nulls the foreign fields; if not, the hub refuses the stale patch and the
-    // read-modify-write replaces the status. The outcome must be the same.)
+    let before = h.principal.status_write_paths();
     let fourth = json!({"sync": {"status": "Synced", "revision": "c"}, "health": {"status": "Degraded"}});
     send_status(&mut s, 4, fourth.clone(), Some(json!({"sync": {"revision": "c"}}))).await?;
+    let after = h.principal.status_write_paths();
+    assert_eq!(
+        (
+            after.patched - before.patched,
+            after.patch_refused - before.patch_refused,
+            after.read_modify_write - before.read_modify_write
+        ),
+        (1, 0, 0),
+        "a current cache: one conditional patch ({before:?} -> {after:?})"
+    );
     hub_has(&h, &fourth, Some(&json!({"sync": {"revision": "c"}}))).await?;
     h.stop().await
 }

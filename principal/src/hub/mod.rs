@@ -6,7 +6,7 @@ pub mod watch;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::{Event, EventType, Target};
@@ -48,6 +48,43 @@ pub(crate) struct Hub {
     /// (readiness, `/healthz`).
     pub(crate) apps_synced: AtomicBool,
     pub(crate) projects_synced: AtomicBool,
+    /// Which path each status write took ([`crate::route::managed::status_update`]).
+    pub(crate) status_paths: StatusPathCounters,
+}
+
+/// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
+/// conditional patch from the read-modify-write fallback (see [`crate::Principal::status_write_paths`]).
+#[doc(hidden)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatusWritePaths {
+    /// Conditional merge patches the hub accepted (the fast path).
+    pub patched: u64,
+    /// Conditional merge patches the hub refused because the Application moved on since the
+    /// principal's base (409 Conflict) or is gone; each is followed by a read-modify-write.
+    pub patch_refused: u64,
+    /// Read-modify-writes: after a refused patch, or with no base or nothing to patch.
+    pub read_modify_write: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct StatusPathCounters {
+    pub(crate) patched: AtomicU64,
+    pub(crate) patch_refused: AtomicU64,
+    pub(crate) read_modify_write: AtomicU64,
+}
+
+impl StatusPathCounters {
+    pub(crate) fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> StatusWritePaths {
+        StatusWritePaths {
+            patched: self.patched.load(Ordering::Relaxed),
+            patch_refused: self.patch_refused.load(Ordering::Relaxed),
+            read_modify_write: self.read_modify_write.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// A hub Application's status and operation (as JSON) at a resourceVersion.
@@ -84,6 +121,7 @@ impl Hub {
             expected_deletes: Mutex::new(HashSet::new()),
             apps_synced: AtomicBool::new(false),
             projects_synced: AtomicBool::new(false),
+            status_paths: StatusPathCounters::default(),
         }
     }
 

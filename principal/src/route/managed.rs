@@ -7,7 +7,7 @@ use protocol::{EventType, Target, merge_patch};
 use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
 use crate::hub::store::StoreError;
-use crate::hub::{Hub, Key, StatusBase};
+use crate::hub::{Hub, Key, StatusBase, StatusPathCounters};
 use crate::session::lock;
 
 /// The events a hub change of a managed Application sends to its agent.
@@ -75,12 +75,17 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let base = lock(&hub.status_written).get(&key).cloned();
     let base = base.or_else(|| lock(&hub.seen_apps).get(&key).and_then(StatusBase::of));
-    if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now))
-        && let Some(written) = hub.apps.patch_if_unchanged::<Application>(agent, name, &patch).await?
-    {
-        remember_written(hub, key, &written);
-        return Ok(());
+    let paths = &hub.status_paths;
+    if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now)) {
+        if let Some(written) = hub.apps.patch_if_unchanged::<Application>(agent, name, &patch).await? {
+            StatusPathCounters::count(&paths.patched);
+            remember_written(hub, key, &written);
+            return Ok(());
+        }
+        // 409: the hub moved on since the base (or the Application is gone).
+        StatusPathCounters::count(&paths.patch_refused);
     }
+    StatusPathCounters::count(&paths.read_modify_write);
     let written = hub
         .apps
         .update::<Application, _>(agent, name, |hub_app| {
