@@ -230,7 +230,7 @@ pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
     Ok(profile.map(mesh::profile::MeshProfile::heartbeat_interval))
 }
 
-/// Run the agent until SIGINT or SIGTERM.
+/// Run the agent until SIGINT or SIGTERM (or the parent's exit, see [`crate::signals`]).
 ///
 /// # Errors
 /// Flags, key material or the spoke cannot be used.

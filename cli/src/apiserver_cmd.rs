@@ -32,7 +32,7 @@ pub struct Args {
     log_format: String,
 }
 
-/// Run until SIGINT or SIGTERM.
+/// Run until SIGINT or SIGTERM (or the parent's exit, see [`crate::signals`]).
 ///
 /// # Errors
 /// The server cannot start or the kubeconfig cannot be written.
@@ -40,6 +40,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::logging::init(&args.log_level, args.log_format == "json");
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
+        // Before anything announces the process, so an early SIGTERM still stops it cleanly.
+        let mut stop = crate::signals::install();
         let mut cfg = apiserver::Config::new(&args.data_dir);
         cfg.listen = args.listen;
         cfg.watch_history = args.watch_history;
@@ -52,19 +54,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tracing::info!(kubeconfig = %path.display(), "kubeconfig written");
         }
         println!("embedded API server listening on {}", server.url());
-        wait_for_signal().await?;
+        stop.recv().await;
         tracing::info!("shutting down");
         server.shutdown().await;
         Ok(())
     })
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }

@@ -225,7 +225,7 @@ impl Args {
     }
 }
 
-/// Run the principal until SIGINT or SIGTERM.
+/// Run the principal until SIGINT or SIGTERM (or the parent's exit, see [`crate::signals`]).
 ///
 /// # Errors
 /// Flags, key material or the hub cannot be used, or the server fails.

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -23,10 +23,15 @@ const KEEP_LOGS_ENV: &str = "TESTS_KEEP_LOGS";
 /// behind even when the test panics; it then prints the tail of its logs to stderr, which the
 /// test runner shows only for failing tests. The child stays in the test's process group, so a
 /// runner that kills a timed-out test's group kills it too.
+///
+/// A test process that dies without dropping it (SIGKILL, a runner's timeout, an abort) does
+/// not leave it behind either: a [`Watchdog`] started beside it SIGKILLs it when the test
+/// process's end of a pipe closes.
 #[derive(Debug)]
 pub struct ChildProcess {
     name: String,
     child: Child,
+    watchdog: Option<Watchdog>,
     exit: Option<ExitStatus>,
     stdout_path: PathBuf,
     stderr_path: PathBuf,
@@ -48,8 +53,24 @@ impl ChildProcess {
         let stdout = File::create(&stdout_path).with_context(|| format!("cannot create {}", stdout_path.display()))?;
         let stderr = File::create(&stderr_path).with_context(|| format!("cannot create {}", stderr_path.display()))?;
         cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
-        let child = cmd.spawn().with_context(|| format!("cannot spawn {name}: {cmd:?}"))?;
-        Ok(Self { name: name.to_string(), child, exit: None, stdout_path, stderr_path, logs: Some(logs) })
+        let mut child = cmd.spawn().with_context(|| format!("cannot spawn {name}: {cmd:?}"))?;
+        let watchdog = match Watchdog::start(child.id()) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e.context(format!("cannot guard {name}, so it was not left running")));
+            }
+        };
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            watchdog: Some(watchdog),
+            exit: None,
+            stdout_path,
+            stderr_path,
+            logs: Some(logs),
+        })
     }
 
     /// The label given at spawn.
@@ -77,8 +98,18 @@ impl ChildProcess {
     pub fn try_wait(&mut self) -> anyhow::Result<Option<ExitStatus>> {
         if self.exit.is_none() {
             self.exit = self.child.try_wait().with_context(|| format!("cannot query {}", self.name))?;
+            if self.exit.is_some() {
+                self.disarm_watchdog();
+            }
         }
         Ok(self.exit)
+    }
+
+    /// Stop the watchdog: once the child is reaped its pid may be reused.
+    fn disarm_watchdog(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.disarm();
+        }
     }
 
     /// Whether the process is still running.
@@ -130,6 +161,7 @@ impl ChildProcess {
         self.child.kill().with_context(|| format!("cannot SIGKILL {}", self.name))?;
         let status = self.child.wait().with_context(|| format!("cannot wait for {}", self.name))?;
         self.exit = Some(status);
+        self.disarm_watchdog();
         Ok(status)
     }
 
@@ -239,6 +271,45 @@ impl Drop for ChildProcess {
     }
 }
 
+/// SIGKILLs one process when the test process is gone, however it went.
+///
+/// A `sh` whose stdin is a pipe; the test process holds the only write end (close-on-exec, so no
+/// other child inherits it). The kernel closes that end when the test process exits, SIGKILL
+/// included; `read` then sees end-of-file and the shell kills the guarded pid. A sidecar rather
+/// than the child itself watching the pipe: the guarded programs include kube-apiserver, etcd,
+/// SPIRE and envoy, and the child's pid, stdin (closed) and signals stay exactly as spawned.
+/// (`argocd-agent` children of a killed quickstart stop on their own: see `cli`'s `signals`.)
+#[derive(Debug)]
+struct Watchdog {
+    shell: Child,
+    pipe: ChildStdin,
+}
+
+/// `$1` is the guarded pid. Nothing is ever written to the pipe: `read` returns non-zero only at
+/// end-of-file.
+const WATCHDOG_SCRIPT: &str = "while read -r _; do :; done; kill -KILL \"$1\" 2>/dev/null";
+
+impl Watchdog {
+    fn start(pid: u32) -> anyhow::Result<Self> {
+        let mut shell = Command::new("sh")
+            .args(["-c", WATCHDOG_SCRIPT, "test-watchdog", &pid.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start the watchdog shell (sh)")?;
+        let pipe = shell.stdin.take().context("the watchdog's stdin pipe")?;
+        Ok(Self { shell, pipe })
+    }
+
+    /// Stop it without letting it kill: the shell first, then its pipe.
+    fn disarm(mut self) {
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+        drop(self.pipe);
+    }
+}
+
 fn read_lossy(path: &Path) -> String {
     std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
@@ -290,6 +361,58 @@ mod unit {
         let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         assert!(!cmdline.contains("sleep"), "sleeper {pid} still alive");
         Ok(())
+    }
+
+    /// Set for [`helper_holds_a_sleeper`] when this test binary runs it as a separate process:
+    /// where to write its sleeper's pid.
+    const HELPER_PID_FILE_ENV: &str = "TESTS_PROCESS_HELPER_PID_FILE";
+
+    /// Whether `pid` names a live process running `sleep` (a zombie or a reused pid does not).
+    fn sleeper_alive(pid: &str) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        !stat.is_empty() && state != Some("Z") && cmdline.contains("sleep")
+    }
+
+    /// Not a test on its own: [`children_die_with_a_killed_test_process`] runs it in a process
+    /// of its own, which spawns a sleeper and waits to be SIGKILLed.
+    #[test]
+    #[ignore = "run by children_die_with_a_killed_test_process"]
+    fn helper_holds_a_sleeper() -> anyhow::Result<()> {
+        let Some(pid_file) = std::env::var_os(HELPER_PID_FILE_ENV) else { return Ok(()) };
+        let sleeper = ChildProcess::spawn("sleeper", sh("exec sleep 600"))?;
+        std::fs::write(&pid_file, sleeper.pid().to_string())?;
+        // Parked until the outer test SIGKILLs this process (it never returns on its own).
+        loop {
+            std::thread::park();
+        }
+    }
+
+    /// A test process killed outright (no drop runs) takes the processes it spawned with it.
+    #[test]
+    fn children_die_with_a_killed_test_process() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let pid_file = dir.path().join("sleeper.pid");
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["--exact", "process::unit::helper_holds_a_sleeper", "--ignored", "--nocapture"])
+            .env(HELPER_PID_FILE_ENV, &pid_file);
+        let mut helper = ChildProcess::spawn("helper", cmd)?;
+        crate::wait::wait_until(Duration::from_secs(60), "the helper to start its sleeper", || {
+            helper.is_running() && std::fs::read_to_string(&pid_file).is_ok_and(|p| !p.is_empty())
+        })
+        .with_context(|| helper.log_tail(20))?;
+        let sleeper = std::fs::read_to_string(&pid_file)?;
+        assert!(sleeper_alive(&sleeper), "the helper's sleeper {sleeper} is not running");
+        helper.sigkill()?;
+        let gone = crate::wait::wait_until(Duration::from_secs(30), "the killed helper's sleeper to exit", || {
+            !sleeper_alive(&sleeper)
+        });
+        if gone.is_err() {
+            // Do not leave it behind when the mechanism is broken.
+            let _ = Command::new("kill").args(["-KILL", &sleeper]).status();
+        }
+        gone.with_context(|| format!("sleeper {sleeper} outlived the SIGKILLed test process that spawned it"))
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! The quickstart's child processes: started from this same binary, logged to files, stopped
-//! (SIGTERM, then SIGKILL) when the quickstart ends, however it ends.
+//! (SIGTERM, then SIGKILL) when the quickstart ends.
+//!
+//! When the quickstart cannot stop them (SIGKILL, the OOM killer), they stop themselves: each
+//! child's stdin is a pipe whose only write end this process holds, and the child, told so by
+//! [`crate::signals::EXIT_WITH_PARENT_ENV`], shuts down when the kernel closes that write end.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -7,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 
 /// A running child process of the quickstart.
 #[derive(Debug)]
@@ -17,6 +21,10 @@ pub struct ChildProc {
     /// Where its stdout and stderr go.
     pub log: PathBuf,
     child: Child,
+    /// The write end of the child's stdin, never written: closing it (this process exiting,
+    /// however it exits) tells the child to shut down. std creates it close-on-exec, so no
+    /// other child inherits it.
+    _parent_pipe: ChildStdin,
 }
 
 impl ChildProc {
@@ -39,13 +47,19 @@ impl ChildProc {
             .with_context(|| format!("cannot open {}", log.display()))?;
         let stderr = log_file.try_clone().context("log file")?;
         let mut cmd = Command::new(exe);
-        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::from(stderr)).env("NO_COLOR", "1").kill_on_drop(true);
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .env(crate::signals::EXIT_WITH_PARENT_ENV, "1")
+            .stderr(Stdio::from(stderr))
+            .env("NO_COLOR", "1")
+            .kill_on_drop(true);
         if first_line.is_some() {
             cmd.stdout(Stdio::piped());
         } else {
             cmd.stdout(Stdio::from(log_file));
         }
         let mut child = cmd.spawn().with_context(|| format!("cannot start the {name}"))?;
+        let parent_pipe = child.stdin.take().context("the child's stdin pipe")?;
         let mut line_found = None;
         if let Some((prefix, timeout)) = first_line {
             let stdout = child.stdout.take().context("stdout")?;
@@ -78,7 +92,7 @@ impl ChildProc {
                 }
             });
         }
-        Ok((Self { name: name.to_string(), log: log.to_path_buf(), child }, line_found))
+        Ok((Self { name: name.to_string(), log: log.to_path_buf(), child, _parent_pipe: parent_pipe }, line_found))
     }
 
     /// Fail with the log tail if the process has exited.
