@@ -281,6 +281,22 @@ struct Inner {
     live: BTreeMap<String, BTreeSet<String>>,
     events: u64,
     foreign: BTreeSet<String>,
+    /// Per watch (agent, side), registered by [`Checker::watch_started`]: what it delivered.
+    watches: BTreeMap<(String, Side), WatchStats>,
+}
+
+/// What one watch delivered during a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Events about the agent's Applications it delivered (creates, updates, deletes, relists).
+    pub events: u64,
+    /// Errors it reported (it relists or resumes after each: an error is not a failure, a watch
+    /// that only errors is).
+    pub errors: u64,
+    /// The first error, for the report.
+    pub first_error: Option<String>,
+    /// The last error, for the report.
+    pub last_error: Option<String>,
 }
 
 /// Records every write and observation of a run and checks them (see the module docs).
@@ -424,6 +440,25 @@ impl Checker {
         live.iter().nth(usize::try_from(rng.below(n)).ok()?).cloned()
     }
 
+    /// Register the watch of `agent`'s Applications on `side`: [`Report::blind_spots`] requires
+    /// every registered watch to deliver events.
+    pub fn watch_started(&self, agent: &str, side: Side) {
+        self.inner().watches.entry((agent.to_string(), side)).or_default();
+    }
+
+    /// Record an error of the watch of `agent`'s Applications on `side` (e.g. while the hub's
+    /// API server is down). Counted and reported; what fails a run is a watch that delivered
+    /// nothing ([`Report::blind_spots`]).
+    pub fn watch_error(&self, agent: &str, side: Side, error: &str) {
+        let mut inner = self.inner();
+        let stats = inner.watches.entry((agent.to_string(), side)).or_default();
+        stats.errors += 1;
+        if stats.first_error.is_none() {
+            stats.first_error = Some(error.to_string());
+        }
+        stats.last_error = Some(error.to_string());
+    }
+
     /// Record what a watch on `side` saw of Application `app`: its object, or `None` when it
     /// was deleted. Checks the order of values at once.
     pub fn observe(&self, side: Side, app: &str, obj: Option<&Value>) {
@@ -431,7 +466,10 @@ impl Checker {
         let at = self.since_start(now);
         let mut inner = self.inner();
         inner.events += 1;
-        let Inner { resources, values, violations, foreign, .. } = &mut *inner;
+        let Inner { resources, values, violations, foreign, watches, .. } = &mut *inner;
+        if let Some(res) = resources.get(app) {
+            watches.entry((res.agent.clone(), side)).or_default().events += 1;
+        }
         let Some(res) = resources.get_mut(app) else {
             if obj.is_some() && foreign.insert(app.to_string()) {
                 let what = "an Application the workload never created".to_string();
@@ -599,7 +637,12 @@ impl Checker {
     #[must_use]
     pub fn report(&self) -> Report {
         let inner = self.inner();
-        let mut r = Report { events: inner.events, violations: inner.violations.len(), ..Report::default() };
+        let mut r = Report {
+            events: inner.events,
+            violations: inner.violations.len(),
+            watches: inner.watches.iter().map(|((a, s), w)| (format!("{a} {}", side_name(*s)), w.clone())).collect(),
+            ..Report::default()
+        };
         for res in inner.resources.values() {
             let mode = res.mode;
             tally(&mut r.writes, mode, "create", res.create);
@@ -613,12 +656,19 @@ impl Checker {
                 };
                 let receiver = owner(mode, *field).other();
                 let history = res.seen.get(&(receiver, *field)).map(|s| s.history.as_slice()).unwrap_or_default();
+                // The highest write index the owner side's watch saw (its own writes, or newer).
+                let owner_max = res.seen.get(&(owner(mode, *field), *field)).and_then(|s| s.max);
+                let coverage = r.coverage.entry(direction(mode, *field)).or_default();
                 let delays = r.delays.entry(direction(mode, *field)).or_default();
                 for (i, w) in writes.iter().enumerate() {
                     if !(*field == Field::Path && i == 0) {
                         tally(&mut r.writes, mode, kind, w.outcome);
                     }
                     let Outcome::Acked(acked) = w.outcome else { continue };
+                    coverage[0] += 1;
+                    if owner_max.is_some_and(|m| m >= i) {
+                        coverage[1] += 1;
+                    }
                     match history.iter().find(|(_, j)| j.is_some_and(|j| j >= i)) {
                         Some((seen, _)) => delays.push(seen.saturating_duration_since(acked)),
                         None => *r.unobserved.entry(direction(mode, *field)).or_default() += 1,
@@ -643,6 +693,13 @@ fn mode_name(mode: Mode) -> &'static str {
     match mode {
         Mode::Managed => "managed",
         Mode::Autonomous => "autonomous",
+    }
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Hub => "hub",
+        Side::Spoke => "spoke",
     }
 }
 
@@ -700,6 +757,11 @@ pub struct Report {
     /// Per direction: acked writes never observed on the other side (their Application was
     /// deleted first).
     pub unobserved: BTreeMap<String, u64>,
+    /// Per direction: [acked writes, of those seen (that value or a newer one) by the owner
+    /// side's watch]. Seen on the receiving side: `delays[direction].len()`.
+    pub coverage: BTreeMap<String, [u64; 2]>,
+    /// Per watch ("<agent> <side>"): what it delivered.
+    pub watches: BTreeMap<String, WatchStats>,
 }
 
 impl Report {
@@ -709,6 +771,43 @@ impl Report {
     #[must_use]
     pub fn never_acked(&self) -> Vec<String> {
         self.writes.iter().filter(|(_, n)| n[0] == 0 && n.iter().sum::<u64>() > 0).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// What the watches failed to see, so that the order and delay checks would pass vacuously:
+    /// a registered watch that delivered no event about its agent's Applications (whatever
+    /// errors it reported), and per direction with acked writes, a side (owner or receiver)
+    /// whose watch saw none of them, or a receiving side that saw fewer than half of them
+    /// (a write goes unobserved only when its Application is deleted before it arrives, and
+    /// deletes are a few percent of the workload). Empty when the watches did their job.
+    #[must_use]
+    pub fn blind_spots(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (watch, w) in &self.watches {
+            if w.events == 0 {
+                let errors = match (&w.first_error, &w.last_error) {
+                    (Some(first), Some(last)) => format!("{} errors, first: {first}; last: {last}", w.errors),
+                    _ => "no error either".to_string(),
+                };
+                out.push(format!("the watch {watch} delivered no event about its Applications ({errors})"));
+            }
+        }
+        for (dir, [acked, owner_seen]) in &self.coverage {
+            if *acked == 0 {
+                continue;
+            }
+            let receiver_seen = self.delays.get(dir).map_or(0, |d| u64::try_from(d.len()).unwrap_or(u64::MAX));
+            if *owner_seen == 0 {
+                out.push(format!("{dir}: none of {acked} acked writes was seen by the owner side's watch"));
+            }
+            if receiver_seen == 0 {
+                out.push(format!("{dir}: none of {acked} acked writes was seen by the receiving side's watch"));
+            } else if receiver_seen * 2 < *acked {
+                out.push(format!(
+                    "{dir}: only {receiver_seen} of {acked} acked writes were seen by the receiving side's watch"
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -731,6 +830,18 @@ impl std::fmt::Display for Report {
             writeln!(f, "  {kind:<20} {a:>6} / {b} / {c} / {d}")?;
         }
         writeln!(f, "watch events observed: {}; violations: {}", self.events, self.violations)?;
+        for (watch, w) in &self.watches {
+            write!(f, "  watch {watch:<12} events={:<7} errors={}", w.events, w.errors)?;
+            match &w.last_error {
+                Some(e) => writeln!(f, " (last: {e})")?,
+                None => writeln!(f)?,
+            }
+        }
+        writeln!(f, "acked writes seen (that value or a newer one) by the owner / the receiving side's watch:")?;
+        for (dir, [acked, owner_seen]) in &self.coverage {
+            let receiver_seen = self.delays.get(dir).map_or(0, Vec::len);
+            writeln!(f, "  {dir:<28} acked={acked:<6} owner={owner_seen:<6} receiver={receiver_seen}")?;
+        }
         writeln!(f, "propagation delay (write ack → first observation on the other side, chaos included):")?;
         let mut all = Vec::new();
         for (dir, delays) in &self.delays {
@@ -1381,6 +1492,49 @@ mod unit {
         assert_eq!(r.delays["managed spec hub→spoke"].len(), 2);
         assert_eq!(r.writes["managed create"][0], 1);
         assert_eq!(r.writes["managed spec"][0], 1);
+    }
+
+    #[test]
+    fn a_checker_that_saw_nothing_reports_blind_spots() {
+        let c = Checker::new();
+        c.watch_started("m", Side::Hub);
+        c.watch_started("m", Side::Spoke);
+        let id = c.begin_create("m", Mode::Managed, "a", "w-1");
+        c.finish(&id, Outcome::Acked(Instant::now()));
+        let id = c.begin_write("a", Field::Revision, "s-2").unwrap();
+        c.finish(&id, Outcome::Acked(Instant::now()));
+        c.watch_error("m", Side::Spoke, "connection refused");
+        let blind = c.report().blind_spots();
+        let all = blind.join("\n");
+        for expected in [
+            "the watch m hub delivered no event about its Applications (no error either)",
+            "the watch m spoke delivered no event about its Applications (1 errors, first: connection refused",
+            "managed spec hub→spoke: none of 1 acked writes was seen by the owner side's watch",
+            "managed spec hub→spoke: none of 1 acked writes was seen by the receiving side's watch",
+            "managed status spoke→hub: none of 1 acked writes was seen by the owner side's watch",
+            "managed status spoke→hub: none of 1 acked writes was seen by the receiving side's watch",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        assert_eq!(blind.len(), 6, "{all}");
+
+        // Both sides see the (latest) values: nothing is missing, errors or not.
+        for side in [Side::Hub, Side::Spoke] {
+            c.observe(side, "a", Some(&app("w-1", Some("s-2"))));
+        }
+        assert!(c.report().blind_spots().is_empty(), "{:?}", c.report().blind_spots());
+        assert_eq!(c.report().watches["m spoke"].errors, 1);
+
+        // A receiving side that saw fewer than half of the acked writes is a blind spot too.
+        for v in ["w-3", "w-4", "w-5"] {
+            let id = c.begin_write("a", Field::Path, v).unwrap();
+            c.finish(&id, Outcome::Acked(Instant::now()));
+        }
+        c.observe(Side::Hub, "a", Some(&app("w-5", Some("s-2"))));
+        assert_eq!(
+            c.report().blind_spots(),
+            ["managed spec hub→spoke: only 1 of 4 acked writes were seen by the receiving side's watch"]
+        );
     }
 
     #[test]

@@ -26,9 +26,11 @@ use tests::wait_until_async;
 /// Initial sync of the populated Applications, before any chaos.
 const INITIAL_SYNC: Duration = Duration::from_secs(120);
 
-/// Feed every event of a watch on one side to the checker (relisting after errors, e.g. while
-/// the hub's API server is down).
-async fn watch_side(checker: Arc<Checker>, side: Side, api: Api<DynamicObject>) {
+/// Feed every event of the watch of `agent`'s Applications on one side to the checker. Errors
+/// (e.g. while the hub's API server is down) are counted by the checker and the watch relists or
+/// resumes; a watch that delivers nothing fails the run ([`tests::consistency::Report::blind_spots`]).
+async fn watch_side(checker: Arc<Checker>, agent: &'static str, side: Side, api: Api<DynamicObject>) {
+    checker.watch_started(agent, side);
     let config = watcher::Config::default().list_semantic(ListSemantic::MostRecent);
     let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
     while let Some(event) = events.next().await {
@@ -43,9 +45,11 @@ async fn watch_side(checker: Arc<Checker>, side: Side, api: Api<DynamicObject>) 
                     checker.observe(side, name, None);
                 }
             }
-            Ok(Event::Init | Event::InitDone) | Err(_) => {}
+            Ok(Event::Init | Event::InitDone) => {}
+            Err(e) => checker.watch_error(agent, side, &e.to_string()),
         }
     }
+    checker.watch_error(agent, side, "the watch stream ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,9 +97,9 @@ async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
         groups.push(Group::new(name, *mode, t.hub(), t.spoke(name)?, ARGOCD_NS, *target));
     }
     let mut watchers = Vec::new();
-    for g in &groups {
+    for (g, &(name, _, _)) in groups.iter().zip(&agents) {
         for side in [Side::Hub, Side::Spoke] {
-            watchers.push(tokio::spawn(watch_side(checker.clone(), side, g.api(side).clone())));
+            watchers.push(tokio::spawn(watch_side(checker.clone(), name, side, g.api(side).clone())));
         }
     }
 
@@ -175,6 +179,8 @@ async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
     for kind in report.never_acked() {
         problems.push(format!("no {kind} write was ever acknowledged: the run did not exercise it"));
     }
+    // The order and delay checks are only as good as what the watches saw.
+    problems.extend(report.blind_spots().into_iter().map(|b| format!("the checker was blind: {b}")));
     let violations = checker.violations();
     if violations.is_empty() && problems.is_empty() {
         return Ok(());
@@ -212,7 +218,7 @@ async fn checker_reports_an_old_value_written_again() -> Result<()> {
     let g = Group::new("cx", Mode::Managed, t.hub(), t.spoke("cx")?, ARGOCD_NS, 1);
     let watchers: Vec<_> = [Side::Hub, Side::Spoke]
         .into_iter()
-        .map(|side| tokio::spawn(watch_side(checker.clone(), side, g.api(side).clone())))
+        .map(|side| tokio::spawn(watch_side(checker.clone(), "cx", side, g.api(side).clone())))
         .collect();
     let (_stop_handle, stop) = StopHandle::new();
     Writer::new(checker.clone(), g.clone(), Rng::new(1), stop).populate().await?;
@@ -233,6 +239,7 @@ async fn checker_reports_an_old_value_written_again() -> Result<()> {
     .await;
     r.with_context(|| t.logs())?;
     assert!(checker.violations().is_empty(), "{:?}", checker.violations());
+    assert!(checker.report().blind_spots().is_empty(), "{}", checker.report());
 
     set_path("w-old").await?;
     let r = wait_until_async(WAIT, "the checker to report the old value on both sides", || async {
@@ -244,5 +251,59 @@ async fn checker_reports_an_old_value_written_again() -> Result<()> {
     for w in watchers {
         w.abort();
     }
+    Ok(())
+}
+
+/// The checker itself: a run whose watches saw nothing fails, though the workload's writes were
+/// acknowledged and both sides converged. The hub's watch looks at a namespace nobody writes to,
+/// the spoke's at an address where every connection is closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_fails_when_its_watches_see_nothing() -> Result<()> {
+    use tests::fixtures::application_resource;
+    const WAIT: Duration = Duration::from_secs(60);
+    let t = Topology::start(&[("cn", Mode::Managed)]).await?;
+    let checker = Arc::new(Checker::new());
+    let g = Group::new("cn", Mode::Managed, t.hub(), t.spoke("cn")?, ARGOCD_NS, 3);
+
+    let empty = Api::namespaced_with(t.hub(), "nobody-writes-here", &application_resource());
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+    let closed = listener.local_addr()?;
+    let closer = tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            drop(conn);
+        }
+    });
+    let client = kube::Client::try_from(kube::Config::new(format!("http://{closed}").parse()?))?;
+    let unreachable = Api::namespaced_with(client, ARGOCD_NS, &application_resource());
+    let watchers = [
+        tokio::spawn(watch_side(checker.clone(), "cn", Side::Hub, empty)),
+        tokio::spawn(watch_side(checker.clone(), "cn", Side::Spoke, unreachable)),
+    ];
+
+    let (_stop_handle, stop) = StopHandle::new();
+    Writer::new(checker.clone(), g.clone(), Rng::new(1), stop).populate().await?;
+    wait_converged(std::slice::from_ref(&g), WAIT).await.with_context(|| t.logs())?;
+    let r = wait_until_async(WAIT, "the spoke's watch to report an error", || async {
+        checker.report().watches.get("cn spoke").is_some_and(|w| w.errors > 0)
+    })
+    .await;
+    r.with_context(|| checker.report().to_string())?;
+    for w in &watchers {
+        w.abort();
+    }
+    closer.abort();
+
+    let report = checker.report();
+    let blind = report.blind_spots().join("\n");
+    for expected in [
+        "the watch cn hub delivered no event about its Applications",
+        "the watch cn spoke delivered no event about its Applications (",
+        "managed spec hub→spoke: none of 3 acked writes was seen by the owner side's watch",
+        "managed spec hub→spoke: none of 3 acked writes was seen by the receiving side's watch",
+    ] {
+        assert!(blind.contains(expected), "blind spots lack {expected:?}:\n{blind}\n{report}");
+    }
+    let spoke = report.blind_spots().into_iter().find(|b| b.contains("watch cn spoke")).unwrap_or_default();
+    assert!(spoke.contains(" errors, first: "), "the spoke watch's errors are not reported: {spoke:?}");
     Ok(())
 }
