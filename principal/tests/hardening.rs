@@ -337,7 +337,7 @@ async fn a_refreshed_session_keeps_its_stream_past_the_first_tokens_expiry() -> 
 
     // Past the first token's expiry, the stream still carries events.
     wait_for_clock(first_expiry + Duration::from_millis(200)).await;
-    round_trip(&mut s).await?;
+    round_trip(&mut s).await.context("the refreshed stream must outlive its first token")?;
     assert!(h.principal.is_connected(AGENT));
 
     // From now on only the other workload refreshes, every 300 ms, each time successfully: had
@@ -358,9 +358,12 @@ async fn a_refreshed_session_keeps_its_stream_past_the_first_tokens_expiry() -> 
             anyhow::Ok(refreshed)
         }
     });
-    let (_, status) = read_to_end(&mut s.inbound).await?;
-    let ended = SystemTime::now();
+    let ended = read_to_end(&mut s.inbound)
+        .await
+        .context("the stream must end with the agent's session: another workload's refreshes must not extend it");
     impostor_refreshes.cancel();
+    let (_, status) = ended?;
+    let ended = SystemTime::now();
     let impostor_refreshed = refresher.await??;
     let status = status.context("the stream must end with a status")?;
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
