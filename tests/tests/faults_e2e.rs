@@ -54,7 +54,13 @@ async fn set_health(api: &Api<DynamicObject>, name: &str, health: &str) -> Resul
 
 /// A topology whose agents all dial the principal through one fault proxy, each connected.
 async fn behind_proxy(agents: &[(&str, Mode)]) -> Result<(Topology, FaultProxy)> {
+    behind_proxy_with(agents, &[]).await
+}
+
+/// [`behind_proxy`], every agent started with `agent_args` as well.
+async fn behind_proxy_with(agents: &[(&str, Mode)], agent_args: &[&str]) -> Result<(Topology, FaultProxy)> {
     let mut t = Topology::start_without_agents(agents).await?;
+    t.set_agent_args(agent_args);
     let proxy = FaultProxy::start(t.principal_addr().context("the principal's address")?).await?;
     for (name, _) in agents {
         t.start_agent_via(name, proxy.addr()).await?;
@@ -222,6 +228,65 @@ async fn agent_detects_a_silently_dead_stream_and_reconnects() -> Result<()> {
     assert!(proxy.half_open(Side::Client) >= 1, "no connection to make half-open");
     hub.create(&PostParams::default(), &app("after", "h1", "v1")?).await?;
     wait_app(&t, &proxy, &spoke, "after", "a create after the stream died silently", path_is("v1")).await?;
+    Ok(())
+}
+
+/// The heartbeat path of docs/reliability.md "Dead connections": with HTTP/2 keepalive off and
+/// heartbeats every 4 s, the link is black-holed (nothing forwarded either way, nothing closed:
+/// no FIN, no RST, no PING answered). Only the silence limit can notice: three heartbeat
+/// intervals, 12 s (above the 10 s floor). The agent must give the stream up and dial again
+/// within that (plus its first backoff and a noisy machine's slack), and not long before it;
+/// while the link is healthy the principal's ACKs keep an otherwise idle stream up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_replaces_a_stream_silent_for_three_heartbeat_intervals() -> Result<()> {
+    const HEARTBEAT: Duration = Duration::from_secs(4);
+    const SILENCE_LIMIT: Duration = Duration::from_secs(12); // 3 × HEARTBEAT, above the 10 s floor
+    /// Reconnect backoff's first step, scheduling on two busy cores.
+    const SLACK: Duration = Duration::from_secs(15);
+    let (t, proxy) =
+        behind_proxy_with(&[("hb", Mode::Managed)], &["--heartbeat-interval", "4s", "--keep-alive-ping-interval", "0"])
+            .await?;
+    let hub = apps(&t.hub(), "hb");
+    let spoke = apps(&t.spoke("hb")?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &app("before", "hb", "v1")?).await?;
+    wait_app(&t, &proxy, &spoke, "before", "initial sync", path_is("v1")).await?;
+
+    // Healthy and idle: heartbeats and their ACKs are the only messages on the stream, for well
+    // over the silence limit, and the stream stays (HTTP/2 PINGs do not count as messages: without
+    // the ACKs it would be replaced here). This waits on purpose: the claim is about a stretch of
+    // time.
+    let (connects, accepted) = (t.principal_connects("hb"), proxy.stats().accepted);
+    tokio::time::sleep(SILENCE_LIMIT + HEARTBEAT * 2).await;
+    assert_eq!(
+        (t.principal_connects("hb"), proxy.stats().accepted),
+        (connects, accepted),
+        "an idle stream with heartbeats on was replaced: the principal's ACKs do not keep it up\n{}",
+        context(&t, &proxy)
+    );
+
+    let black_holed = std::time::Instant::now();
+    proxy.blackhole(true);
+    let r =
+        wait_until_async(SILENCE_LIMIT + SLACK, "the agent to give up the silent stream and dial again", || async {
+            proxy.stats().accepted > accepted
+        })
+        .await;
+    r.with_context(|| context(&t, &proxy))?;
+    let after = black_holed.elapsed();
+    // The last ACK arrived at most one heartbeat interval (and a bit) before the black hole.
+    assert!(
+        after >= SILENCE_LIMIT - HEARTBEAT - Duration::from_secs(1),
+        "the agent dialled again {after:?} after the link went silent, before three heartbeat intervals: \
+         something other than the silence limit replaced the stream\n{}",
+        context(&t, &proxy)
+    );
+    println!("the agent dialled again {:.1} s after the link went silent", after.as_secs_f64());
+
+    // The replacement works once the link does: a change made meanwhile arrives.
+    hub.create(&PostParams::default(), &app("after", "hb", "v1")?).await?;
+    proxy.blackhole(false);
+    wait_app(&t, &proxy, &spoke, "after", "a create after the silent stream was replaced", path_is("v1")).await?;
+    assert!(t.principal_connects("hb") > connects, "the agent never connected again\n{}", context(&t, &proxy));
     Ok(())
 }
 
