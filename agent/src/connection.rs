@@ -200,6 +200,7 @@ async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
             () = silent => {
                 tracing::warn!(silent_for = ?silence_limit, "nothing from the principal (not even heartbeat ACKs); \
                     the stream is taken as dead and replaced");
+                crate::metrics::global().reconnect("silent");
                 break;
             }
             msg = inbound.message() => msg,

@@ -352,10 +352,6 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
     if args.insecure_plaintext {
         return Ok(out);
     }
-    anyhow::ensure!(
-        !args.insecure_tls,
-        "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name"
-    );
     let ca = pem_from(
         args.root_ca_path.as_deref(),
         "--root-ca-path",
@@ -420,6 +416,12 @@ async fn observe(args: &Args, cell: &Arc<OnceLock<agent::Agent>>, cancel: &Cance
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
+    // Refused whatever the transport and before anything listens: not verifying the principal
+    // would let anyone on the path play principal and write to this cluster.
+    anyhow::ensure!(
+        !args.insecure_tls,
+        "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name"
+    );
     // Before anything announces the process, so an early SIGTERM still stops it cleanly.
     let mut stop = crate::signals::install();
     let observed = Arc::new(OnceLock::new());

@@ -96,6 +96,16 @@ fn insecure_tls_env_var_is_refused_by_name() {
     assert_refused(ok, &err);
 }
 
+/// Not only on the TLS path: with plaintext (behind a sidecar) or SPIFFE credentials the flag
+/// would otherwise be ignored silently, and an operator would believe it took effect.
+#[test]
+fn insecure_tls_is_refused_with_plaintext_and_spiffe_credentials_too() {
+    for extra in [&["--insecure-tls", "--insecure-plaintext"][..], &["--insecure-tls", "--creds", "spiffe:x509"][..]] {
+        let (ok, err) = run_agent(extra, &[]);
+        assert_refused(ok, &err);
+    }
+}
+
 /// The control: the same command without the flag gets past the TLS flags (and fails later,
 /// for another reason: there is no CA to read).
 #[test]
