@@ -258,8 +258,9 @@ impl SessionIssuer {
         let sub = subject_json(&refresh.agent, mode)?;
         let bound = Bound { binding, method };
         let now = self.clock.now();
-        let access_token = self.sign(TokenKind::Access, &sub, Some(self.lifetimes.access), Some(bound))?;
-        let access_expires_at = now + Duration::from_secs(self.lifetimes.access.as_secs());
+        let access_token = self.sign_at(now, TokenKind::Access, &sub, Some(self.lifetimes.access), Some(bound))?;
+        // The token's own `exp` (whole seconds), so a stream extended to it ends with the token.
+        let access_expires_at = exp_time(exp_seconds(unix_seconds(now), self.lifetimes.access));
         let renew = refresh
             .expires_at
             .is_none_or(|exp| exp.duration_since(now).unwrap_or_default() < self.lifetimes.renew_refresh_within);
@@ -357,7 +358,7 @@ impl SessionIssuer {
             mode,
             binding,
             method: claims.amr.first().cloned(),
-            expires_at: claims.exp.and_then(|exp| u64::try_from(exp).ok()).map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+            expires_at: claims.exp.map(exp_time),
             claims,
         })
     }
@@ -369,12 +370,23 @@ impl SessionIssuer {
         lifetime: Option<Duration>,
         bound: Option<Bound<'_>>,
     ) -> Result<String, AuthError> {
-        let now = unix_seconds(self.clock.now());
+        self.sign_at(self.clock.now(), kind, sub, lifetime, bound)
+    }
+
+    fn sign_at(
+        &self,
+        now: SystemTime,
+        kind: TokenKind,
+        sub: &str,
+        lifetime: Option<Duration>,
+        bound: Option<Bound<'_>>,
+    ) -> Result<String, AuthError> {
+        let now = unix_seconds(now);
         let claims = Claims {
             iss: self.issuer.clone(),
             sub: sub.to_owned(),
             aud: vec![kind.audience(&self.issuer)],
-            exp: lifetime.map(|l| now.saturating_add(i64::try_from(l.as_secs()).unwrap_or(i64::MAX))),
+            exp: lifetime.map(|l| exp_seconds(now, l)),
             nbf: Some(now),
             iat: Some(now),
             jti: uuid::Uuid::new_v4().to_string(),
@@ -394,6 +406,16 @@ struct Bound<'a> {
 
 fn subject_json(name: &AgentName, mode: AgentMode) -> Result<String, AuthError> {
     serde_json::to_string(&AgentSubject::new(name, mode)).map_err(|e| AuthError::TokenIssue { reason: e.to_string() })
+}
+
+/// A token's `exp` claim: issued at `now` (Unix seconds) and valid for `lifetime`.
+fn exp_seconds(now: i64, lifetime: Duration) -> i64 {
+    now.saturating_add(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The instant an `exp` claim names.
+fn exp_time(exp: i64) -> SystemTime {
+    u64::try_from(exp).map_or(UNIX_EPOCH, |s| UNIX_EPOCH + Duration::from_secs(s))
 }
 
 fn unix_seconds(t: SystemTime) -> i64 {

@@ -144,6 +144,21 @@ fn refresh_renews_the_refresh_token_only_near_expiry() {
 }
 
 #[test]
+fn a_refresh_reports_the_access_tokens_own_expiry_to_the_second() {
+    // Mid-second: the token's `exp` is whole seconds, and a stream extended to the reported
+    // expiry must not outlive the token.
+    let clock = ManualClock::new(start() + Duration::from_millis(900));
+    let iss = issuer(KEY_A, &clock);
+    let tokens = iss.issue(&identity(), AgentMode::Managed).expect("issue");
+    clock.advance(Duration::from_millis(60_750));
+    let refresh = iss.verify(&tokens.refresh_token, TokenKind::Refresh).expect("refresh");
+    let out = iss.refresh(&refresh).expect("refreshed");
+    let access = iss.verify(&out.access_token, TokenKind::Access).expect("new access");
+    assert_eq!(access.expires_at, Some(out.access_expires_at));
+    assert_eq!(out.access_expires_at, start() + Duration::from_secs(61) + ACCESS_TOKEN_LIFETIME);
+}
+
+#[test]
 fn resource_proxy_tokens_never_expire_and_carry_the_bare_name() {
     let clock = ManualClock::new(start());
     let iss = issuer(KEY_A, &clock);
