@@ -133,17 +133,7 @@ fn stdin_is_pipe() -> bool {
     std::fs::File::from(fd).metadata().is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_socket())
 }
 
-/// Read (and ignore) stdin until end-of-file.
+/// Read (and ignore) stdin until end-of-file; `io::copy` retries interrupted reads.
 fn read_to_eof() -> std::io::Result<()> {
-    use std::io::Read as _;
-    let mut stdin = std::io::stdin().lock();
-    let mut buf = [0u8; 256];
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink()).map(drop)
 }
