@@ -20,7 +20,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use protocol::event::AckRef;
+use link::Attachment;
+use link::recv::{Inbound, Next};
+use link::send::{SendHooks, SendOptions};
+use protocol::outbox::Parked;
 use protocol::pb::eventstreamapi::Event as WireEvent;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use protocol::{Event, EventType, Target};
@@ -70,26 +73,47 @@ struct Stream {
 struct Sender {
     task: tokio::task::JoinHandle<()>,
     cancel: CancellationToken,
+    attachment: Attachment,
+}
+
+/// What the send loop reports.
+struct PrincipalHooks;
+
+impl SendHooks for PrincipalHooks {
+    fn peer(&self) -> &str {
+        "principal"
+    }
+    fn sent(&self, _event: &Event) {
+        crate::metrics::global().event_sent();
+    }
+    fn discarded(&self, parked: &Parked<Event>) {
+        crate::metrics::global().event_discarded(&parked.item);
+    }
 }
 
 impl Sender {
-    /// Starts draining the outbox onto `tx` until `cancel` (or a child of it) fires.
+    /// Attaches a new stream to the outbox and starts draining it onto `tx` until `cancel` (or
+    /// a child of it) fires.
     fn start(spoke: &Arc<Spoke>, tx: mpsc::Sender<WireEvent>, cancel: &CancellationToken) -> Self {
         let cancel = cancel.child_token();
+        let attachment = spoke.mailbox.attach();
+        let options =
+            SendOptions { heartbeat: spoke.config.heartbeat_interval, max_bytes: spoke.config.max_message_bytes };
         let task = tokio::spawn({
             let (spoke, cancel) = (spoke.clone(), cancel.clone());
-            let (heartbeat, max_bytes) = (spoke.config.heartbeat_interval, spoke.config.max_message_bytes);
-            async move { spoke.mailbox.send_loop(tx, cancel, heartbeat, max_bytes).await }
+            async move { link::send::send_loop(&spoke.mailbox, attachment, &tx, &cancel, options, &PrincipalHooks).await }
         });
-        Self { task, cancel }
+        Self { task, cancel, attachment }
     }
 
-    /// Stops the task and waits for it, so nothing is sent after the stream is given up.
-    async fn stop(self) {
+    /// Stops the task and waits for it, so nothing is sent after the stream is given up; what
+    /// the stream had in flight is due again on the next one.
+    async fn stop(self, spoke: &Spoke) {
         self.cancel.cancel();
         if let Err(e) = self.task.await {
             tracing::error!(error = %e, "the stream's sender task failed");
         }
+        spoke.mailbox.detach(self.attachment);
     }
 }
 
@@ -133,7 +157,6 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
                 serve(&spoke, *stream, &cancel).await;
                 spoke.connected.store(false, Ordering::Relaxed);
                 crate::metrics::global().disconnected();
-                spoke.mailbox.on_disconnect();
                 resync_due = true;
                 State::Disconnected { attempt: 1 }
             }
@@ -178,8 +201,7 @@ async fn connect(
             Ok(Stream { inbound: response.into_inner(), sender })
         }
         Err(status) => {
-            sender.stop().await;
-            spoke.mailbox.on_disconnect();
+            sender.stop(spoke).await;
             Err(ConnectError::Refused(status))
         }
     }
@@ -189,30 +211,24 @@ async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
     let Stream { mut inbound, sender } = stream;
     let silence_limit = spoke.config.stream_silence_limit();
     loop {
-        let silent = async {
-            match silence_limit {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
-            }
-        };
-        let msg = tokio::select! {
-            () = cancel.cancelled() => break,
-            () = silent => {
-                tracing::warn!(silent_for = ?silence_limit, "nothing from the principal (not even heartbeat ACKs); \
-                    the stream is taken as dead and replaced");
+        match link::recv::next(&mut inbound, cancel, silence_limit).await {
+            Next::Message(msg) => on_message(spoke, msg).await,
+            Next::Stopped => break,
+            Next::Silent(silent_for) => {
+                tracing::warn!(
+                    ?silent_for,
+                    "nothing from the principal (not even heartbeat ACKs); \
+                    the stream is taken as dead and replaced"
+                );
                 crate::metrics::global().reconnect("silent");
                 break;
             }
-            msg = inbound.message() => msg,
-        };
-        match msg {
-            Ok(Some(msg)) => on_message(spoke, msg).await,
-            Ok(None) => {
+            Next::Ended => {
                 tracing::info!("the principal closed the stream");
                 crate::metrics::global().reconnect(crate::metrics::stream_end_cause(None));
                 break;
             }
-            Err(status) => {
+            Next::Failed(status) => {
                 tracing::info!(%status, "event stream failed");
                 session_refused(spoke, &status);
                 crate::metrics::global().reconnect(crate::metrics::stream_end_cause(Some(&status)));
@@ -220,7 +236,7 @@ async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
             }
         }
     }
-    sender.stop().await;
+    sender.stop(spoke).await;
 }
 
 /// The principal refused the session (expired, revoked, blocklisted): tell whoever holds the
@@ -233,42 +249,22 @@ fn session_refused(spoke: &Spoke, status: &tonic::Status) {
     }
 }
 
-fn ack_for(r: &AckRef) -> Event {
-    Event::new(EventType::Processed, Target::EventProcessed, r.resource_id.clone(), r.event_id.clone())
-}
-
+/// Handles one message from the principal by the ACK policy of [`link::recv`].
 async fn on_message(spoke: &Spoke, msg: WireEvent) {
     crate::metrics::global().event_received();
-    let ack_ref = msg.event.as_ref().and_then(AckRef::of);
-    let ev = match Event::from_wire(msg) {
-        Ok(ev) => ev,
-        Err(e) => {
-            tracing::warn!(error = %e, "undecodable event from the principal");
-            if let Some(r) = ack_ref {
-                spoke.mailbox.push(ack_for(&r));
-            }
-            return;
-        }
-    };
-    if ev.is_ack() {
-        spoke.mailbox.ack(&ev.resource_id, &ev.event_id);
+    let Inbound::Event(ev) = link::recv::receive(&spoke.mailbox, "principal", msg) else {
         return;
-    }
+    };
     let span = crate::otel::received_span(&spoke.config, &ev);
     async {
         let started = std::time::Instant::now();
         let result = inbound::process(spoke, &ev).await;
         crate::metrics::global().event_processed(spoke.config.mode, &ev, &result, started.elapsed());
-        match result {
-            Ok(()) => spoke.mailbox.push(ev.processed_ack()),
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(error = %e, "cannot apply event now; the principal will resend it")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot apply event; acknowledged so it is not resent");
-                spoke.mailbox.push(ev.processed_ack());
-                report_error(spoke, &ev, &e);
-            }
+        let acked = link::recv::settle(&spoke.mailbox, &ev, &result);
+        if let Err(e) = &result
+            && acked
+        {
+            report_error(spoke, &ev, e);
         }
     }
     .instrument(span)

@@ -1,11 +1,11 @@
 //! Events from the principal: apply them to the spoke, then ACK.
 
+use link::lock;
 use protocol::argocd::annotations::{LAST_APPLIED_CONFIGURATION, PRINCIPAL_UID, REFRESH, SOURCE_UID};
 use protocol::argocd::{AppProject, Application, ApplicationDestination, OperationState};
 use protocol::{Event, EventError, EventType, Payload, Target};
 
 use crate::config::AgentMode;
-use crate::outbound::lock;
 use crate::resync;
 use crate::spoke::store::StoreError;
 use crate::spoke::{Spoke, clear_server_fields};
@@ -44,10 +44,9 @@ pub enum InboundError {
     },
 }
 
-impl InboundError {
-    /// Whether the principal should resend (the event is then not ACKed).
-    #[must_use]
-    pub fn is_retryable(&self) -> bool {
+impl link::Retryable for InboundError {
+    /// Whether the peer should resend (the event is then not ACKed).
+    fn is_retryable(&self) -> bool {
         matches!(self, Self::Store(e) if e.is_retryable())
     }
 }

@@ -17,7 +17,6 @@ pub mod credentials;
 pub mod inbound;
 pub mod metrics;
 mod otel;
-pub mod outbound;
 pub mod resync;
 pub mod spoke;
 pub mod transport;

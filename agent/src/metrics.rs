@@ -15,12 +15,12 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use link::Mailbox;
 use protocol::Event;
 use protocol::metrics::{CounterVec, DEFAULT_BUCKETS, HistogramVec, event_type, gauge, resource_type, single};
 
 use crate::config::AgentMode;
 use crate::inbound::InboundError;
-use crate::outbound::Mailbox;
 
 /// The agent's metrics, shared by the whole process.
 #[must_use]
@@ -160,7 +160,7 @@ impl AgentMetrics {
         let status = match result {
             Ok(()) => "success",
             Err(InboundError::WrongMode { .. }) => "not-allowed",
-            Err(e) if e.is_retryable() => "failure",
+            Err(e) if link::Retryable::is_retryable(e) => "failure",
             Err(_) => "discarded",
         };
         let target = resource_type(&event.target);

@@ -68,19 +68,17 @@ impl Mailbox {
         }
     }
 
-    /// Queues an event and wakes the sender. Returns `false` when the event was dropped
-    /// because the peer was already sent a newer version of its resource (e.g. a watch
-    /// replaying history after a resync sent the current state).
-    pub fn push(&self, event: Event) -> bool {
+    /// Queues an event and wakes the sender. An event is dropped (logged at debug) when the
+    /// peer was already sent a newer version of its resource (e.g. a watch replaying history
+    /// after a resync sent the current state).
+    pub fn push(&self, event: Event) {
         let ids = (event.resource_id.clone(), event.event_id.clone());
-        let queued = lock(&self.inner).outbox.push(event, Instant::now());
-        if queued {
+        if lock(&self.inner).outbox.push(event, Instant::now()) {
             self.notify.notify_one();
         } else {
             tracing::debug!(resource_id = %ids.0, event_id = %ids.1,
                 "dropped: the peer was already sent a newer version of this resource");
         }
-        queued
     }
 
     /// Settles the in-flight event an ACK refers to, and wakes the sender (the resource's next
@@ -183,7 +181,7 @@ mod tests {
     #[test]
     fn nothing_is_taken_without_an_attachment_and_it_waits_for_one() {
         let mailbox = Mailbox::new(RetryPolicy::default());
-        assert!(mailbox.push(event("r1", "e1")));
+        mailbox.push(event("r1", "e1"));
         assert!(!mailbox.is_attached());
         let stale = Attachment(0);
         assert!(mailbox.take_ready(stale, "peer").is_none(), "no stream attached: nobody may take");

@@ -28,6 +28,13 @@ pub trait Retryable: Display {
     fn is_retryable(&self) -> bool;
 }
 
+/// Applying that cannot fail (a simulated peer).
+impl Retryable for std::convert::Infallible {
+    fn is_retryable(&self) -> bool {
+        match *self {}
+    }
+}
+
 /// What a stream offers next.
 #[derive(Debug)]
 pub enum Next {
@@ -79,7 +86,7 @@ pub enum Inbound {
         event_id: String,
     },
     /// An event to apply; answer it with [`settle`] afterwards.
-    Event(Event),
+    Event(Box<Event>),
     /// A message that did not decode: logged, and answered when it could be.
     Undecodable,
 }
@@ -111,7 +118,7 @@ pub fn receive(mailbox: &Mailbox, peer: &str, msg: WireEvent) -> Inbound {
         tracing::trace!(%peer, resource_id = %ev.resource_id, event_id = %ev.event_id, ?outcome, "ACK");
         return Inbound::Ack { resource_id: ev.resource_id, event_id: ev.event_id };
     }
-    Inbound::Event(ev)
+    Inbound::Event(Box::new(ev))
 }
 
 /// Answers event `ev` after applying it, by the policy above; returns whether it was ACKed.

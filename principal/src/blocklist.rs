@@ -28,16 +28,15 @@ use std::fmt;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::runtime::watcher;
+use link::lock;
+use link::watch::Index;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::Hub;
 use crate::ident::{IdentityFn, StreamGrant};
-use crate::session::lock;
 
 /// The ConfigMap holding the blocklist, in the principal namespace (upstream's name).
 pub const CONFIG_MAP: &str = "argocd-agent-tls-blocklist";
@@ -406,46 +405,65 @@ impl Blocklist {
         })
     }
 
-    /// Watches the ConfigMap until `cancel` fires, applying every change to live streams.
+    /// Watches the ConfigMap until `cancel` fires, applying every change to live streams, and
+    /// sweeps the streams again every [`RESWEEP`].
     pub(crate) async fn run(self: Arc<Self>, hub: Arc<Hub>, cancel: CancellationToken) {
         let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}"));
-        let stream = watcher::watcher(self.api.clone(), config).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        let mut resweep = tokio::time::interval(RESWEEP);
-        resweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // During a (re-)list: the ConfigMap if the list returned it.
-        let mut listed: Option<Option<ConfigMap>> = None;
-        loop {
-            let next = tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = resweep.tick() => {
-                    self.sweep(&hub);
-                    continue;
-                }
-                next = stream.next() => next,
-            };
-            let data = match next {
-                None => return,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "blocklist watch failed; retrying with backoff (the last list stays in force)");
-                    continue;
-                }
-                Some(Ok(WatchEvent::Init)) => {
-                    listed = Some(None);
-                    continue;
-                }
-                Some(Ok(WatchEvent::InitApply(cm))) => {
-                    listed = Some(Some(cm));
-                    continue;
-                }
-                Some(Ok(WatchEvent::InitDone)) => BlocklistData::from_config_map(listed.take().flatten().as_ref()),
-                Some(Ok(WatchEvent::Apply(cm))) => BlocklistData::from_config_map(Some(&cm)),
-                Some(Ok(WatchEvent::Delete(_))) => BlocklistData::default(),
-            };
-            if self.replace(data) {
+        let watched = Watched { list: &self, hub: &hub };
+        let resweep = async {
+            let mut every = tokio::time::interval(RESWEEP);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
                 self.sweep(&hub);
             }
+        };
+        tokio::select! {
+            () = link::watch::run(&watched, self.api.clone(), config, &cancel) => {}
+            () = resweep => {}
         }
+    }
+}
+
+/// The blocklist ConfigMap as a watch index: its one object is the list in force.
+struct Watched<'a> {
+    list: &'a Blocklist,
+    hub: &'a Hub,
+}
+
+impl Watched<'_> {
+    fn install(&self, data: BlocklistData) {
+        if self.list.replace(data) {
+            self.list.sweep(self.hub);
+        }
+    }
+}
+
+impl Index for Watched<'_> {
+    type Object = ConfigMap;
+    type Item = ConfigMap;
+    type Key = ();
+
+    fn what(&self) -> &str {
+        "blocklist ConfigMap (the last list stays in force)"
+    }
+    fn decode(&self, cm: &ConfigMap) -> Option<ConfigMap> {
+        Some(cm.clone())
+    }
+    fn key(_: &ConfigMap) {}
+    async fn apply(&self, cm: ConfigMap) {
+        self.install(BlocklistData::from_config_map(Some(&cm)));
+    }
+    async fn delete(&self, _: ConfigMap) {
+        self.install(BlocklistData::default());
+    }
+    /// The ConfigMap, when a list is in force (a re-list that no longer returns it empties it).
+    fn known(&self) -> Vec<ConfigMap> {
+        if *self.list.current() == BlocklistData::default() {
+            return Vec::new();
+        }
+        let metadata = kube::api::ObjectMeta { name: Some(CONFIG_MAP.to_owned()), ..Default::default() };
+        vec![ConfigMap { metadata, ..Default::default() }]
     }
 }
 

@@ -30,10 +30,9 @@ pub enum InboundError {
     },
 }
 
-impl InboundError {
-    /// Whether the sender should retry (the event is then not ACKed).
-    #[must_use]
-    pub fn is_retryable(&self) -> bool {
+impl link::Retryable for InboundError {
+    /// Whether the peer should resend (the event is then not ACKed).
+    fn is_retryable(&self) -> bool {
         matches!(self, Self::Store(e) if e.is_retryable())
     }
 }

@@ -200,7 +200,7 @@ impl PrincipalMetrics {
         let status = match result {
             Ok(()) => "success",
             Err(InboundError::WrongMode { .. }) => "not-allowed",
-            Err(e) if e.is_retryable() => "failure",
+            Err(e) if link::Retryable::is_retryable(e) => "failure",
             Err(_) => "discarded",
         };
         self.event_processing.observe(&[status, agent, resource_type(target)], elapsed.as_secs_f64());

@@ -15,6 +15,7 @@
 
 use std::sync::atomic::Ordering;
 
+use link::lock;
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
@@ -29,7 +30,7 @@ use crate::hub::Hub;
 use crate::hub::store::StoreError;
 use crate::inbound::InboundError;
 use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
-use crate::session::{AgentSession, lock};
+use crate::session::AgentSession;
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {

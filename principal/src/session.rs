@@ -12,28 +12,22 @@
 //!   `Unauthenticated`) and refuses the access token it was opened with until that expires.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Instant, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
+use link::{Attachment, Mailbox, lock};
 use protocol::Event;
-use protocol::outbox::{Outbox, RetryPolicy};
-use tokio::sync::Notify;
+use protocol::outbox::RetryPolicy;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::config::AgentMode;
 use crate::ident::StreamGrant;
 
-/// Locks a mutex, recovering the data if a panicking thread poisoned it (the guarded state is
-/// always left consistent between statements).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// One attached stream: how to end it, and the status the agent sees when it ends.
 #[derive(Debug, Clone)]
 pub(crate) struct StreamHandle {
-    generation: u64,
+    attachment: Attachment,
     cancel: CancellationToken,
     /// `None` while open; `Some(reason)` once closed (`Some(None)`: a clean end).
     end: Arc<Mutex<Option<Option<Status>>>>,
@@ -42,9 +36,9 @@ pub(crate) struct StreamHandle {
 }
 
 impl StreamHandle {
-    fn new(generation: u64, deadline: Option<SystemTime>) -> Self {
+    fn new(attachment: Attachment, deadline: Option<SystemTime>) -> Self {
         Self {
-            generation,
+            attachment,
             cancel: CancellationToken::new(),
             end: Arc::new(Mutex::new(None)),
             deadline: Arc::new(tokio::sync::watch::Sender::new(deadline)),
@@ -67,9 +61,14 @@ impl StreamHandle {
         })
     }
 
-    /// Which attachment of its session this stream is.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
+    /// The stream's claim on its session's mailbox.
+    pub(crate) fn attachment(&self) -> Attachment {
+        self.attachment
+    }
+
+    /// The token that fires when the stream is closed.
+    pub(crate) fn stop(&self) -> &CancellationToken {
+        &self.cancel
     }
 
     /// Ends the stream with `status` as its final status (`None`: a clean end). The first
@@ -85,6 +84,7 @@ impl StreamHandle {
     }
 
     /// Whether the stream was closed.
+    #[cfg(test)]
     pub(crate) fn is_closed(&self) -> bool {
         self.cancel.is_cancelled()
     }
@@ -107,17 +107,10 @@ struct Attached {
     grant: StreamGrant,
 }
 
-/// A session's stream slot: the attachment counter and the current stream.
+/// A session's stream slot: the current stream, if any.
 #[derive(Debug, Default)]
 struct Slot {
-    generation: u64,
     attached: Option<Attached>,
-}
-
-impl Slot {
-    fn is_current(&self, generation: u64) -> bool {
-        self.attached.as_ref().is_some_and(|a| a.handle.generation == generation)
-    }
 }
 
 /// One agent as the principal sees it: its mode, its outbox (surviving reconnects, so nothing
@@ -126,9 +119,8 @@ impl Slot {
 pub struct AgentSession {
     name: String,
     mode: Mutex<AgentMode>,
-    outbox: Mutex<Outbox<Event>>,
-    notify: Notify,
-    /// Lock order: `current` before `outbox`.
+    mailbox: Mailbox,
+    /// Lock order: `current` before the mailbox.
     current: Mutex<Slot>,
 }
 
@@ -137,8 +129,7 @@ impl AgentSession {
         Self {
             name: name.to_owned(),
             mode: Mutex::new(mode),
-            outbox: Mutex::new(Outbox::new(retry)),
-            notify: Notify::new(),
+            mailbox: Mailbox::new(retry),
             current: Mutex::new(Slot::default()),
         }
     }
@@ -165,62 +156,17 @@ impl AgentSession {
     pub fn push(&self, event: Event) {
         tracing::debug!(agent = %self.name, event_type = %event.event_type, target = %event.target,
             resource_id = %event.resource_id, event_id = %event.event_id, "queued for agent");
-        let ids = (event.resource_id.clone(), event.event_id.clone());
-        if lock(&self.outbox).push(event, Instant::now()) {
-            self.notify.notify_one();
-        } else {
-            // E.g. the hub watch replaying history after a resync already sent the newer state.
-            tracing::debug!(agent = %self.name, resource_id = %ids.0, event_id = %ids.1,
-                "dropped: the agent was already sent a newer version of this resource");
-        }
+        self.mailbox.push(event);
     }
 
-    /// Settles the in-flight event an ACK refers to.
-    pub fn ack(&self, resource_id: &str, event_id: &str) {
-        let outcome = lock(&self.outbox).ack(resource_id, event_id);
-        tracing::trace!(agent = %self.name, %resource_id, %event_id, ?outcome, "ack from agent");
-        self.notify.notify_one();
-    }
-
-    /// Gives up on in-flight event `event` at once (it can never be delivered); the resource's
-    /// next event proceeds and the next resync repairs what it carried.
-    pub(crate) fn reject(&self, event: &Event, reason: String) {
-        let outcome = lock(&self.outbox).reject(&event.resource_id, &event.event_id, reason, Instant::now());
-        tracing::trace!(agent = %self.name, resource_id = %event.resource_id, event_id = %event.event_id, ?outcome,
-            "rejected");
-        self.notify.notify_one();
-    }
-
-    /// Events due now, and when to look again at the latest; `None` once stream `generation`
-    /// is no longer the current one (a replaced stream must not take its successor's events).
-    pub(crate) fn take_ready(&self, generation: u64) -> Option<(Vec<Event>, Option<Instant>)> {
-        let slot = lock(&self.current);
-        if !slot.is_current(generation) {
-            return None;
-        }
-        let mut outbox = lock(&self.outbox);
-        let now = Instant::now();
-        let mut ready = Vec::new();
-        while let Some(ev) = outbox.next_ready(now) {
-            ready.push(ev);
-        }
-        for parked in outbox.take_parked() {
-            tracing::warn!(agent = %self.name, resource_id = %parked.item.resource_id, event_id = %parked.item.event_id,
-                attempts = parked.attempts, reason = ?parked.reason, "gave up delivering an event; resync will repair");
-            crate::metrics::global().event_discarded(&self.name, &parked.item);
-        }
-        Some((ready, outbox.next_deadline()))
+    /// The agent's mailbox: what is owed to it, and which stream may take it.
+    pub(crate) fn mailbox(&self) -> &Mailbox {
+        &self.mailbox
     }
 
     /// Events queued or awaiting an ACK, and how long the oldest has waited (for metrics).
     pub(crate) fn outbox_backlog(&self) -> (usize, Option<std::time::Duration>) {
-        let outbox = lock(&self.outbox);
-        (outbox.queued() + outbox.inflight(), outbox.oldest_pending_age(Instant::now()))
-    }
-
-    /// Waits until something is pushed or ACKed.
-    pub(crate) async fn changed(&self) {
-        self.notify.notified().await;
+        self.mailbox.backlog()
     }
 
     /// Attaches a new stream opened with `grant`, closing the previous one with `Aborted` (a
@@ -229,8 +175,8 @@ impl AgentSession {
     pub(crate) fn attach(&self, mode: AgentMode, grant: StreamGrant) -> StreamHandle {
         let mut slot = lock(&self.current);
         *lock(&self.mode) = mode;
-        slot.generation = slot.generation.wrapping_add(1);
-        let handle = StreamHandle::new(slot.generation, grant.expires_at);
+        // Whatever the old stream had in flight is due again on the new one.
+        let handle = StreamHandle::new(self.mailbox.attach(), grant.expires_at);
         if let Some(old) = slot.attached.replace(Attached { handle: handle.clone(), grant }) {
             tracing::warn!(agent = %self.name, "a new stream of this agent replaces its live one (one stream per agent, \
                 the newest wins; if this repeats, two agents share this identity)");
@@ -240,8 +186,6 @@ impl AgentSession {
                 self.name
             ))));
         }
-        // Whatever the old stream had in flight is due again on the new one.
-        lock(&self.outbox).on_disconnect();
         handle
     }
 
@@ -249,9 +193,8 @@ impl AgentSession {
     /// due again on the next stream.
     pub(crate) fn detach(&self, handle: &StreamHandle) {
         let mut slot = lock(&self.current);
-        if slot.is_current(handle.generation) {
+        if let Some(put_back) = self.mailbox.detach(handle.attachment) {
             slot.attached = None;
-            let put_back = lock(&self.outbox).on_disconnect();
             drop(slot);
             tracing::info!(agent = %self.name, put_back, "agent stream ended");
         }
@@ -389,9 +332,12 @@ mod tests {
         assert_eq!(old.end_status().map(|s| s.code()), Some(tonic::Code::Aborted));
 
         session.push(Event::heartbeat());
-        assert!(session.take_ready(old.generation()).is_none(), "a replaced stream must not take events");
-        let (ready, _) = session.take_ready(new.generation()).expect("current stream");
-        assert_eq!(ready.len(), 1);
+        assert!(
+            session.mailbox().take_ready(old.attachment(), "t").is_none(),
+            "a replaced stream must not take events"
+        );
+        let ready = session.mailbox().take_ready(new.attachment(), "t").expect("current stream");
+        assert_eq!(ready.events.len(), 1);
 
         session.detach(&old);
         assert!(session.is_connected(), "detaching the replaced stream leaves the newest attached");
@@ -419,12 +365,13 @@ mod tests {
 
     #[test]
     fn the_first_close_reason_wins() {
-        let handle = StreamHandle::new(1, None);
+        let mailbox = Mailbox::new(RetryPolicy::default());
+        let handle = StreamHandle::new(mailbox.attach(), None);
         handle.close(Some(Status::unauthenticated("expired")));
         handle.close(None);
         handle.close(Some(Status::aborted("replaced")));
         assert_eq!(handle.end_status().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
-        let clean = StreamHandle::new(2, None);
+        let clean = StreamHandle::new(mailbox.attach(), None);
         clean.close(None);
         clean.close(Some(Status::aborted("replaced")));
         assert!(clean.is_closed() && clean.end_status().is_none());

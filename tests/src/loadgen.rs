@@ -15,10 +15,10 @@
 //!   the agent's keepalive PINGs); the `Authenticate`/`RefreshToken` calls ride on the same
 //!   connection as the `Subscribe` stream (the real agent keeps a second, lazy connection for
 //!   them: that would double the file descriptors);
-//! - **stream**: `Subscribe` with the access token, the agent's outbox
-//!   ([`protocol::outbox::Outbox`], ACKs and retries), heartbeats at an interval, a
-//!   `.processed` ACK for every event received (as `agent::connection` does), and the stream
-//!   taken as dead after three silent heartbeat intervals;
+//! - **stream**: `Subscribe` with the access token, and the agent's own peer machinery from
+//!   [`link`]: its mailbox (ACKs and retries), send loop (heartbeats at an interval) and ACK
+//!   policy (a `.processed` ACK for every event received); the stream is taken as dead after
+//!   three silent heartbeat intervals;
 //! - **resync** (upstream §4.13) on every connect, as `agent::resync` does with the
 //!   Applications and AppProjects the simulated agent holds in memory (none at first): managed
 //!   agents send `request-synced-resource-list` and answer the principal's
@@ -40,12 +40,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use agent::backoff::BackoffConfig;
 use auth::{AgentMode, AuthParams, ClientError, Credentials};
+use link::Mailbox;
+use link::recv::{Inbound, Next};
+use link::send::{SendHooks, SendOptions};
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
 };
-use protocol::event::{AckRef, new_uuid};
-use protocol::outbox::{Outbox, RetryPolicy};
+use protocol::event::new_uuid;
+use protocol::outbox::RetryPolicy;
 use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use protocol::pb::authapi::authentication_client::AuthenticationClient;
 use protocol::pb::eventstreamapi::Event as WireEvent;
@@ -443,7 +446,7 @@ struct Sim {
     session: Session,
     /// The principal refused the session: refresh (or authenticate) before the next stream.
     renew: bool,
-    outbox: Outbox<Event>,
+    mailbox: Arc<Mailbox>,
     apps: BTreeMap<String, Application>,
     projects: BTreeMap<String, AppProject>,
 }
@@ -480,7 +483,7 @@ async fn run_agent(shared: Arc<Shared>, index: usize, delay: Duration, cancel: C
         xfcc,
         session: Session { shared, creds, params },
         renew: false,
-        outbox: Outbox::new(RetryPolicy::default()),
+        mailbox: Arc::new(Mailbox::new(RetryPolicy::default())),
         apps: BTreeMap::new(),
         projects: BTreeMap::new(),
     };
@@ -559,7 +562,7 @@ impl Sim {
 
     fn push(&mut self, ev: Option<Event>) {
         if let Some(ev) = ev {
-            self.outbox.push(ev, Instant::now());
+            self.mailbox.push(ev);
         }
     }
 
@@ -612,7 +615,6 @@ impl Sim {
         slot.up.store(false, Ordering::Relaxed);
         self.shared.connected.fetch_sub(1, Ordering::Relaxed);
         self.counters().streams_ended.fetch_add(1, Ordering::Relaxed);
-        self.outbox.on_disconnect();
         outcome
     }
 
@@ -772,26 +774,39 @@ impl Sim {
         cancel: &CancellationToken,
     ) -> Outcome {
         let cfg = self.shared.config.clone();
+        let mailbox = self.mailbox.clone();
+        let attachment = mailbox.attach();
+        let outcome = {
+            let shared = self.shared.clone();
+            let hooks = Hooks(&shared.counters);
+            let options = SendOptions { heartbeat: cfg.heartbeat, max_bytes: protocol::pb::MAX_MESSAGE_BYTES };
+            let stop = cancel.child_token();
+            let sending = link::send::send_loop(&mailbox, attachment, &tx, &stop, options, &hooks);
+            let receiving = self.receive(&mut inbound, auth_client, cancel);
+            tokio::select! {
+                () = sending => Outcome::Ended,
+                outcome = receiving => outcome,
+            }
+        };
+        mailbox.detach(attachment);
+        outcome
+    }
+
+    /// Applies what arrives on one stream until it ends, with the status updates and token
+    /// refreshes due meanwhile.
+    async fn receive(
+        &mut self,
+        inbound: &mut tonic::Streaming<WireEvent>,
+        auth_client: &mut AuthenticationClient<Channel>,
+        cancel: &CancellationToken,
+    ) -> Outcome {
+        let cfg = self.shared.config.clone();
         let mut resync = self.start_resync();
         let silence = cfg.heartbeat.map(|h| (h * 3).max(agent::config::MIN_SILENCE_LIMIT));
         let mut last_heard = Instant::now();
-        let mut heartbeat = cfg.heartbeat.map(|h| tokio::time::interval_at(tokio::time::Instant::now() + h, h));
         let mut status = cfg.status_interval.map(|s| tokio::time::interval_at(tokio::time::Instant::now() + s, s));
         let mut refresh_retry: Option<Instant> = None;
         loop {
-            // Drain what is due onto the stream.
-            let now = Instant::now();
-            while let Some(mut ev) = self.outbox.next_ready(now) {
-                ev.stamp_sent_at(chrono::Utc::now());
-                if ev.event_type == EventType::Processed {
-                    self.counters().acks_sent.fetch_add(1, Ordering::Relaxed);
-                }
-                if tx.send(ev.to_wire()).await.is_err() {
-                    return Outcome::Ended;
-                }
-            }
-            let _ = self.outbox.take_parked();
-            let deadline = self.outbox.next_deadline();
             let refresh_at = refresh_retry.or_else(|| self.session.creds.refresh_due_at().map(instant_of));
             let sleep_until = |t: Option<Instant>| async move {
                 match t {
@@ -802,23 +817,18 @@ impl Sim {
             let silent_at = silence.map(|s| last_heard + s);
             tokio::select! {
                 biased;
-                () = cancel.cancelled() => return Outcome::Stopped,
-                msg = inbound.message() => match msg {
-                    Ok(Some(msg)) => {
+                next = link::recv::next(inbound, cancel, None) => match next {
+                    Next::Message(msg) => {
                         last_heard = Instant::now();
                         self.on_message(msg, &mut resync);
                     }
-                    Ok(None) => return Outcome::Ended,
-                    Err(status) => {
+                    Next::Stopped => return Outcome::Stopped,
+                    Next::Ended | Next::Silent(_) => return Outcome::Ended,
+                    Next::Failed(status) => {
                         self.renew = status.code() == tonic::Code::Unauthenticated;
                         return Outcome::Ended;
                     }
                 },
-                () = sleep_until(deadline) => {}
-                () = tick(heartbeat.as_mut()) => {
-                    self.push(Some(Event::heartbeat()));
-                    self.counters().heartbeats_sent.fetch_add(1, Ordering::Relaxed);
-                }
                 () = tick(status.as_mut()) => self.send_status_updates(),
                 () = sleep_until(refresh_at) => {
                     refresh_retry = if self.session.refresh(auth_client).await { None } else { Some(Instant::now() + REFRESH_RETRY) };
@@ -830,28 +840,36 @@ impl Sim {
 
     fn on_message(&mut self, msg: WireEvent, resync: &mut Resync) {
         self.counters().events_received.fetch_add(1, Ordering::Relaxed);
-        let ack_ref = msg.event.as_ref().and_then(AckRef::of);
-        let ev = match Event::from_wire(msg) {
-            Ok(ev) => ev,
-            Err(_) => {
-                if let Some(r) = ack_ref {
-                    let ack = Event::new(EventType::Processed, Target::EventProcessed, r.resource_id, r.event_id);
-                    self.push(Some(ack));
+        match link::recv::receive(&self.mailbox, "principal", msg) {
+            Inbound::Ack { resource_id, event_id } => {
+                if resync.own.as_ref().is_some_and(|(r, e)| *r == resource_id && *e == event_id) {
+                    resync.own_acked = true;
+                    self.check_resync_done(resync);
                 }
-                return;
             }
-        };
-        if ev.is_ack() {
-            self.outbox.ack(&ev.resource_id, &ev.event_id);
-            if resync.own.as_ref().is_some_and(|(r, e)| *r == ev.resource_id && *e == ev.event_id) {
-                resync.own_acked = true;
+            Inbound::Event(ev) => {
+                self.apply(&ev);
+                link::recv::settle::<std::convert::Infallible>(&self.mailbox, &ev, &Ok(()));
                 self.check_resync_done(resync);
             }
-            return;
+            Inbound::Undecodable => {}
         }
-        self.apply(&ev);
-        self.push(Some(ev.processed_ack()));
-        self.check_resync_done(resync);
+    }
+}
+
+/// What a simulated agent's send loop counts.
+struct Hooks<'a>(&'a Counters);
+
+impl SendHooks for Hooks<'_> {
+    fn peer(&self) -> &str {
+        "principal"
+    }
+    fn sent(&self, event: &Event) {
+        if event.event_type == EventType::Processed {
+            self.0.acks_sent.fetch_add(1, Ordering::Relaxed);
+        } else if event.target == Target::Heartbeat {
+            self.0.heartbeats_sent.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

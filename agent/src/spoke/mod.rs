@@ -8,11 +8,11 @@ pub mod watch;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
+use link::{Mailbox, lock};
 use protocol::argocd::Application;
 use protocol::{Event, EventType, Target};
 
 use crate::config::AgentConfig;
-use crate::outbound::{Mailbox, lock};
 use store::ObjectStore;
 
 /// The status-related parts of an Application last reported to the principal.

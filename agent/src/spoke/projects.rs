@@ -5,74 +5,65 @@
 //! * autonomous: every AppProject goes up (`create`, `spec-update`, `delete`); the principal
 //!   keeps a renamed copy (§4.4).
 //!
-//! Re-lists are handled as in [`super::watch`].
+//! Re-lists are handled by [`link::watch`].
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::api::DynamicObject;
+use kube::runtime::watcher;
+use link::lock;
+use link::watch::Index;
 use protocol::argocd::AppProject;
 use protocol::{EventType, Target};
 use tokio_util::sync::CancellationToken;
 
 use super::{Spoke, clear_server_fields};
 use crate::config::AgentMode;
-use crate::outbound::lock;
 
-/// Watches the spoke's AppProjects until `cancel` fires.
-pub(crate) async fn run_projects(spoke: Arc<Spoke>, cancel: CancellationToken) {
-    let managed = spoke.config.mode == AgentMode::Managed;
-    let stream = watcher::watcher(spoke.projects.api(Some(spoke.ns())), watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut relisted: Option<HashSet<String>> = None;
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = stream.next() => next,
-        };
-        let event = match next {
-            None => return,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "spoke AppProject watch failed; retrying with backoff");
-                continue;
-            }
-            Some(Ok(ev)) => ev,
-        };
-        let decode = |obj: &kube::api::DynamicObject| match spoke.projects.decode::<AppProject>(obj) {
-            // Managed: only principal-owned projects; autonomous: all of them.
+/// The spoke's AppProjects, by name: managed, only principal-owned ones; autonomous, all.
+struct Projects<'a>(&'a Spoke);
+
+impl Index for Projects<'_> {
+    type Object = DynamicObject;
+    type Item = AppProject;
+    type Key = String;
+
+    fn what(&self) -> &str {
+        "spoke AppProject"
+    }
+    fn decode(&self, obj: &DynamicObject) -> Option<AppProject> {
+        let managed = self.0.config.mode == AgentMode::Managed;
+        match self.0.projects.decode::<AppProject>(obj) {
             Ok(p) => (!managed || p.metadata.source_uid().is_some()).then_some(p),
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a spoke AppProject that does not decode");
                 None
             }
-        };
-        match event {
-            WatchEvent::Init => relisted = Some(HashSet::new()),
-            WatchEvent::InitApply(obj) | WatchEvent::Apply(obj) => {
-                let Some(p) = decode(&obj) else { continue };
-                if let Some(seen) = relisted.as_mut() {
-                    seen.insert(p.metadata.name.clone().unwrap_or_default());
-                }
-                applied(&spoke, p).await;
-            }
-            WatchEvent::InitDone => {
-                let Some(seen) = relisted.take() else { continue };
-                let known = if managed { &spoke.project_source } else { &spoke.sent_projects };
-                let gone: Vec<AppProject> =
-                    lock(known).iter().filter(|(k, _)| !seen.contains(*k)).map(|(_, v)| v.clone()).collect();
-                for p in gone {
-                    deleted(&spoke, p).await;
-                }
-            }
-            WatchEvent::Delete(obj) => {
-                if let Some(p) = decode(&obj) {
-                    deleted(&spoke, p).await;
-                }
-            }
         }
     }
+    fn key(p: &AppProject) -> String {
+        p.metadata.name.clone().unwrap_or_default()
+    }
+    async fn apply(&self, p: AppProject) {
+        applied(self.0, p).await;
+    }
+    async fn delete(&self, p: AppProject) {
+        deleted(self.0, p).await;
+    }
+    /// Managed: the principal's copies; autonomous: what was sent up.
+    fn known(&self) -> Vec<AppProject> {
+        let known = match self.0.config.mode {
+            AgentMode::Managed => &self.0.project_source,
+            AgentMode::Autonomous => &self.0.sent_projects,
+        };
+        lock(known).values().cloned().collect()
+    }
+}
+
+/// Watches the spoke's AppProjects until `cancel` fires.
+pub(crate) async fn run_projects(spoke: Arc<Spoke>, cancel: CancellationToken) {
+    let api = spoke.projects.api(Some(spoke.ns()));
+    link::watch::run(&Projects(&spoke), api, watcher::Config::default(), &cancel).await;
 }
 
 async fn applied(spoke: &Spoke, project: AppProject) {

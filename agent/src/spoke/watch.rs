@@ -5,16 +5,15 @@
 //! * autonomous: every change goes up (`create`, `spec-update` with the full object,
 //!   `delete`).
 //!
-//! Recovery: on a re-list (`Init`..`InitDone`), Applications known before and not listed
+//! Recovery ([`link::watch`]): on a re-list, Applications known before and not listed
 //! again were deleted during the gap and are handled as deletions.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::api::DynamicObject;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::runtime::watcher;
+use link::lock;
+use link::watch::Index;
 use protocol::argocd::Application;
 use protocol::{EventType, Target};
 use tokio_util::sync::CancellationToken;
@@ -22,64 +21,49 @@ use tracing::Instrument as _;
 
 use super::{Spoke, clear_server_fields, is_ignored};
 use crate::config::AgentMode;
-use crate::outbound::lock;
 
-/// Watches the spoke's Applications until `cancel` fires.
-pub(crate) async fn run_applications(spoke: Arc<Spoke>, cancel: CancellationToken) {
-    let stream = watcher::watcher(spoke.apps.api(Some(spoke.ns())), watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut relisted: Option<HashSet<String>> = None;
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = stream.next() => next,
-        };
-        let event = match next {
-            None => return,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "spoke Application watch failed; retrying with backoff");
-                continue;
-            }
-            Some(Ok(ev)) => ev,
-        };
-        let decode = |obj: &DynamicObject| match spoke.apps.decode::<Application>(obj) {
+/// The spoke's Applications, by name.
+struct Applications<'a>(&'a Spoke);
+
+impl Index for Applications<'_> {
+    type Object = DynamicObject;
+    type Item = Application;
+    type Key = String;
+
+    fn what(&self) -> &str {
+        "spoke Application"
+    }
+    fn decode(&self, obj: &DynamicObject) -> Option<Application> {
+        match self.0.apps.decode::<Application>(obj) {
             Ok(app) => Some(app),
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a spoke Application that does not decode");
                 None
             }
-        };
-        match event {
-            WatchEvent::Init => relisted = Some(HashSet::new()),
-            WatchEvent::InitApply(obj) | WatchEvent::Apply(obj) => {
-                let Some(app) = decode(&obj) else { continue };
-                if let Some(seen) = relisted.as_mut() {
-                    seen.insert(app.metadata.name.clone().unwrap_or_default());
-                }
-                applied(&spoke, app).await;
-            }
-            WatchEvent::InitDone => {
-                let Some(seen) = relisted.take() else { continue };
-                for app in
-                    known(&spoke).into_iter().filter(|a| !seen.contains(a.metadata.name.as_deref().unwrap_or_default()))
-                {
-                    deleted(&spoke, app).await;
-                }
-            }
-            WatchEvent::Delete(obj) => {
-                if let Some(app) = decode(&obj) {
-                    deleted(&spoke, app).await;
-                }
-            }
+        }
+    }
+    fn key(app: &Application) -> String {
+        app.metadata.name.clone().unwrap_or_default()
+    }
+    async fn apply(&self, app: Application) {
+        applied(self.0, app).await;
+    }
+    async fn delete(&self, app: Application) {
+        deleted(self.0, app).await;
+    }
+    /// Managed: the principal's copies; autonomous: what was sent up.
+    fn known(&self) -> Vec<Application> {
+        match self.0.config.mode {
+            AgentMode::Managed => lock(&self.0.source).values().cloned().collect(),
+            AgentMode::Autonomous => lock(&self.0.sent).values().cloned().collect(),
         }
     }
 }
 
-fn known(spoke: &Spoke) -> Vec<Application> {
-    match spoke.config.mode {
-        AgentMode::Managed => lock(&spoke.source).values().cloned().collect(),
-        AgentMode::Autonomous => lock(&spoke.sent).values().cloned().collect(),
-    }
+/// Watches the spoke's Applications until `cancel` fires.
+pub(crate) async fn run_applications(spoke: Arc<Spoke>, cancel: CancellationToken) {
+    let api = spoke.apps.api(Some(spoke.ns()));
+    link::watch::run(&Applications(&spoke), api, watcher::Config::default(), &cancel).await;
 }
 
 async fn applied(spoke: &Spoke, app: Application) {

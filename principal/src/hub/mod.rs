@@ -8,11 +8,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use link::lock;
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::{Event, EventType, Target};
 
 use crate::config::PrincipalConfig;
-use crate::session::{Sessions, lock};
+use crate::session::Sessions;
 use store::ObjectStore;
 
 /// `(namespace, name)` of an object on the hub.

@@ -5,71 +5,55 @@
 //! `Init`..`InitDone`; objects the principal knew that the re-list did not return were deleted
 //! during the gap and are handled as deletions then (upstream drops such tombstones, §10.11).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::StreamExt;
 use kube::api::DynamicObject;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::runtime::watcher;
+use link::lock;
+use link::watch::Index;
 use protocol::argocd::{AppProject, Application};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Hub, Key, key_of};
 use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
-use crate::session::lock;
+
+/// Hub Applications in agent namespaces, as the routes see them.
+struct Applications<'a>(&'a Hub);
+
+impl Index for Applications<'_> {
+    type Object = DynamicObject;
+    type Item = Application;
+    type Key = Key;
+
+    fn what(&self) -> &str {
+        "hub Application"
+    }
+    fn decode(&self, obj: &DynamicObject) -> Option<Application> {
+        decode_app(self.0, obj)
+    }
+    fn key(app: &Application) -> Key {
+        key_of(&app.metadata)
+    }
+    async fn apply(&self, app: Application) {
+        app_applied(self.0, app).await;
+    }
+    async fn delete(&self, app: Application) {
+        app_deleted(self.0, app).await;
+    }
+    fn known(&self) -> Vec<Application> {
+        lock(&self.0.seen_apps).values().cloned().collect()
+    }
+    fn synced(&self) {
+        self.0.apps_synced.store(true, Ordering::Relaxed);
+    }
+}
 
 /// Watches hub Applications until `cancel` fires.
 pub(crate) async fn run_applications(hub: Arc<Hub>, cancel: CancellationToken) {
-    let stream = watcher::watcher(hub.apps.api(None), watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut relisted: Option<HashSet<Key>> = None;
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = stream.next() => next,
-        };
-        let event = match next {
-            None => return,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "hub Application watch failed; retrying with backoff");
-                continue;
-            }
-            Some(Ok(ev)) => ev,
-        };
-        match event {
-            WatchEvent::Init => relisted = Some(HashSet::new()),
-            WatchEvent::InitApply(obj) => {
-                if let Some(app) = decode_app(&hub, &obj) {
-                    if let Some(seen) = relisted.as_mut() {
-                        seen.insert(key_of(&app.metadata));
-                    }
-                    app_applied(&hub, app).await;
-                }
-            }
-            WatchEvent::InitDone => {
-                hub.apps_synced.store(true, Ordering::Relaxed);
-                let Some(seen) = relisted.take() else { continue };
-                let gone: Vec<Application> =
-                    lock(&hub.seen_apps).iter().filter(|(k, _)| !seen.contains(*k)).map(|(_, v)| v.clone()).collect();
-                for app in gone {
-                    app_deleted(&hub, app).await;
-                }
-            }
-            WatchEvent::Apply(obj) => {
-                if let Some(app) = decode_app(&hub, &obj) {
-                    app_applied(&hub, app).await;
-                }
-            }
-            WatchEvent::Delete(obj) => {
-                if let Some(app) = decode_app(&hub, &obj) {
-                    app_deleted(&hub, app).await;
-                }
-            }
-        }
-    }
+    let api = hub.apps.api(None);
+    link::watch::run(&Applications(&hub), api, watcher::Config::default(), &cancel).await;
 }
 
 fn decode_app(hub: &Hub, obj: &DynamicObject) -> Option<Application> {
@@ -137,62 +121,50 @@ async fn app_deleted_in_span(hub: &Hub, app: Application) {
     }
 }
 
-/// Watches AppProjects in the principal namespace until `cancel` fires.
-pub(crate) async fn run_projects(hub: Arc<Hub>, cancel: CancellationToken) {
-    let api = hub.projects.api(Some(&hub.config.namespace));
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut relisted: Option<HashSet<String>> = None;
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = stream.next() => next,
-        };
-        let event = match next {
-            None => return,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "hub AppProject watch failed; retrying with backoff");
-                continue;
-            }
-            Some(Ok(ev)) => ev,
-        };
-        let decode = |obj: &DynamicObject| match hub.projects.decode::<AppProject>(obj) {
+/// Hub AppProjects in the principal namespace.
+struct Projects<'a>(&'a Hub);
+
+impl Index for Projects<'_> {
+    type Object = DynamicObject;
+    type Item = AppProject;
+    type Key = String;
+
+    fn what(&self) -> &str {
+        "hub AppProject"
+    }
+    fn decode(&self, obj: &DynamicObject) -> Option<AppProject> {
+        match self.0.projects.decode::<AppProject>(obj) {
             Ok(p) => Some(p),
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a hub AppProject that does not decode");
                 None
             }
-        };
-        match event {
-            WatchEvent::Init => relisted = Some(HashSet::new()),
-            WatchEvent::InitApply(obj) | WatchEvent::Apply(obj) => {
-                let Some(p) = decode(&obj) else { continue };
-                let name = p.metadata.name.clone().unwrap_or_default();
-                if let Some(seen) = relisted.as_mut() {
-                    seen.insert(name.clone());
-                }
-                let prev = lock(&hub.seen_projects).insert(name, p.clone());
-                let operation = if prev.is_some() { "update" } else { "create" };
-                let _span = crate::otel::hub_event_span("AppProject", operation, &p.metadata).entered();
-                project::hub_project_changed(&hub, prev.as_ref(), &p);
-            }
-            WatchEvent::InitDone => {
-                hub.projects_synced.store(true, Ordering::Relaxed);
-                let Some(seen) = relisted.take() else { continue };
-                let mut known = lock(&hub.seen_projects);
-                let gone: Vec<String> = known.keys().filter(|k| !seen.contains(*k)).cloned().collect();
-                let gone: Vec<AppProject> = gone.iter().filter_map(|k| known.remove(k)).collect();
-                drop(known);
-                for p in gone {
-                    project::hub_project_deleted(&hub, &p);
-                }
-            }
-            WatchEvent::Delete(obj) => {
-                let Some(p) = decode(&obj) else { continue };
-                lock(&hub.seen_projects).remove(p.metadata.name.as_deref().unwrap_or_default());
-                let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
-                project::hub_project_deleted(&hub, &p);
-            }
         }
     }
+    fn key(p: &AppProject) -> String {
+        p.metadata.name.clone().unwrap_or_default()
+    }
+    async fn apply(&self, p: AppProject) {
+        let prev = lock(&self.0.seen_projects).insert(Self::key(&p), p.clone());
+        let operation = if prev.is_some() { "update" } else { "create" };
+        let _span = crate::otel::hub_event_span("AppProject", operation, &p.metadata).entered();
+        project::hub_project_changed(self.0, prev.as_ref(), &p);
+    }
+    async fn delete(&self, p: AppProject) {
+        lock(&self.0.seen_projects).remove(&Self::key(&p));
+        let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
+        project::hub_project_deleted(self.0, &p);
+    }
+    fn known(&self) -> Vec<AppProject> {
+        lock(&self.0.seen_projects).values().cloned().collect()
+    }
+    fn synced(&self) {
+        self.0.projects_synced.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Watches AppProjects in the principal namespace until `cancel` fires.
+pub(crate) async fn run_projects(hub: Arc<Hub>, cancel: CancellationToken) {
+    let api = hub.projects.api(Some(&hub.config.namespace));
+    link::watch::run(&Projects(&hub), api, watcher::Config::default(), &cancel).await;
 }

@@ -1,6 +1,7 @@
 //! Autonomous mode (upstream §4.3): the agent owns its Applications; the hub keeps copies in
 //! namespace `<agent>` and reverts edits and deletions made to them on the hub.
 
+use link::lock;
 use protocol::EventType;
 use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
 use protocol::argocd::{Application, ApplicationDestination};
@@ -8,7 +9,6 @@ use protocol::argocd::{Application, ApplicationDestination};
 use super::{clear_server_fields, operation_appeared, refresh_requested, termination_requested};
 use crate::hub::store::StoreError;
 use crate::hub::{Hub, Key, key_of};
-use crate::session::lock;
 
 /// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
 /// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.

@@ -1,5 +1,6 @@
 //! Managed mode (upstream §4.2): the hub owns Applications; specs flow down, status flows up.
 
+use link::lock;
 use protocol::argocd::Application;
 use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
 use protocol::{EventType, Target, merge_patch};
@@ -8,7 +9,6 @@ use super::{operation_appeared, owned_parts_differ, refresh_requested, terminati
 use crate::config::AgentMode;
 use crate::hub::store::StoreError;
 use crate::hub::{Hub, Key, StatusBase, StatusPathCounters};
-use crate::session::lock;
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {

@@ -26,12 +26,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures::Stream;
-use protocol::event::AckRef;
-use protocol::pb::cloudevents::CloudEvent;
-use protocol::pb::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
+use link::recv::{Inbound, Next};
+use link::send::{SendHooks, SendOptions};
+use protocol::Event;
+use protocol::outbox::Parked;
 use protocol::pb::eventstreamapi::event_stream_server::EventStream;
 use protocol::pb::eventstreamapi::{Event as WireEvent, PingRequest, PongReply, PushSummary};
-use protocol::{Event, EventType, Target};
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -114,64 +114,43 @@ fn revoked(agent: &str) -> Status {
     ))
 }
 
-fn ack_for(r: &AckRef) -> Event {
-    Event::new(EventType::Processed, Target::EventProcessed, r.resource_id.clone(), r.event_id.clone())
-}
-
-/// Whether a raw CloudEvent claims to be an ACK (by type or by `dataschema`).
-fn claims_to_be_ack(ce: &CloudEvent) -> bool {
-    let schema = ce.attributes.get("dataschema").and_then(|v| match &v.attr {
-        Some(Attr::CeString(s) | Attr::CeUri(s) | Attr::CeUriRef(s)) => Some(s.as_str()),
-        _ => None,
-    });
-    ce.r#type == EventType::Processed.as_str() || schema == Some(Target::EventProcessed.as_str())
-}
-
-/// Handles one message from the agent; returns whether it was processed.
+/// Handles one message from the agent by the ACK policy of [`link::recv`]; returns whether it
+/// was processed.
 async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
     crate::metrics::global().event_received();
-    let ack_ref = msg.event.as_ref().and_then(AckRef::of);
-    let is_ack = msg.event.as_ref().is_some_and(claims_to_be_ack);
-    let ev = match Event::from_wire(msg) {
-        Ok(ev) => ev,
-        Err(e) => {
-            match ack_ref {
-                Some(r) if is_ack => tracing::warn!(agent = %session.name(), error = %e, resource_id = %r.resource_id,
-                    event_id = %r.event_id, "undecodable ACK from agent; ignored (an ACK is never answered)"),
-                Some(r) => {
-                    tracing::warn!(agent = %session.name(), error = %e, resource_id = %r.resource_id,
-                        event_id = %r.event_id, "undecodable event from agent; acknowledged so it is not resent");
-                    session.push(ack_for(&r));
-                }
-                None => tracing::warn!(agent = %session.name(), error = %e,
-                    "undecodable event from agent without a resourceid; cannot answer it, ignored"),
-            }
-            return false;
-        }
+    let ev = match link::recv::receive(session.mailbox(), session.name(), msg) {
+        Inbound::Event(ev) => ev,
+        Inbound::Ack { .. } => return true,
+        Inbound::Undecodable => return false,
     };
-    if ev.is_ack() {
-        session.ack(&ev.resource_id, &ev.event_id);
-        return true;
-    }
     let span = crate::otel::received_span(session, &ev);
     async {
         let started = std::time::Instant::now();
         let result = inbound::process(hub, session, &ev).await;
         crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
-        match result {
-            Ok(()) => session.push(ev.processed_ack()),
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(error = %e, "cannot apply event now; the agent will resend it")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot apply event; acknowledged so it is not resent");
-                session.push(ev.processed_ack());
-            }
-        }
+        link::recv::settle(session.mailbox(), &ev, &result);
     }
     .instrument(span)
     .await;
     true
+}
+
+/// What the send loop reports for one agent.
+struct AgentHooks<'a>(&'a str);
+
+impl SendHooks for AgentHooks<'_> {
+    fn peer(&self) -> &str {
+        self.0
+    }
+    fn sent(&self, _event: &Event) {
+        crate::metrics::global().event_sent();
+    }
+    fn send_failed(&self) {
+        crate::metrics::global().send_failed(self.0, "transport-closing");
+    }
+    fn discarded(&self, parked: &Parked<Event>) {
+        crate::metrics::global().event_discarded(self.0, &parked.item);
+    }
 }
 
 /// Drains the session's outbox onto the stream until the stream is closed or replaced, or the
@@ -182,51 +161,16 @@ async fn send_loop(
     handle: StreamHandle,
     max_bytes: usize,
 ) {
-    loop {
-        if handle.is_closed() {
-            return;
-        }
-        // `None`: a newer stream replaced this one and must not lose events to it.
-        let Some((ready, deadline)) = session.take_ready(handle.generation()) else {
-            return;
-        };
-        for mut ev in ready {
-            ev.stamp_sent_at(chrono::Utc::now());
-            let wire = ev.to_wire();
-            let len = prost::Message::encoded_len(&wire);
-            if len > max_bytes {
-                tracing::warn!(agent = %session.name(), event_type = %ev.event_type, target = %ev.target,
-                    resource_id = %ev.resource_id, event_id = %ev.event_id, bytes = len, limit = max_bytes,
-                    "event too large to send; given up (the next resync repairs)");
-                session.reject(&ev, format!("encodes to {len} bytes, above the {max_bytes}-byte message limit"));
-                continue;
-            }
-            tokio::select! {
-                biased;
-                () = handle.closed() => return,
-                sent = tx.send(Box::new(wire)) => match sent {
-                    Ok(()) => crate::metrics::global().event_sent(),
-                    Err(_) => {
-                        crate::metrics::global().send_failed(session.name(), "transport-closing");
-                        return;
-                    }
-                },
-            }
-        }
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            () = handle.closed() => return,
-            () = tx.closed() => return,
-            () = session.changed() => {}
-            () = sleep => {}
-        }
-    }
+    let options = SendOptions { heartbeat: None, max_bytes };
+    link::send::send_loop(
+        session.mailbox(),
+        handle.attachment(),
+        &tx,
+        handle.stop(),
+        options,
+        &AgentHooks(session.name()),
+    )
+    .await;
 }
 
 /// Closes the stream with `Unauthenticated` when its session expires: the access token that
@@ -338,20 +282,13 @@ async fn run_stream(
         }
     });
     loop {
-        // Biased: once replaced, expired or revoked, nothing more from this stream is applied.
-        let msg = tokio::select! {
-            biased;
-            () = handle.closed() => break,
-            msg = inbound.message() => msg,
-        };
-        match msg {
-            Ok(Some(msg)) => {
-                // Boxed: inline, the largest message handler (hub writes) would size this
-                // task, which lives as long as the stream, for every idle agent.
-                Box::pin(on_message(&hub, &session, msg)).await;
-            }
-            Ok(None) => break,
-            Err(status) => {
+        // Once replaced, expired or revoked, nothing more from this stream is applied.
+        match link::recv::next(&mut inbound, handle.stop(), None).await {
+            // Boxed: inline, the largest message handler (hub writes) would size this task,
+            // which lives as long as the stream, for every idle agent.
+            Next::Message(msg) => _ = Box::pin(on_message(&hub, &session, msg)).await,
+            Next::Ended | Next::Stopped | Next::Silent(_) => break,
+            Next::Failed(status) => {
                 handle.close(Some(inbound_failure(session.name(), status, hub.config.max_message_bytes)));
                 break;
             }
