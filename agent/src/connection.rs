@@ -273,7 +273,7 @@ async fn on_message(spoke: &Spoke, msg: WireEvent) {
 
 /// Managed mode: tells the principal an Application could not be applied (`.error`, upstream
 /// §4.2), so the hub shows it instead of the failure staying in the agent's log.
-fn report_error(spoke: &Spoke, ev: &Event, err: &inbound::InboundError) {
+fn report_error(spoke: &Spoke, ev: &Event, err: &crate::error::InboundError) {
     if spoke.config.mode != crate::config::AgentMode::Managed || ev.target != Target::Application {
         return;
     }

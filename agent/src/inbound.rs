@@ -3,53 +3,15 @@
 use link::lock;
 use protocol::argocd::annotations::{LAST_APPLIED_CONFIGURATION, PRINCIPAL_UID, REFRESH, SOURCE_UID};
 use protocol::argocd::{AppProject, Application, ApplicationDestination, OperationState};
-use protocol::{Event, EventError, EventType, Payload, Target};
+use protocol::{Event, EventType, Payload, Target};
 
 use crate::config::AgentMode;
+pub use crate::error::InboundError;
 use crate::resync;
-use crate::spoke::store::StoreError;
 use crate::spoke::{Spoke, clear_server_fields};
 
 /// The destination name agent copies point at.
 pub const IN_CLUSTER_NAME: &str = "in-cluster";
-
-/// An event from the principal could not be applied.
-#[derive(Debug, thiserror::Error)]
-pub enum InboundError {
-    /// The payload does not fit its type and target.
-    #[error("event payload does not decode: {0}")]
-    Payload(#[from] EventError),
-    /// Writing the spoke failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The event does not make sense in this agent's mode.
-    #[error(
-        "{event_type} for target {target} is not valid for a {mode} agent (do agent --agent-mode and the principal agree?)"
-    )]
-    WrongMode {
-        /// The type.
-        event_type: EventType,
-        /// The target.
-        target: Target,
-        /// This agent's mode.
-        mode: AgentMode,
-    },
-    /// The Application the event refers to does not exist here.
-    #[error("Application {name:?} does not exist in namespace {namespace}")]
-    Missing {
-        /// The name.
-        name: String,
-        /// The agent namespace.
-        namespace: String,
-    },
-}
-
-impl link::Retryable for InboundError {
-    /// Whether the peer should resend (the event is then not ACKed).
-    fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store(e) if e.is_retryable())
-    }
-}
 
 /// The spoke copy of a hub Application (managed mode, upstream §4.2).
 pub(crate) fn to_spoke(incoming: &Application, ns: &str, principal_uid: Option<&str>) -> Application {

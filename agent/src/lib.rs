@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod config;
 pub mod connection;
 pub mod credentials;
+pub mod error;
 pub mod inbound;
 pub mod metrics;
 mod otel;

@@ -20,7 +20,7 @@ use protocol::Event;
 use protocol::metrics::{CounterVec, DEFAULT_BUCKETS, HistogramVec, event_type, gauge, resource_type, single};
 
 use crate::config::AgentMode;
-use crate::inbound::InboundError;
+use crate::error::InboundError;
 
 /// The agent's metrics, shared by the whole process.
 #[must_use]

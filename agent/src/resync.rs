@@ -22,9 +22,9 @@ use protocol::{Event, EventType, Payload, Target};
 use serde::Serialize;
 
 use crate::config::AgentMode;
-use crate::inbound::InboundError;
-use crate::spoke::store::StoreError;
+use crate::error::InboundError;
 use crate::spoke::{Spoke, is_ignored};
+use protocol::kube_store::StoreError;
 
 fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
     let value = serde_json::to_value(obj).ok()?;

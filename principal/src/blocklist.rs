@@ -19,7 +19,7 @@
 //!   `Unauthenticated`, naming the entry and the ConfigMap ([`crate::SessionHook`]);
 //! * opening a stream with an access token issued before the entry was added is refused;
 //! * on every change, the live stream of each listed agent is revoked at once
-//!   ([`crate::session::Sessions::revoke`]: it ends with `Unauthenticated` and its access token
+//!   ([`crate::peer::Peers::revoke`]: it ends with `Unauthenticated` and its access token
 //!   is refused from then on), and the streams are checked again every [`RESWEEP`] while the
 //!   list is not empty (a stream that was being opened while the entry arrived).
 
@@ -369,11 +369,11 @@ impl Blocklist {
         let mut revoked = Vec::new();
         for (agent, binding) in streams {
             let Some((entry, listed)) = data.matching(&agent, binding.as_ref()) else { continue };
-            if !hub.sessions.get(&agent).is_some_and(|s| s.is_connected()) {
+            if !hub.peers.get(&agent).is_some_and(|s| s.is_connected()) {
                 continue;
             }
             let reason = refusal(&self.namespace, &agent, entry, listed);
-            if hub.sessions.revoke_with(&agent, tonic::Status::unauthenticated(reason.clone())) {
+            if hub.peers.revoke_with(&agent, tonic::Status::unauthenticated(reason.clone())) {
                 tracing::warn!(%agent, entry = %listed.key, %reason, "blocklisted agent disconnected: session revoked");
                 revoked.push(agent);
             }
@@ -394,7 +394,7 @@ impl Blocklist {
             let ident = inner(extensions, metadata)?;
             let grant = StreamGrant::of(extensions, &ident.name);
             if let Err(reason) = this.check(&ident.name, grant.binding.as_ref()) {
-                if grant.token_id.as_deref().is_some_and(|id| hub.sessions.is_revoked(id)) {
+                if grant.token_id.as_deref().is_some_and(|id| hub.peers.is_revoked(id)) {
                     return Some(ident);
                 }
                 tracing::warn!(agent = %ident.name, %reason, "stream of a blocklisted agent refused");

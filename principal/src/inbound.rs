@@ -1,44 +1,16 @@
 //! Events from an agent: decode, route by mode and target, decide whether to ACK.
 
-use protocol::{Event, EventError, EventType, Payload, Target};
+use protocol::{Event, EventType, Payload};
 
 use crate::config::AgentMode;
+pub use crate::error::InboundError;
 use crate::hub::Hub;
-use crate::hub::store::StoreError;
+use crate::peer::AgentPeer;
 use crate::resync;
 use crate::route::{autonomous, managed, project};
-use crate::session::AgentSession;
-
-/// An event from an agent could not be applied.
-#[derive(Debug, thiserror::Error)]
-pub enum InboundError {
-    /// The payload does not fit its type and target.
-    #[error("event payload does not decode: {0}")]
-    Payload(#[from] EventError),
-    /// Writing the hub failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The event is not valid for the agent's mode.
-    #[error("{event_type} for target {target} is not valid from a {mode} agent (is the agent's --agent-mode right?)")]
-    WrongMode {
-        /// The event type.
-        event_type: EventType,
-        /// The target.
-        target: Target,
-        /// The agent's mode.
-        mode: AgentMode,
-    },
-}
-
-impl link::Retryable for InboundError {
-    /// Whether the peer should resend (the event is then not ACKed).
-    fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store(e) if e.is_retryable())
-    }
-}
 
 /// Applies one event from `session`'s agent to the hub.
-pub(crate) async fn process(hub: &Hub, session: &AgentSession, ev: &Event) -> Result<(), InboundError> {
+pub(crate) async fn process(hub: &Hub, session: &AgentPeer, ev: &Event) -> Result<(), InboundError> {
     let agent = session.name();
     let mode = session.mode();
     let payload = ev.payload()?;

@@ -14,15 +14,16 @@
 
 pub mod blocklist;
 pub mod config;
+pub mod error;
 pub mod hub;
 pub mod ident;
 pub mod inbound;
 pub mod metrics;
 mod otel;
+pub mod peer;
 pub mod resync;
 pub mod route;
 pub mod service;
-pub mod session;
 pub mod state;
 
 use std::sync::Arc;
@@ -138,15 +139,15 @@ impl Principal {
     /// Ends every agent stream (they reconnect with backoff). Call it when shutting down a
     /// server that carries [`Self::event_stream_service`], before waiting for it to drain.
     pub fn disconnect_all(&self) {
-        self.hub.sessions.disconnect_all();
+        self.hub.peers.disconnect_all();
     }
 
     /// Revokes the live session of `agent` now: its stream ends with `Unauthenticated`, and
     /// the access token that opened it is refused on new streams until it expires (the agent
     /// must authenticate or refresh). Returns whether a live stream was closed. The hook for
-    /// a blocklist; see [`session::Sessions::revoke`].
+    /// a blocklist; see [`session::Peers::revoke`].
     pub fn revoke(&self, agent: &str) -> bool {
-        self.hub.sessions.revoke(agent)
+        self.hub.peers.revoke(agent)
     }
 
     /// The [`auth::SessionHook`] for the principal's `Authentication` service: a refreshed
@@ -172,7 +173,7 @@ impl Principal {
     /// Whether `agent` has a live stream.
     #[must_use]
     pub fn is_connected(&self, agent: &str) -> bool {
-        self.hub.sessions.get(agent).is_some_and(|s| s.is_connected())
+        self.hub.peers.get(agent).is_some_and(|s| s.is_connected())
     }
 
     /// Whether the hub watchers (Applications, AppProjects) have listed the hub once: the
@@ -186,7 +187,7 @@ impl Principal {
     /// The Prometheus exposition of [`metrics::global`], with this principal's outboxes.
     #[must_use]
     pub fn metrics_text(&self) -> String {
-        metrics::global().render(Some(&self.hub.sessions))
+        metrics::global().render(Some(&self.hub.peers))
     }
 
     /// Runs the watchers and serves `EventStream` and `Version` in plaintext (h2c) on
@@ -255,7 +256,7 @@ impl auth::SessionHook for SessionHook {
         self.blocklist
             .check(identity.name().as_str(), Some(identity.binding()))
             .map_err(tonic::Status::unauthenticated)?;
-        if self.hub.sessions.extend(identity.name().as_str(), identity.binding(), access_expires_at) {
+        if self.hub.peers.extend(identity.name().as_str(), identity.binding(), access_expires_at) {
             tracing::debug!(agent = %identity.name(), "session refreshed: stream extended");
         }
         Ok(())

@@ -27,8 +27,8 @@ use protocol::metrics::{CounterVec, DEFAULT_BUCKETS, HistogramVec, event_type, g
 use protocol::{Event, Target};
 
 use crate::config::AgentMode;
-use crate::inbound::InboundError;
-use crate::session::Sessions;
+use crate::error::InboundError;
+use crate::peer::Peers;
 
 /// How long an agent's series outlive its last stream by default.
 pub const DEFAULT_AGENT_RETENTION: Duration = Duration::from_secs(15 * 60);
@@ -259,8 +259,8 @@ impl PrincipalMetrics {
         kept
     }
 
-    /// The exposition text; outbox gauges come from `sessions` when given.
-    pub fn render(&self, sessions: Option<&Sessions>) -> String {
+    /// The exposition text; outbox gauges come from `peers` when given.
+    pub fn render(&self, peers: Option<&Peers>) -> String {
         let agents = self.prune();
         let now = Instant::now();
         let mut out = String::with_capacity(8192);
@@ -319,11 +319,9 @@ impl PrincipalMetrics {
             &label_refs,
             &up,
         );
-        if let Some(sessions) = sessions {
-            let backlog: Vec<(usize, Option<Duration>)> = agents
-                .iter()
-                .map(|(n, _, _)| sessions.get(n).map(|s| s.outbox_backlog()).unwrap_or_default())
-                .collect();
+        if let Some(peers) = peers {
+            let backlog: Vec<(usize, Option<Duration>)> =
+                agents.iter().map(|(n, _, _)| peers.get(n).map(|s| s.outbox_backlog()).unwrap_or_default()).collect();
             let depth: Vec<f64> = backlog.iter().map(|(d, _)| *d as f64).collect();
             let age: Vec<f64> = backlog.iter().map(|(_, a)| a.map_or(0.0, |a| a.as_secs_f64())).collect();
             gauge(

@@ -8,7 +8,7 @@ use protocol::Event;
 use protocol::argocd::ObjectMeta;
 use protocol::otel;
 
-use crate::session::AgentSession;
+use crate::peer::AgentPeer;
 
 /// `argocd.component.type` of every principal span.
 const COMPONENT: &str = "principal";
@@ -28,7 +28,7 @@ pub(crate) fn hub_event_span(kind: &'static str, operation: &'static str, meta: 
 
 /// The span of an event received from `session`'s agent: upstream's `<target>.<type>`, a
 /// child of the agent's span when the event carries a valid `traceparent`.
-pub(crate) fn received_span(session: &AgentSession, ev: &Event) -> tracing::Span {
+pub(crate) fn received_span(session: &AgentPeer, ev: &Event) -> tracing::Span {
     let span = tracing::info_span!("inbound", otel.name = %otel::received_span_name(ev), otel.kind = "consumer",
         agent = %session.name(), mode = %session.mode(), event_type = %ev.event_type, target = %ev.target,
         resource_id = %ev.resource_id, event_id = %ev.event_id);

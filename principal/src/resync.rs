@@ -26,11 +26,11 @@ use protocol::{Event, EventType, Payload, Target};
 use serde::Serialize;
 
 use crate::config::AgentMode;
+use crate::error::InboundError;
 use crate::hub::Hub;
-use crate::hub::store::StoreError;
-use crate::inbound::InboundError;
+use crate::peer::AgentPeer;
 use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
-use crate::session::AgentSession;
+use protocol::kube_store::StoreError;
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
@@ -48,7 +48,7 @@ fn resync_event<T: Serialize>(ty: EventType, payload: &T) -> Option<Event> {
     }
 }
 
-fn push(session: &AgentSession, ev: Option<Event>) {
+fn push(session: &AgentPeer, ev: Option<Event>) {
     if let Some(ev) = ev {
         session.push(ev);
     }
@@ -114,14 +114,14 @@ async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, S
 }
 
 /// Starts the resync for a freshly connected agent.
-pub(crate) async fn on_connect(hub: &Hub, session: &AgentSession) -> Result<(), StoreError> {
+pub(crate) async fn on_connect(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
     let started = std::time::Instant::now();
     let result = start(hub, session).await;
     crate::metrics::global().resync(session.name(), session.mode(), started.elapsed(), result.is_ok());
     result
 }
 
-async fn start(hub: &Hub, session: &AgentSession) -> Result<(), StoreError> {
+async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
     let agent = session.name();
     match session.mode() {
         AgentMode::Managed => {
@@ -156,12 +156,7 @@ fn autonomous_request_update(agent: &str, app: &Application) -> RequestUpdate {
 }
 
 /// Handles a `resourceResync` event from an agent.
-pub(crate) async fn handle(
-    hub: &Hub,
-    session: &AgentSession,
-    ev: &Event,
-    payload: Payload,
-) -> Result<(), InboundError> {
+pub(crate) async fn handle(hub: &Hub, session: &AgentPeer, ev: &Event, payload: Payload) -> Result<(), InboundError> {
     let agent = session.name();
     match (session.mode(), payload) {
         (AgentMode::Managed, Payload::RequestSyncedResourceList(req)) => {
@@ -218,7 +213,7 @@ fn stub_meta(name: &str, namespace: &str, uid: &str) -> ObjectMeta {
     }
 }
 
-async fn managed_request_update(hub: &Hub, session: &AgentSession, req: &RequestUpdate) -> Result<(), InboundError> {
+async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpdate) -> Result<(), InboundError> {
     let agent = session.name();
     if req.kind == RESYNC_KIND_APPLICATION {
         match agent_app(hub, agent, &req.name).await? {

@@ -2,7 +2,6 @@
 //! watchers and inbound handlers keep.
 
 pub mod projects;
-pub mod store;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
@@ -13,7 +12,7 @@ use protocol::argocd::Application;
 use protocol::{Event, EventType, Target};
 
 use crate::config::AgentConfig;
-use store::ObjectStore;
+use protocol::kube_store::ObjectStore;
 
 /// The status-related parts of an Application last reported to the principal.
 pub(crate) type Reported = (Option<protocol::argocd::ApplicationStatus>, Option<serde_json::Value>);

@@ -1,7 +1,6 @@
-//! The hub side's shared state: the Kubernetes stores, the agent sessions, and the caches the
+//! The hub side's shared state: the Kubernetes stores, the agent peers, and the caches the
 //! watchers and routers keep.
 
-pub mod store;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
@@ -13,8 +12,8 @@ use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::{Event, EventType, Target};
 
 use crate::config::PrincipalConfig;
-use crate::session::Sessions;
-use store::ObjectStore;
+use crate::peer::Peers;
+use protocol::kube_store::ObjectStore;
 
 /// `(namespace, name)` of an object on the hub.
 pub(crate) type Key = (String, String);
@@ -29,7 +28,7 @@ pub(crate) fn key_of(meta: &ObjectMeta) -> Key {
 pub(crate) struct Hub {
     pub(crate) config: PrincipalConfig,
     pub(crate) principal_uid: String,
-    pub(crate) sessions: Sessions,
+    pub(crate) peers: Peers,
     pub(crate) apps: ObjectStore,
     pub(crate) projects: ObjectStore,
     /// The last version of every hub Application the watcher saw (to tell what changed).
@@ -110,7 +109,7 @@ impl StatusBase {
 impl Hub {
     pub(crate) fn new(config: PrincipalConfig, principal_uid: String, client: kube::Client) -> Self {
         Self {
-            sessions: Sessions::new(config.retry.clone()),
+            peers: Peers::new(config.retry.clone()),
             config,
             principal_uid,
             apps: ObjectStore::applications(client.clone()),

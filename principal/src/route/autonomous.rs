@@ -7,8 +7,8 @@ use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
 use protocol::argocd::{Application, ApplicationDestination};
 
 use super::{clear_server_fields, operation_appeared, refresh_requested, termination_requested};
-use crate::hub::store::StoreError;
 use crate::hub::{Hub, Key, key_of};
+use protocol::kube_store::StoreError;
 
 /// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
 /// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.
@@ -115,7 +115,7 @@ pub(crate) async fn hub_copy_changed(
             lock(&hub.auto_source).insert(key.clone(), cur.clone());
         }
     }
-    let Some(session) = hub.sessions.get(&agent) else { return Ok(()) };
+    let Some(session) = hub.peers.get(&agent) else { return Ok(()) };
     let src_op = lock(&hub.auto_source).get(&key).and_then(|s| s.operation.clone());
     if operation_appeared(prev, cur)
         && src_op != cur.operation

@@ -7,8 +7,8 @@ use protocol::{EventType, Target, merge_patch};
 
 use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
-use crate::hub::store::StoreError;
 use crate::hub::{Hub, Key, StatusBase, StatusPathCounters};
+use protocol::kube_store::StoreError;
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {
@@ -40,7 +40,7 @@ pub(crate) fn event_for(hub: &Hub, ty: EventType, app: &Application) -> Option<p
 /// A hub Application of a managed agent was added or changed.
 pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Application) {
     let agent = cur.metadata.namespace.as_deref().unwrap_or_default();
-    let Some(session) = hub.sessions.get(agent) else { return };
+    let Some(session) = hub.peers.get(agent) else { return };
     if session.mode() != AgentMode::Managed {
         return;
     }
@@ -54,7 +54,7 @@ pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Appli
 /// A hub Application of a managed agent was deleted.
 pub(crate) fn hub_app_deleted(hub: &Hub, app: &Application) {
     let agent = app.metadata.namespace.as_deref().unwrap_or_default();
-    let Some(session) = hub.sessions.get(agent) else { return };
+    let Some(session) = hub.peers.get(agent) else { return };
     if session.mode() == AgentMode::Managed
         && let Some(ev) = hub.object_event(EventType::Delete, Target::Application, &app.metadata, app)
     {

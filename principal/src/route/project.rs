@@ -7,8 +7,8 @@ use protocol::{Event, EventType, Target};
 
 use crate::config::{AgentMode, glob_match};
 use crate::hub::Hub;
-use crate::hub::store::StoreError;
 use crate::route::clear_server_fields;
+use protocol::kube_store::StoreError;
 
 /// The in-cluster server URL agent copies point their destinations at.
 pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
@@ -61,7 +61,7 @@ pub(crate) fn event_for(hub: &Hub, ty: EventType, project: &AppProject, agent: &
 /// A hub AppProject was added or changed: send it to the managed agents it matches, and a
 /// delete to those it no longer matches.
 pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &AppProject) {
-    for session in hub.sessions.all() {
+    for session in hub.peers.all() {
         if session.mode() != AgentMode::Managed {
             continue;
         }
@@ -81,7 +81,7 @@ pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &Ap
 
 /// A hub AppProject was deleted: delete it on every managed agent it matched.
 pub(crate) fn hub_project_deleted(hub: &Hub, project: &AppProject) {
-    for session in hub.sessions.all() {
+    for session in hub.peers.all() {
         if session.mode() == AgentMode::Managed
             && matches_agent(project, session.name())
             && let Some(ev) = event_for(hub, EventType::Delete, project, session.name())

@@ -40,8 +40,8 @@ use crate::config::AgentMode;
 use crate::hub::Hub;
 use crate::ident::{IdentityFn, StreamGrant};
 use crate::inbound;
+use crate::peer::{AgentPeer, StreamHandle};
 use crate::resync;
-use crate::session::{AgentSession, StreamHandle};
 
 /// Events buffered between the sender task and the transport; the sender waits when it is
 /// full (nothing is dropped; the outbox holds the rest).
@@ -71,7 +71,7 @@ impl EventStreamService {
 
     /// The caller's session, mode and token grant; refuses unidentified, unadmitted, expired
     /// and revoked callers.
-    fn session_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentSession>, AgentMode, StreamGrant), Status> {
+    fn session_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentPeer>, AgentMode, StreamGrant), Status> {
         let ident = (self.identity)(request.extensions(), request.metadata()).ok_or_else(|| {
             Status::unauthenticated("no authenticated agent on this call (the auth layer must identify the agent)")
         })?;
@@ -90,12 +90,12 @@ impl EventStreamService {
         if self.is_revoked(&grant) {
             return Err(revoked(&ident.name));
         }
-        let session = self.hub.sessions.get_or_create(&ident.name, ident.mode);
+        let session = self.hub.peers.get_or_create(&ident.name, ident.mode);
         Ok((session, ident.mode, grant))
     }
 
     fn is_revoked(&self, grant: &StreamGrant) -> bool {
-        grant.token_id.as_deref().is_some_and(|id| self.hub.sessions.is_revoked(id))
+        grant.token_id.as_deref().is_some_and(|id| self.hub.peers.is_revoked(id))
     }
 }
 
@@ -116,7 +116,7 @@ fn revoked(agent: &str) -> Status {
 
 /// Handles one message from the agent by the ACK policy of [`link::recv`]; returns whether it
 /// was processed.
-async fn on_message(hub: &Hub, session: &AgentSession, msg: WireEvent) -> bool {
+async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
     crate::metrics::global().event_received();
     let ev = match link::recv::receive(session.mailbox(), session.name(), msg) {
         Inbound::Event(ev) => ev,
@@ -155,12 +155,7 @@ impl SendHooks for AgentHooks<'_> {
 
 /// Drains the session's outbox onto the stream until the stream is closed or replaced, or the
 /// transport goes away. Events that would encode above `max_bytes` are given up on.
-async fn send_loop(
-    session: Arc<AgentSession>,
-    tx: mpsc::Sender<Box<WireEvent>>,
-    handle: StreamHandle,
-    max_bytes: usize,
-) {
+async fn send_loop(session: Arc<AgentPeer>, tx: mpsc::Sender<Box<WireEvent>>, handle: StreamHandle, max_bytes: usize) {
     let options = SendOptions { heartbeat: None, max_bytes };
     link::send::send_loop(
         session.mailbox(),
@@ -239,12 +234,7 @@ fn inbound_failure(agent: &str, status: Status, limit: usize) -> Status {
 const RESYNC_RETRY_INITIAL: std::time::Duration = std::time::Duration::from_millis(500);
 const RESYNC_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-async fn run_stream(
-    hub: Arc<Hub>,
-    session: Arc<AgentSession>,
-    handle: StreamHandle,
-    mut inbound: Streaming<WireEvent>,
-) {
+async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle, mut inbound: Streaming<WireEvent>) {
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
     crate::metrics::global().agent_connected(session.name());
     if hub.config.namespace_create_enable && session.mode() == AgentMode::Autonomous {

@@ -1,5 +1,5 @@
-//! Agent sessions: each agent's outbox (surviving reconnects), its one live stream, and the
-//! registry of sessions.
+//! Agent peers: each agent's mailbox (surviving reconnects), its one live stream, and the
+//! registry of peers. (The auth crate's `AgentSession` is something else: an authenticated call.)
 //!
 //! Policies (docs/reliability.md):
 //! * **one live stream per agent, the newest wins**: attaching a stream closes the agent's
@@ -8,7 +8,7 @@
 //! * **a stream lives no longer than its session**: it ends when the access token that opened
 //!   it expires, unless the agent refreshed its session (same binding) before, which moves the
 //!   end to the new token's expiry; see [`crate::service::eventstream`];
-//! * **revocation** ([`Sessions::revoke`]) closes the live stream now (status
+//! * **revocation** ([`Peers::revoke`]) closes the live stream now (status
 //!   `Unauthenticated`) and refuses the access token it was opened with until that expires.
 
 use std::collections::HashMap;
@@ -116,7 +116,7 @@ struct Slot {
 /// One agent as the principal sees it: its mode, its outbox (surviving reconnects, so nothing
 /// queued while the agent is away is lost) and its current stream, if any.
 #[derive(Debug)]
-pub struct AgentSession {
+pub struct AgentPeer {
     name: String,
     mode: Mutex<AgentMode>,
     mailbox: Mailbox,
@@ -124,7 +124,7 @@ pub struct AgentSession {
     current: Mutex<Slot>,
 }
 
-impl AgentSession {
+impl AgentPeer {
     fn new(name: &str, mode: AgentMode, retry: RetryPolicy) -> Self {
         Self {
             name: name.to_owned(),
@@ -222,14 +222,14 @@ impl AgentSession {
 
 /// Every agent session the principal knows, by agent name.
 #[derive(Debug)]
-pub struct Sessions {
+pub struct Peers {
     retry: RetryPolicy,
-    by_name: Mutex<HashMap<String, Arc<AgentSession>>>,
+    by_name: Mutex<HashMap<String, Arc<AgentPeer>>>,
     /// Revoked access tokens (`jti`), until they expire.
     revoked: Mutex<HashMap<String, SystemTime>>,
 }
 
-impl Sessions {
+impl Peers {
     /// An empty registry whose outboxes use `retry`.
     #[must_use]
     pub fn new(retry: RetryPolicy) -> Self {
@@ -238,15 +238,15 @@ impl Sessions {
 
     /// The session of `agent`, if it ever connected.
     #[must_use]
-    pub fn get(&self, agent: &str) -> Option<Arc<AgentSession>> {
+    pub fn get(&self, agent: &str) -> Option<Arc<AgentPeer>> {
         lock(&self.by_name).get(agent).cloned()
     }
 
     /// The session of `agent`, created on first use.
-    pub fn get_or_create(&self, agent: &str, mode: AgentMode) -> Arc<AgentSession> {
+    pub fn get_or_create(&self, agent: &str, mode: AgentMode) -> Arc<AgentPeer> {
         lock(&self.by_name)
             .entry(agent.to_owned())
-            .or_insert_with(|| Arc::new(AgentSession::new(agent, mode, self.retry.clone())))
+            .or_insert_with(|| Arc::new(AgentPeer::new(agent, mode, self.retry.clone())))
             .clone()
     }
 
@@ -307,7 +307,7 @@ impl Sessions {
 
     /// Every session.
     #[must_use]
-    pub fn all(&self) -> Vec<Arc<AgentSession>> {
+    pub fn all(&self) -> Vec<Arc<AgentPeer>> {
         lock(&self.by_name).values().cloned().collect()
     }
 }
@@ -324,8 +324,8 @@ mod tests {
 
     #[test]
     fn the_newest_stream_wins_and_the_replaced_one_takes_nothing() {
-        let sessions = Sessions::new(RetryPolicy::default());
-        let session = sessions.get_or_create("agent-1", AgentMode::Managed);
+        let peers = Peers::new(RetryPolicy::default());
+        let session = peers.get_or_create("agent-1", AgentMode::Managed);
         let old = session.attach(AgentMode::Managed, StreamGrant::default());
         let new = session.attach(AgentMode::Managed, StreamGrant::default());
         assert!(old.is_closed() && !new.is_closed());
@@ -347,20 +347,20 @@ mod tests {
 
     #[test]
     fn revoking_closes_the_stream_and_refuses_its_token_until_it_expires() {
-        let sessions = Sessions::new(RetryPolicy::default());
-        assert!(!sessions.revoke("agent-1"), "unknown agent");
-        let session = sessions.get_or_create("agent-1", AgentMode::Managed);
+        let peers = Peers::new(RetryPolicy::default());
+        assert!(!peers.revoke("agent-1"), "unknown agent");
+        let session = peers.get_or_create("agent-1", AgentMode::Managed);
         let handle = session.attach(AgentMode::Managed, grant("jti-1", Duration::from_secs(60)));
-        assert!(sessions.revoke("agent-1"));
+        assert!(peers.revoke("agent-1"));
         assert_eq!(handle.end_status().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
-        assert!(sessions.is_revoked("jti-1") && !sessions.is_revoked("jti-2"));
+        assert!(peers.is_revoked("jti-1") && !peers.is_revoked("jti-2"));
 
         // An already expired token is pruned: the auth layer refuses it anyway.
         session.detach(&handle);
         let expired = session.attach(AgentMode::Managed, grant("jti-3", Duration::ZERO));
-        assert!(sessions.revoke("agent-1"));
+        assert!(peers.revoke("agent-1"));
         assert!(expired.is_closed());
-        assert!(!sessions.is_revoked("jti-3"));
+        assert!(!peers.is_revoked("jti-3"));
     }
 
     #[test]
