@@ -36,7 +36,6 @@ use link::watch::Index;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::Hub;
-use crate::ident::{IdentityFn, StreamGrant};
 
 /// The ConfigMap holding the blocklist, in the principal namespace (upstream's name).
 pub const CONFIG_MAP: &str = "argocd-agent-tls-blocklist";
@@ -324,7 +323,7 @@ impl Blocklist {
 
     /// Installs `data`; returns whether it differs from the list before. Logs the change and
     /// every key that is no entry.
-    fn replace(&self, data: BlocklistData) -> bool {
+    pub(crate) fn replace(&self, data: BlocklistData) -> bool {
         let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if **current == data {
             return false;
@@ -353,8 +352,8 @@ impl Blocklist {
         }
     }
 
-    /// Remembers the binding of `agent`'s latest stream.
-    fn record_stream(&self, agent: &str, binding: Option<auth::Binding>) {
+    /// Remembers the binding of `agent`'s latest stream (for [`Self::sweep`]).
+    pub(crate) fn record_stream(&self, agent: &str, binding: Option<auth::Binding>) {
         lock(&self.streams).insert(agent.to_owned(), binding);
     }
 
@@ -379,30 +378,6 @@ impl Blocklist {
             }
         }
         revoked
-    }
-
-    /// Wraps the principal's [`IdentityFn`]: a stream of a listed agent is refused (its
-    /// access token predates the entry), and the binding of every other stream is remembered
-    /// for [`Self::sweep`].
-    ///
-    /// A token revoked with the agent's stream is left to the stream service, which refuses it
-    /// as revoked; any other token of a listed agent is refused here, as an unidentified call
-    /// (the seam cannot carry a reason; the principal logs it).
-    pub(crate) fn guard(self: &Arc<Self>, hub: Arc<Hub>, inner: IdentityFn) -> IdentityFn {
-        let this = self.clone();
-        Arc::new(move |extensions, metadata| {
-            let ident = inner(extensions, metadata)?;
-            let grant = StreamGrant::of(extensions, &ident.name);
-            if let Err(reason) = this.check(&ident.name, grant.binding.as_ref()) {
-                if grant.token_id.as_deref().is_some_and(|id| hub.peers.is_revoked(id)) {
-                    return Some(ident);
-                }
-                tracing::warn!(agent = %ident.name, %reason, "stream of a blocklisted agent refused");
-                return None;
-            }
-            this.record_stream(&ident.name, grant.binding);
-            Some(ident)
-        })
     }
 
     /// Watches the ConfigMap until `cancel` fires, applying every change to live streams, and

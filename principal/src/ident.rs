@@ -8,9 +8,10 @@ use tonic::metadata::MetadataMap;
 
 use crate::config::AgentMode;
 
-/// An authenticated agent, as the auth layer establishes it.
+/// Who is calling, as the identity seam reads it from the request (not yet authorized: see
+/// [`crate::authz`], which turns it into a [`crate::Permit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentIdent {
+pub struct Caller {
     /// The agent's name (= its namespace on the hub).
     pub name: String,
     /// The mode the agent announced when it authenticated (upstream carries it in the access
@@ -19,9 +20,9 @@ pub struct AgentIdent {
 }
 
 /// Reads the caller's identity from a request: the auth layer puts its identity type into the
-/// request extensions; this function turns it into an [`AgentIdent`]. `None` rejects the call
+/// request extensions; this function turns it into an [`Caller`]. `None` rejects the call
 /// with `Unauthenticated`.
-pub type IdentityFn = Arc<dyn Fn(&http::Extensions, &MetadataMap) -> Option<AgentIdent> + Send + Sync>;
+pub type IdentityFn = Arc<dyn Fn(&http::Extensions, &MetadataMap) -> Option<Caller> + Send + Sync>;
 
 /// Metadata key read by [`insecure_metadata_identity`] for the agent name.
 pub const INSECURE_AGENT_NAME_HEADER: &str = "x-argocd-agent-name";
@@ -36,7 +37,7 @@ pub fn insecure_metadata_identity() -> IdentityFn {
     Arc::new(|_ext, md| {
         let name = md.get(INSECURE_AGENT_NAME_HEADER)?.to_str().ok()?.to_owned();
         let mode = md.get(INSECURE_AGENT_MODE_HEADER)?.to_str().ok()?.parse().ok()?;
-        Some(AgentIdent { name, mode })
+        Some(Caller { name, mode })
     })
 }
 
@@ -46,7 +47,7 @@ pub fn insecure_metadata_identity() -> IdentityFn {
 pub fn auth_layer_identity() -> IdentityFn {
     Arc::new(|ext, _md| {
         let session = ext.get::<auth::AgentSession>()?;
-        Some(AgentIdent { name: session.identity.name().to_string(), mode: session.mode })
+        Some(Caller { name: session.identity.name().to_string(), mode: session.mode })
     })
 }
 

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod authz;
 pub mod blocklist;
 pub mod config;
 pub mod error;
@@ -33,8 +34,9 @@ use protocol::pb::versionapi::version_server::VersionServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use authz::Permit;
 pub use config::{AgentMode, PrincipalConfig};
-pub use ident::{AgentIdent, IdentityFn, StreamGrant, auth_layer_identity, insecure_metadata_identity};
+pub use ident::{Caller, IdentityFn, StreamGrant, auth_layer_identity, insecure_metadata_identity};
 pub use service::eventstream::EventStreamService;
 pub use service::version::VersionService;
 
@@ -64,7 +66,7 @@ pub enum PrincipalError {
 #[derive(Clone)]
 pub struct Principal {
     hub: Arc<Hub>,
-    identity: IdentityFn,
+    authorizer: Arc<authz::Authorizer>,
     blocklist: Arc<blocklist::Blocklist>,
 }
 
@@ -96,8 +98,8 @@ impl Principal {
         blocklist.load().await?;
         tracing::info!(namespace = %config.namespace, principal_uid = %uid, "principal ready");
         let hub = Arc::new(Hub::new(config, uid, client));
-        let identity = blocklist.guard(hub.clone(), identity);
-        Ok(Self { hub, identity, blocklist })
+        let authorizer = Arc::new(authz::Authorizer::new(hub.clone(), identity, blocklist.clone()));
+        Ok(Self { hub, authorizer, blocklist })
     }
 
     /// The persistent principal UID (extension `principaluid` on events to agents).
@@ -106,12 +108,14 @@ impl Principal {
         &self.hub.principal_uid
     }
 
-    /// The `EventStream` service, for a tonic server (wrap it in the auth layer).
+    /// The `EventStream` service behind the authorization layer ([`authz`]), for a tonic
+    /// server (inside the auth crate's layer, which identifies the agent).
     #[must_use]
-    pub fn event_stream_service(&self) -> EventStreamServer<EventStreamService> {
-        EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.identity.clone()))
+    pub fn event_stream_service(&self) -> authz::Authorize<EventStreamServer<EventStreamService>> {
+        let service = EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.authorizer.clone()))
             .max_decoding_message_size(self.hub.config.max_message_bytes)
-            .max_encoding_message_size(self.hub.config.max_message_bytes)
+            .max_encoding_message_size(self.hub.config.max_message_bytes);
+        tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
     }
 
     /// The `Version` service.
@@ -158,7 +162,7 @@ impl Principal {
     /// with `Unauthenticated`.
     #[must_use]
     pub fn session_hook(&self) -> SessionHook {
-        SessionHook { hub: self.hub.clone(), blocklist: self.blocklist.clone() }
+        SessionHook { hub: self.hub.clone(), authorizer: self.authorizer.clone() }
     }
 
     /// How many managed agents' status writes took each path so far: the conditional patch,
@@ -230,7 +234,7 @@ impl Principal {
 #[derive(Clone)]
 pub struct SessionHook {
     hub: Arc<Hub>,
-    blocklist: Arc<blocklist::Blocklist>,
+    authorizer: Arc<authz::Authorizer>,
 }
 
 impl std::fmt::Debug for SessionHook {
@@ -242,7 +246,7 @@ impl std::fmt::Debug for SessionHook {
 impl auth::SessionHook for SessionHook {
     async fn on_authenticated(&self, session: &auth::NewSession) -> Result<(), tonic::Status> {
         let identity = &session.identity;
-        self.blocklist.check(identity.name().as_str(), Some(identity.binding())).map_err(|reason| {
+        self.authorizer.check_session(identity).map_err(|reason| {
             tracing::warn!(agent = %identity.name(), binding = %identity.binding(), %reason, "authentication refused");
             tonic::Status::permission_denied(reason)
         })
@@ -253,9 +257,7 @@ impl auth::SessionHook for SessionHook {
         identity: &auth::AgentIdentity,
         access_expires_at: std::time::SystemTime,
     ) -> Result<(), tonic::Status> {
-        self.blocklist
-            .check(identity.name().as_str(), Some(identity.binding()))
-            .map_err(tonic::Status::unauthenticated)?;
+        self.authorizer.check_session(identity).map_err(tonic::Status::unauthenticated)?;
         if self.hub.peers.extend(identity.name().as_str(), identity.binding(), access_expires_at) {
             tracing::debug!(agent = %identity.name(), "session refreshed: stream extended");
         }

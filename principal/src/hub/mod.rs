@@ -125,6 +125,14 @@ impl Hub {
         }
     }
 
+    /// A hub whose API server is never reached: every request fails. For unit tests of
+    /// routing, resync and authorization on the indexes alone (in a tokio runtime: the client
+    /// spawns its buffer task).
+    #[cfg(test)]
+    pub(crate) fn offline(config: PrincipalConfig) -> Self {
+        Self::new(config, "principal-uid".into(), offline_client())
+    }
+
     /// An Application event for an agent, stamped with the principal UID.
     pub(crate) fn app_event(&self, ty: EventType, app: &Application) -> Option<Event> {
         self.object_event(ty, Target::Application, &app.metadata, app)
@@ -155,4 +163,13 @@ impl Hub {
     pub(crate) fn expect_delete(&self, key: Key) {
         lock(&self.expected_deletes).insert(key);
     }
+}
+
+/// A client whose every request fails (no API server): see [`Hub::offline`].
+#[cfg(test)]
+pub(crate) fn offline_client() -> kube::Client {
+    let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+        Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("unit test: there is no API server"))
+    });
+    kube::Client::new(service, "default")
 }

@@ -1,9 +1,10 @@
 //! `eventstreamapi.EventStream`: the agent's bidirectional stream of CloudEvents.
 //!
-//! Per stream: the caller's identity comes from the [`IdentityFn`] seam, the id and expiry of
-//! the access token it presented from the auth layer ([`StreamGrant`]); the agent's session is
-//! attached (closing any older stream of the same agent); a sender task drains the session's
-//! outbox onto the stream; the receive loop applies each event in order and ACKs it.
+//! Per stream: the caller arrives with a [`Permit`] from the authorization layer
+//! ([`crate::authz`]: who it is, its mode, the access token's id and expiry); the agent's peer is
+//! attached (closing any older stream of the same agent); a sender task drains the peer's
+//! mailbox onto the stream; the receive loop applies each event in order and ACKs it
+//! ([`link::recv`]).
 //!
 //! Policies (docs/reliability.md, "Delivery guarantees"):
 //! * **Bad events.** A malformed, unknown or failing event is answered (ACKed) and logged; it
@@ -36,9 +37,9 @@ use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::authz::{Authorizer, Permit, expired, revoked};
 use crate::config::AgentMode;
 use crate::hub::Hub;
-use crate::ident::{IdentityFn, StreamGrant};
 use crate::inbound;
 use crate::peer::{AgentPeer, StreamHandle};
 use crate::resync;
@@ -51,11 +52,12 @@ const STREAM_BUFFER: usize = 64;
 /// stream was closed with.
 pub type Outgoing = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send + 'static>>;
 
-/// The `EventStream` service.
+/// The `EventStream` service. It serves calls that carry a [`Permit`] (from
+/// [`crate::authz::AuthorizeLayer`]) and refuses any other.
 #[derive(Clone)]
 pub struct EventStreamService {
     hub: Arc<Hub>,
-    identity: IdentityFn,
+    authorizer: Arc<Authorizer>,
 }
 
 impl std::fmt::Debug for EventStreamService {
@@ -65,53 +67,20 @@ impl std::fmt::Debug for EventStreamService {
 }
 
 impl EventStreamService {
-    pub(crate) fn new(hub: Arc<Hub>, identity: IdentityFn) -> Self {
-        Self { hub, identity }
+    pub(crate) fn new(hub: Arc<Hub>, authorizer: Arc<Authorizer>) -> Self {
+        Self { hub, authorizer }
     }
 
-    /// The caller's session, mode and token grant; refuses unidentified, unadmitted, expired
-    /// and revoked callers.
-    fn session_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentPeer>, AgentMode, StreamGrant), Status> {
-        let ident = (self.identity)(request.extensions(), request.metadata()).ok_or_else(|| {
-            Status::unauthenticated("no authenticated agent on this call (the auth layer must identify the agent)")
-        })?;
-        if !self.hub.config.admits(&ident.name) {
-            return Err(Status::permission_denied(format!(
-                "agent {:?} is not covered by the principal's --allowed-namespaces or equals its namespace",
-                ident.name
-            )));
-        }
-        let grant = StreamGrant::of(request.extensions(), &ident.name);
-        if let Some(expires_at) = grant.expires_at
-            && expires_at <= SystemTime::now()
-        {
-            return Err(expired(&ident.name, expires_at));
-        }
-        if self.is_revoked(&grant) {
-            return Err(revoked(&ident.name));
-        }
-        let session = self.hub.peers.get_or_create(&ident.name, ident.mode);
-        Ok((session, ident.mode, grant))
+    /// The caller's peer and permit.
+    fn peer_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentPeer>, Permit), Status> {
+        let permit = request
+            .extensions()
+            .get::<Permit>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("this call did not pass the principal's authorization layer"))?;
+        let peer = self.hub.peers.get_or_create(&permit.agent, permit.mode);
+        Ok((peer, permit))
     }
-
-    fn is_revoked(&self, grant: &StreamGrant) -> bool {
-        grant.token_id.as_deref().is_some_and(|id| self.hub.peers.is_revoked(id))
-    }
-}
-
-/// The status a stream ends with when its access token expires.
-fn expired(agent: &str, expires_at: SystemTime) -> Status {
-    let at = chrono::DateTime::<chrono::Utc>::from(expires_at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    Status::unauthenticated(format!(
-        "the session of agent {agent:?} expired at {at}: refresh the access token or authenticate again, then reconnect"
-    ))
-}
-
-/// The status a stream opened with a revoked token is refused with.
-fn revoked(agent: &str) -> Status {
-    Status::unauthenticated(format!(
-        "the session of agent {agent:?} was revoked by the principal: authenticate again, then reconnect"
-    ))
 }
 
 /// Handles one message from the agent by the ACK policy of [`link::recv`]; returns whether it
@@ -300,7 +269,7 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<WireEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let (session, mode, grant) = self.session_for(&request)?;
+        let (session, Permit { mode, grant, .. }) = self.peer_for(&request)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let expires = grant.expires_at.is_some();
         // Attach now, so an older stream of this agent is closed before this one runs.
@@ -314,7 +283,7 @@ impl EventStream for EventStreamService {
     }
 
     async fn push(&self, request: Request<Streaming<WireEvent>>) -> Result<Response<PushSummary>, Status> {
-        let (session, _mode, grant) = self.session_for(&request)?;
+        let (session, Permit { grant, .. }) = self.peer_for(&request)?;
         let mut inbound = request.into_inner();
         let expiry = async {
             match grant.expires_at {
@@ -333,7 +302,7 @@ impl EventStream for EventStreamService {
                 msg = inbound.message() => msg?,
             };
             let Some(msg) = msg else { break };
-            if self.is_revoked(&grant) {
+            if self.authorizer.is_revoked(&grant) {
                 return Err(revoked(session.name()));
             }
             received = received.saturating_add(1);
