@@ -20,7 +20,7 @@ use super::{Hub, Key, key_of};
 use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
 
 /// Hub Applications in agent namespaces, as the routes see them.
-struct Applications<'a>(&'a Hub);
+pub(crate) struct Applications<'a>(pub(crate) &'a Hub);
 
 impl Index for Applications<'_> {
     type Object = DynamicObject;
@@ -122,7 +122,7 @@ async fn app_deleted_in_span(hub: &Hub, app: Application) {
 }
 
 /// Hub AppProjects in the principal namespace.
-struct Projects<'a>(&'a Hub);
+pub(crate) struct Projects<'a>(pub(crate) &'a Hub);
 
 impl Index for Projects<'_> {
     type Object = DynamicObject;

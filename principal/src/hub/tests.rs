@@ -1,0 +1,213 @@
+//! Routing and resync on the hub indexes alone: the watch indexes are fed synthetic watch
+//! events through [`link::watch::drive`], and what reaches each agent is read from its mailbox.
+//! The hub's API server is never reached ([`Hub::offline`]: every request would fail).
+
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use kube::runtime::watcher::Event as WatchEvent;
+use link::watch::{Index, drive};
+use protocol::argocd::annotations::IGNORE_SYNC;
+use protocol::payload::RequestUpdate;
+use protocol::{Event, EventType, Payload, Target};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::Hub;
+use super::watch::{Applications, Projects};
+use crate::config::{AgentMode, PrincipalConfig};
+use crate::ident::StreamGrant;
+use crate::peer::{AgentPeer, StreamHandle};
+
+fn hub() -> Hub {
+    let mut config = PrincipalConfig::new("argocd");
+    config.allowed_namespaces = vec!["agent-*".into()];
+    Hub::offline(config)
+}
+
+fn app(ns: &str, name: &str, path: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"), "resourceVersion": "1"},
+        "spec": {"project": "default", "source": {"repoURL": "https://example.com/r.git", "path": path},
+                 "destination": {"server": "https://kubernetes.default.svc", "namespace": "default"}},
+    }))
+    .expect("an Application")
+}
+
+fn ignored(mut obj: DynamicObject) -> DynamicObject {
+    obj.metadata.labels.get_or_insert_default().insert(IGNORE_SYNC.into(), "true".into());
+    obj
+}
+
+fn project(name: &str, destination: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}"), "resourceVersion": "1"},
+        "spec": {"destinations": [{"name": destination, "namespace": "*", "server": "*"}], "sourceNamespaces": ["*"]},
+    }))
+    .expect("an AppProject")
+}
+
+/// Feeds watch events to an index, as a live watch would.
+async fn feed<I: Index<Object = DynamicObject>>(index: &I, events: Vec<WatchEvent<DynamicObject>>) {
+    drive(index, futures::stream::iter(events.into_iter().map(Ok)), &CancellationToken::new()).await;
+}
+
+/// A listed hub: the watches' first list, so the resync reads the caches.
+async fn listed(hub: &Hub, apps: Vec<DynamicObject>, projects: Vec<DynamicObject>) {
+    let initial = |objs: Vec<DynamicObject>| {
+        std::iter::once(WatchEvent::Init)
+            .chain(objs.into_iter().map(WatchEvent::InitApply))
+            .chain([WatchEvent::InitDone])
+    };
+    feed(&Applications(hub), initial(apps).collect()).await;
+    feed(&Projects(hub), initial(projects).collect()).await;
+}
+
+/// An agent with a live stream.
+fn connect(hub: &Hub, agent: &str, mode: AgentMode) -> (Arc<AgentPeer>, StreamHandle) {
+    let peer = hub.peers.get_or_create(agent, mode);
+    let handle = peer.attach(mode, StreamGrant::default());
+    (peer, handle)
+}
+
+/// What the agent was sent since the last call, each ACKed at once (so the resource's next event
+/// may go): `"<type> <name>"`, the name read from the payload.
+fn sent(peer: &AgentPeer, handle: &StreamHandle) -> Vec<String> {
+    let ready = peer.mailbox().take_ready(handle.attachment(), "test").expect("the stream is current");
+    ready
+        .events
+        .iter()
+        .map(|ev| {
+            peer.mailbox().ack(&ev.resource_id, &ev.event_id);
+            describe(ev)
+        })
+        .collect()
+}
+
+fn describe(ev: &Event) -> String {
+    let ty = ev.event_type.as_str().rsplit('.').next().unwrap_or_default().to_owned();
+    let name = match ev.payload() {
+        Ok(Payload::Application(a)) => a.metadata.name.unwrap_or_default(),
+        Ok(Payload::AppProject(p)) => p.metadata.name.unwrap_or_default(),
+        Ok(Payload::RequestUpdate(r)) => r.name,
+        _ => ev.target.as_str().to_owned(),
+    };
+    format!("{ty} {name}")
+}
+
+#[tokio::test]
+async fn hub_changes_of_a_managed_agents_applications_reach_it_in_order() {
+    let hub = hub();
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    listed(&hub, vec![app("agent-1", "guestbook", "v1")], vec![]).await;
+    assert_eq!(sent(&peer, &stream), ["create guestbook"]);
+
+    let apps = Applications(&hub);
+    feed(&apps, vec![WatchEvent::Apply(app("agent-1", "guestbook", "v2"))]).await;
+    assert_eq!(sent(&peer, &stream), ["spec-update guestbook"]);
+    feed(&apps, vec![WatchEvent::Apply(app("agent-1", "guestbook", "v2"))]).await;
+    assert!(sent(&peer, &stream).is_empty(), "the same spec again sends nothing");
+    feed(&apps, vec![WatchEvent::Delete(app("agent-1", "guestbook", "v2"))]).await;
+    assert_eq!(sent(&peer, &stream), ["delete guestbook"]);
+}
+
+#[tokio::test]
+async fn applications_of_other_agents_or_outside_allowed_namespaces_are_not_sent() {
+    let hub = hub();
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    let (peer2, stream2) = connect(&hub, "agent-2", AgentMode::Managed);
+    listed(&hub, vec![app("agent-2", "other", "v1"), app("team-x", "stray", "v1")], vec![]).await;
+    assert!(sent(&peer, &stream).is_empty());
+    assert_eq!(sent(&peer2, &stream2), ["create other"]);
+    assert!(!super::lock(&hub.seen_apps).contains_key(&("team-x".into(), "stray".into())), "never indexed");
+}
+
+#[tokio::test]
+async fn a_relist_that_no_longer_returns_an_application_deletes_it_on_the_agent() {
+    let hub = hub();
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    listed(&hub, vec![app("agent-1", "kept", "v1"), app("agent-1", "gone", "v1")], vec![]).await;
+    assert_eq!(sent(&peer, &stream).len(), 2);
+    // The watch broke; `gone` was deleted while it was down.
+    feed(
+        &Applications(&hub),
+        vec![WatchEvent::Init, WatchEvent::InitApply(app("agent-1", "kept", "v1")), WatchEvent::InitDone],
+    )
+    .await;
+    assert_eq!(sent(&peer, &stream), ["delete gone"]);
+}
+
+#[tokio::test]
+async fn labelling_an_application_ignore_sync_removes_it_from_its_agent() {
+    let hub = hub();
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    listed(&hub, vec![app("agent-1", "guestbook", "v1")], vec![]).await;
+    sent(&peer, &stream);
+    feed(&Applications(&hub), vec![WatchEvent::Apply(ignored(app("agent-1", "guestbook", "v1")))]).await;
+    assert_eq!(sent(&peer, &stream), ["delete guestbook"]);
+    assert!(super::lock(&hub.seen_apps).is_empty(), "an ignored Application is not indexed");
+}
+
+#[tokio::test]
+async fn app_projects_go_to_the_agents_their_destinations_name() {
+    let hub = hub();
+    let (peer1, stream1) = connect(&hub, "agent-1", AgentMode::Managed);
+    let (peer2, stream2) = connect(&hub, "agent-2", AgentMode::Managed);
+    listed(&hub, vec![], vec![project("only-one", "agent-1"), project("everyone", "agent-*")]).await;
+    let mut one = sent(&peer1, &stream1);
+    one.sort();
+    assert_eq!(one, ["create everyone", "create only-one"]);
+    assert_eq!(sent(&peer2, &stream2), ["create everyone"]);
+
+    feed(&Projects(&hub), vec![WatchEvent::Delete(project("everyone", "agent-*"))]).await;
+    assert_eq!(sent(&peer1, &stream1), ["delete everyone"]);
+    assert_eq!(sent(&peer2, &stream2), ["delete everyone"]);
+}
+
+#[tokio::test]
+async fn a_managed_agent_connecting_gets_its_projects_and_is_asked_for_what_it_holds() {
+    let hub = hub();
+    listed(&hub, vec![app("agent-1", "guestbook", "v1")], vec![project("p", "agent-1")]).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    crate::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
+    assert_eq!(sent(&peer, &stream), ["spec-update p", "request-resource-resync resourceResync"]);
+}
+
+#[tokio::test]
+async fn resync_sends_a_stale_spec_again_and_nothing_for_a_current_one() {
+    let hub = hub();
+    listed(&hub, vec![app("agent-1", "guestbook", "v2")], vec![]).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    let request = |name: &str, checksum: Option<Vec<u8>>| {
+        let req = RequestUpdate {
+            name: name.into(),
+            namespace: "argocd".into(),
+            uid: format!("uid-agent-1-{name}"),
+            kind: protocol::checksum::RESYNC_KIND_APPLICATION.into(),
+            checksum,
+        };
+        Event::request(EventType::RequestUpdate, Target::ResourceResync, "req").with_json(&req).expect("event")
+    };
+    // The agent holds an older spec of `guestbook`: the hub's is sent again.
+    let ev = request("guestbook", Some(vec![0; 32]));
+    let payload = ev.payload().expect("payload");
+    crate::resync::handle(&hub, &peer, &ev, payload).await.expect("handled from the cache");
+    assert_eq!(sent(&peer, &stream), ["spec-update guestbook"]);
+    // The agent holds the same spec: nothing to send.
+    let current = super::lock(&hub.seen_apps).get(&("agent-1".into(), "guestbook".into())).cloned().expect("indexed");
+    let ev = request("guestbook", crate::resync::checksum_of(&current));
+    let payload = ev.payload().expect("payload");
+    crate::resync::handle(&hub, &peer, &ev, payload).await.expect("handled");
+    assert!(sent(&peer, &stream).is_empty());
+}
+
+#[tokio::test]
+async fn an_autonomous_agent_connecting_is_asked_for_its_resource_list() {
+    let hub = hub();
+    listed(&hub, vec![], vec![]).await;
+    let (peer, stream) = connect(&hub, "agent-3", AgentMode::Autonomous);
+    crate::resync::on_connect(&hub, &peer).await.expect("cache");
+    assert_eq!(sent(&peer, &stream), ["request-synced-resource-list resourceResync"]);
+}
