@@ -154,6 +154,13 @@ impl ObjectStore {
         serde_json::to_value(obj).and_then(serde_json::from_value).map_err(err)
     }
 
+    /// As [`Self::decode`] for a watcher: an object that does not decode is logged (naming
+    /// `what` watched it and why) and skipped, so one bad object never stops a watch.
+    #[must_use]
+    pub fn decode_or_skip<T: DeserializeOwned>(&self, obj: &DynamicObject, what: &str) -> Option<T> {
+        self.decode(obj).map_err(|e| tracing::warn!(%what, error = %e, "skipping an object that does not decode")).ok()
+    }
+
     fn encode<T: Serialize>(&self, ns: &str, name: &str, obj: &T) -> Result<DynamicObject, StoreError> {
         let err =
             |source| StoreError::Decode { kind: self.kind, namespace: ns.to_owned(), name: name.to_owned(), source };

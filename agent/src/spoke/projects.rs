@@ -33,13 +33,10 @@ impl Index for Projects<'_> {
     }
     fn decode(&self, obj: &DynamicObject) -> Option<AppProject> {
         let managed = self.0.config.mode == AgentMode::Managed;
-        match self.0.projects.decode::<AppProject>(obj) {
-            Ok(p) => (!managed || p.metadata.source_uid().is_some()).then_some(p),
-            Err(e) => {
-                tracing::warn!(error = %e, "skipping a spoke AppProject that does not decode");
-                None
-            }
-        }
+        self.0
+            .projects
+            .decode_or_skip::<AppProject>(obj, self.what())
+            .filter(|p| !managed || p.metadata.source_uid().is_some())
     }
     fn key(p: &AppProject) -> String {
         p.metadata.name.clone().unwrap_or_default()

@@ -34,13 +34,7 @@ impl Index for Applications<'_> {
         "spoke Application"
     }
     fn decode(&self, obj: &DynamicObject) -> Option<Application> {
-        match self.0.apps.decode::<Application>(obj) {
-            Ok(app) => Some(app),
-            Err(e) => {
-                tracing::warn!(error = %e, "skipping a spoke Application that does not decode");
-                None
-            }
-        }
+        self.0.apps.decode_or_skip(obj, self.what())
     }
     fn key(app: &Application) -> String {
         app.metadata.name.clone().unwrap_or_default()

@@ -30,8 +30,10 @@ impl Index for Applications<'_> {
     fn what(&self) -> &str {
         "hub Application"
     }
+    /// Only Applications in the namespaces of admitted agents.
     fn decode(&self, obj: &DynamicObject) -> Option<Application> {
-        decode_app(self.0, obj)
+        let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+        self.0.config.admits(ns).then(|| self.0.apps.decode_or_skip(obj, self.what())).flatten()
     }
     fn key(app: &Application) -> Key {
         key_of(&app.metadata)
@@ -54,20 +56,6 @@ impl Index for Applications<'_> {
 pub(crate) async fn run_applications(hub: Arc<Hub>, cancel: CancellationToken) {
     let api = hub.apps.api(None);
     link::watch::run(&Applications(&hub), api, watcher::Config::default(), &cancel).await;
-}
-
-fn decode_app(hub: &Hub, obj: &DynamicObject) -> Option<Application> {
-    let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
-    if !hub.config.admits(ns) {
-        return None;
-    }
-    match hub.apps.decode(obj) {
-        Ok(app) => Some(app),
-        Err(e) => {
-            tracing::warn!(error = %e, "skipping a hub Application that does not decode");
-            None
-        }
-    }
 }
 
 async fn app_applied(hub: &Hub, app: Application) {
@@ -133,13 +121,7 @@ impl Index for Projects<'_> {
         "hub AppProject"
     }
     fn decode(&self, obj: &DynamicObject) -> Option<AppProject> {
-        match self.0.projects.decode::<AppProject>(obj) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                tracing::warn!(error = %e, "skipping a hub AppProject that does not decode");
-                None
-            }
-        }
+        self.0.projects.decode_or_skip(obj, self.what())
     }
     fn key(p: &AppProject) -> String {
         p.metadata.name.clone().unwrap_or_default()
