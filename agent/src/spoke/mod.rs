@@ -4,6 +4,9 @@
 pub mod projects;
 pub mod watch;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 

@@ -21,7 +21,7 @@ use super::{Spoke, clear_server_fields};
 use crate::config::AgentMode;
 
 /// The spoke's AppProjects, by name: managed, only principal-owned ones; autonomous, all.
-struct Projects<'a>(&'a Spoke);
+pub(crate) struct Projects<'a>(pub(crate) &'a Spoke);
 
 impl Index for Projects<'_> {
     type Object = DynamicObject;

@@ -23,7 +23,7 @@ use super::{Spoke, clear_server_fields, is_ignored};
 use crate::config::AgentMode;
 
 /// The spoke's Applications, by name.
-struct Applications<'a>(&'a Spoke);
+pub(crate) struct Applications<'a>(pub(crate) &'a Spoke);
 
 impl Index for Applications<'_> {
     type Object = DynamicObject;

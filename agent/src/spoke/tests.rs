@@ -1,0 +1,165 @@
+//! The spoke's watch indexes alone: synthetic watch events through [`link::watch::drive`], and
+//! what the agent would send the principal read from its mailbox. The spoke's API server is never
+//! reached (every request of [`offline_client`] fails).
+
+use kube::api::DynamicObject;
+use kube::runtime::watcher::Event as WatchEvent;
+use link::watch::{Index, drive};
+use protocol::argocd::annotations::{IGNORE_SYNC, SOURCE_UID};
+use protocol::{Event, Payload};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::Spoke;
+use super::projects::Projects;
+use super::watch::Applications;
+use crate::config::{AgentConfig, AgentMode};
+
+fn offline_client() -> kube::Client {
+    let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+        Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("unit test: there is no API server"))
+    });
+    kube::Client::new(service, "argocd")
+}
+
+fn spoke(mode: AgentMode) -> Spoke {
+    Spoke::new(AgentConfig::new("http://127.0.0.1:1", "agent-1", mode), offline_client())
+}
+
+fn app(name: &str, path: &str, status: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}"), "resourceVersion": "1"},
+        "spec": {"project": "default", "source": {"repoURL": "https://example.com/r.git", "path": path},
+                 "destination": {"server": "https://kubernetes.default.svc", "namespace": "default"}},
+        "status": {"sync": {"status": status}},
+    }))
+    .expect("an Application")
+}
+
+/// A principal-owned copy (managed mode): it carries the hub object's UID.
+fn owned(mut obj: DynamicObject) -> DynamicObject {
+    let uid = format!("hub-{}", obj.metadata.name.as_deref().unwrap_or_default());
+    obj.metadata.annotations.get_or_insert_default().insert(SOURCE_UID.into(), uid);
+    obj
+}
+
+fn label(mut obj: DynamicObject, key: &str) -> DynamicObject {
+    obj.metadata.labels.get_or_insert_default().insert(key.into(), "true".into());
+    obj
+}
+
+fn project(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}"), "resourceVersion": "1"},
+        "spec": {"destinations": [{"namespace": "*", "server": "*"}]},
+    }))
+    .expect("an AppProject")
+}
+
+async fn feed<I: Index<Object = DynamicObject>>(index: &I, events: Vec<WatchEvent<DynamicObject>>) {
+    drive(index, futures::stream::iter(events.into_iter().map(Ok)), &CancellationToken::new()).await;
+}
+
+fn listed(objs: Vec<DynamicObject>) -> Vec<WatchEvent<DynamicObject>> {
+    std::iter::once(WatchEvent::Init)
+        .chain(objs.into_iter().map(WatchEvent::InitApply))
+        .chain([WatchEvent::InitDone])
+        .collect()
+}
+
+/// What the agent would send since the last call, each ACKed at once: `"<type> <name>"`.
+fn sent(spoke: &Spoke) -> Vec<String> {
+    let stream = spoke.mailbox.attach();
+    let ready = spoke.mailbox.take_ready(stream, "test").expect("attached");
+    let out = ready
+        .events
+        .iter()
+        .map(|ev| {
+            spoke.mailbox.ack(&ev.resource_id, &ev.event_id);
+            describe(ev)
+        })
+        .collect();
+    spoke.mailbox.detach(stream);
+    out
+}
+
+fn describe(ev: &Event) -> String {
+    let ty = ev.event_type.as_str().rsplit('.').next().unwrap_or_default().to_owned();
+    let name = match ev.payload() {
+        Ok(Payload::Application(a)) => a.metadata.name.unwrap_or_default(),
+        Ok(Payload::AppProject(p)) => p.metadata.name.unwrap_or_default(),
+        _ => ev.target.as_str().to_owned(),
+    };
+    format!("{ty} {name}")
+}
+
+#[tokio::test]
+async fn autonomous_changes_go_up_as_create_update_delete() {
+    let spoke = spoke(AgentMode::Autonomous);
+    let apps = Applications(&spoke);
+    feed(&apps, listed(vec![app("guestbook", "v1", "Synced")])).await;
+    assert_eq!(sent(&spoke), ["create guestbook"]);
+    feed(&apps, vec![WatchEvent::Apply(app("guestbook", "v2", "Synced"))]).await;
+    assert_eq!(sent(&spoke), ["spec-update guestbook"]);
+    let mut same = app("guestbook", "v2", "Synced");
+    same.metadata.resource_version = Some("2".into());
+    feed(&apps, vec![WatchEvent::Apply(same)]).await;
+    assert!(sent(&spoke).is_empty(), "only a new resourceVersion: nothing the principal mirrors changed");
+    feed(&apps, vec![WatchEvent::Delete(app("guestbook", "v2", "Synced"))]).await;
+    assert_eq!(sent(&spoke), ["delete guestbook"]);
+}
+
+#[tokio::test]
+async fn autonomous_relist_tombstones_and_ignore_sync_are_deletions_for_the_principal() {
+    let spoke = spoke(AgentMode::Autonomous);
+    let apps = Applications(&spoke);
+    feed(&apps, listed(vec![app("kept", "v1", "Synced"), app("gone", "v1", "Synced"), app("hidden", "v1", "Synced")]))
+        .await;
+    assert_eq!(sent(&spoke).len(), 3);
+    feed(&apps, vec![WatchEvent::Apply(label(app("hidden", "v1", "Synced"), IGNORE_SYNC))]).await;
+    assert_eq!(sent(&spoke), ["delete hidden"]);
+    feed(&apps, listed(vec![app("kept", "v1", "Synced")])).await;
+    assert_eq!(sent(&spoke), ["delete gone"]);
+}
+
+#[tokio::test]
+async fn managed_status_changes_of_principal_owned_applications_are_reported() {
+    let spoke = spoke(AgentMode::Managed);
+    let apps = Applications(&spoke);
+    feed(&apps, listed(vec![owned(app("guestbook", "v1", "OutOfSync")), app("local", "v1", "Synced")])).await;
+    assert_eq!(sent(&spoke), ["status-update guestbook"], "an Application not from the principal is not ours");
+    feed(&apps, vec![WatchEvent::Apply(owned(app("guestbook", "v1", "OutOfSync")))]).await;
+    assert!(sent(&spoke).is_empty(), "the same status is not reported twice");
+    feed(&apps, vec![WatchEvent::Apply(owned(app("guestbook", "v1", "Synced")))]).await;
+    assert_eq!(sent(&spoke), ["status-update guestbook"]);
+}
+
+#[tokio::test]
+async fn managed_deletion_the_principal_asked_for_is_confirmed_to_it() {
+    let spoke = spoke(AgentMode::Managed);
+    let apps = Applications(&spoke);
+    feed(&apps, listed(vec![owned(app("guestbook", "v1", "Synced"))])).await;
+    sent(&spoke);
+    spoke.expect_delete("guestbook");
+    feed(&apps, vec![WatchEvent::Delete(owned(app("guestbook", "v1", "Synced")))]).await;
+    assert_eq!(sent(&spoke), ["delete guestbook"]);
+    assert!(super::lock(&spoke.source).is_empty(), "no longer the principal's copy to restore");
+}
+
+#[tokio::test]
+async fn autonomous_app_projects_go_up_and_managed_ones_only_when_principal_owned() {
+    let autonomous = spoke(AgentMode::Autonomous);
+    feed(&Projects(&autonomous), listed(vec![project("team")])).await;
+    assert_eq!(sent(&autonomous), ["create team"]);
+    feed(&Projects(&autonomous), listed(vec![])).await;
+    assert_eq!(sent(&autonomous), ["delete team"], "a re-list that no longer returns it");
+
+    let managed = spoke(AgentMode::Managed);
+    let mut theirs = project("from-hub");
+    theirs.metadata.annotations.get_or_insert_default().insert(SOURCE_UID.into(), "hub-uid".into());
+    feed(&Projects(&managed), listed(vec![theirs, project("local")])).await;
+    assert!(sent(&managed).is_empty(), "managed agents send no AppProjects up");
+    assert_eq!(super::lock(&managed.project_source).keys().cloned().collect::<Vec<_>>(), ["from-hub"]);
+}
