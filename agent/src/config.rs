@@ -58,6 +58,9 @@ pub struct AgentConfig {
     /// Largest gRPC message sent or received (`--grpc-max-message-size`); a larger outgoing
     /// event is given up (the next resync repairs) instead of failing the stream.
     pub max_message_bytes: usize,
+    /// The session the agent keeps with the principal while it runs (see
+    /// [`Self::with_session`]); `None` when the caller supplies [`Self::credentials`] itself.
+    pub session: Option<std::sync::Arc<crate::session::Session>>,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -94,7 +97,22 @@ impl AgentConfig {
             keepalive: Some(DEFAULT_KEEPALIVE),
             max_message_bytes: protocol::pb::MAX_MESSAGE_BYTES,
             renew_session: None,
+            session: None,
         }
+    }
+
+    /// The agent keeps `session` fresh while it runs, sends its access token (and `extra`) on
+    /// every stream, and renews it at once when the principal refuses the stream's session.
+    #[must_use]
+    pub fn with_session(
+        mut self,
+        session: std::sync::Arc<crate::session::Session>,
+        extra: Option<auth::CallMetadata>,
+    ) -> Self {
+        self.credentials = Some(session.stream_credentials(extra));
+        self.renew_session = Some(session.renew());
+        self.session = Some(session);
+        self
     }
 
     /// With heartbeats on, how long the stream may stay silent before it is replaced: three

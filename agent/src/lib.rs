@@ -19,6 +19,7 @@ pub mod inbound;
 pub mod metrics;
 mod otel;
 pub mod resync;
+pub mod session;
 pub mod spoke;
 pub mod transport;
 
@@ -85,16 +86,25 @@ impl Agent {
         metrics::global().render(Some(&self.spoke.mailbox))
     }
 
-    /// Runs the spoke watcher and the connection (reconnecting with backoff) until `cancel`
-    /// fires.
+    /// Runs the spoke watchers, the connection (reconnecting with backoff) and the session
+    /// (when configured) until `cancel` fires.
     pub async fn run(&self, cancel: CancellationToken) {
         let span = tracing::info_span!("agent", agent = %self.spoke.config.name, mode = %self.spoke.config.mode);
         tracing::Instrument::instrument(
             async {
+                let keep_session = async {
+                    if let Some(session) = &self.spoke.config.session {
+                        tokio::select! {
+                            () = session.keep() => {}
+                            () = cancel.cancelled() => {}
+                        }
+                    }
+                };
                 tokio::join!(
                     spoke::watch::run_applications(self.spoke.clone(), cancel.clone()),
                     spoke::projects::run_projects(self.spoke.clone(), cancel.clone()),
                     connection::run(self.spoke.clone(), cancel.clone()),
+                    keep_session,
                 );
             },
             span,

@@ -250,57 +250,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     rt.block_on(serve(args))
 }
 
-/// Authenticate, retrying with backoff until it succeeds. Errors that retrying cannot fix
-/// (a refused certificate, a version mismatch) are logged each time with what to change.
-async fn authenticate(
-    client: &mut protocol::pb::authapi::authentication_client::AuthenticationClient<tonic::transport::Channel>,
-    creds: &auth::Credentials,
-    params: &auth::AuthParams,
-) -> auth::PrincipalInfo {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match creds.authenticate(client, params).await {
-            Ok(info) => {
-                tracing::info!(agent = %info.agent_name, principal_version = %info.version, "authenticated to the principal");
-                return info;
-            }
-            Err(e) => {
-                agent::metrics::global().auth_failed();
-                tracing::warn!(error = %e, retry_in = ?delay, "authentication failed");
-            }
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(30));
-    }
-}
-
-/// Keep the session fresh for as long as the agent runs; when it ends (refresh refused,
-/// principal restarted with another key), authenticate again. The stream's own reconnect
-/// loop picks up the new tokens.
-async fn keep_session(
-    channel: tonic::transport::Channel,
-    creds: Arc<auth::Credentials>,
-    params: auth::AuthParams,
-    renew: Arc<tokio::sync::Notify>,
-) {
-    let mut client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel);
-    loop {
-        let e = tokio::select! {
-            e = creds.keep_fresh(&mut client) => e,
-            // The principal refused the stream's session: refresh now rather than when due.
-            () = renew.notified() => match creds.refresh(&mut client).await {
-                Ok(()) => {
-                    tracing::info!("the principal refused the session; refreshed it");
-                    continue;
-                }
-                Err(e) => e,
-            },
-        };
-        tracing::warn!(error = %e, "session ended; authenticating again");
-        let _ = authenticate(&mut client, &creds, &params).await;
-    }
-}
-
 /// What `--creds` and the TLS flags give the connection: TLS (none = plaintext), the name from
 /// the client certificate, and metadata every call carries (a JWT-SVID).
 struct Transport {
@@ -450,7 +399,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if let Some(metadata) = &transport.call_metadata {
         creds = creds.with_call_metadata(metadata.clone());
     }
-    let creds = Arc::new(creds);
     let params = auth::AuthParams {
         method: creds_kind.method().to_owned(),
         credentials: Default::default(),
@@ -458,10 +406,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         version: VERSION.to_string(),
         agent_namespace: args.namespace.clone(),
     };
+    let session = Arc::new(agent::session::Session::new(channel, creds, params));
     // The stream needs a token: authenticate before dialling it (or stop on a signal).
-    let mut auth_client = protocol::pb::authapi::authentication_client::AuthenticationClient::new(channel.clone());
     let info = tokio::select! {
-        info = authenticate(&mut auth_client, &creds, &params) => info,
+        info = session.authenticate() => info,
         () = stop.recv() => return Ok(()),
     };
     let name = match (args.agent_name.clone().or(transport.cert_name.clone()), info.agent_name.as_str()) {
@@ -473,24 +421,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         (None, "") => anyhow::bail!("the principal did not say which agent this is; pass --agent-name"),
         (None, principal) => principal.to_owned(),
     };
-    let renew = Arc::new(tokio::sync::Notify::new());
-    let session = tokio::spawn(keep_session(channel, creds.clone(), params, renew.clone()));
 
-    let mut config = agent::AgentConfig::new(addr, name.clone(), mode);
+    let mut config =
+        agent::AgentConfig::new(addr, name.clone(), mode).with_session(session, transport.call_metadata.clone());
     config.tls = transport.tls.clone();
     config.keepalive = keepalive;
     config.max_message_bytes = args.grpc_max_message_size;
-    config.renew_session = Some(renew);
     config.namespace = args.namespace.clone();
-    let token_source = creds.clone();
-    let bearer = agent::credentials::bearer_token(move || token_source.access_token());
-    config.credentials = Some(match transport.call_metadata.clone() {
-        None => bearer,
-        Some(extra) => Arc::new(move |md: &mut tonic::metadata::MetadataMap| {
-            bearer(md);
-            extra(md);
-        }),
-    });
     let heartbeat = heartbeat_interval(&args)?;
     if let Some(h) = heartbeat {
         tracing::info!(interval = ?h, "application heartbeats on");
@@ -509,7 +446,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             run.await;
         }
     }
-    session.abort();
     drop(transport);
     Ok(())
 }

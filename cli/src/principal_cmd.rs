@@ -323,11 +323,6 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
     auth::tls::server_config(settings).context("cannot build the TLS server configuration")
 }
 
-/// Counts refused authentications and calls in the principal's metrics.
-fn auth_observer() -> auth::service::AuthObserver {
-    auth::service::AuthObserver::new(|method, reason| principal::metrics::global().auth_failed(method, reason))
-}
-
 /// Waits this long for the first SVID or JWT bundles from the SPIFFE Workload API.
 const WORKLOAD_API_TIMEOUT: std::time::Duration = mesh::workload::DEFAULT_INITIAL_SYNC_TIMEOUT;
 
@@ -364,7 +359,6 @@ async fn observe(
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
-    use protocol::pb::authapi::authentication_server::AuthenticationServer;
     // Before anything announces the process, so an early SIGTERM still shuts it down cleanly.
     let mut stop = crate::signals::install();
     let observed = Arc::new(OnceLock::new());
@@ -433,39 +427,20 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     tracing::info!(%addr, auth = %args.auth, plaintext = args.insecure_plaintext, "principal listening");
 
     let cancel = tokio_util::sync::CancellationToken::new();
-    let watchers = tokio::spawn({
-        let p = principal.clone();
+    tokio::spawn({
         let cancel = cancel.clone();
-        async move { p.run_watchers(cancel).await }
-    });
-    let auth_service = AuthenticationServer::new(
-        auth::AuthService::new(
-            sessions.clone(),
-            auth::AuthServiceConfig {
-                principal_version: VERSION.to_string(),
-                principal_namespace: args.namespace.clone(),
-                version_check: version_check(&args)?,
-            },
-            // A refreshed session extends the agent's live stream.
-            principal.session_hook(),
-        )
-        .with_observer(auth_observer()),
-    );
-    let router = tonic::transport::Server::builder()
-        .layer(auth::AuthLayer::new(sessions).with_observer(auth_observer()))
-        .add_service(auth_service)
-        .add_service(principal.event_stream_service())
-        .add_service(principal.version_service());
-    let shutdown = {
-        let cancel = cancel.clone();
-        let principal = principal.clone();
         async move {
             stop.recv().await;
-            tracing::info!("shutting down: closing agent streams");
             cancel.cancel();
-            // Open agent streams would otherwise keep the graceful shutdown waiting forever.
-            principal.disconnect_all();
         }
+    });
+    let auth = principal::AgentAuth {
+        sessions,
+        config: auth::AuthServiceConfig {
+            principal_version: VERSION.to_string(),
+            principal_namespace: args.namespace.clone(),
+            version_check: version_check(&args)?,
+        },
     };
     let served = if args.insecure_plaintext {
         tracing::warn!(
@@ -474,16 +449,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         // TCP_NODELAY: without it, small event frames wait for the peer's delayed ACK (~40 ms per
         // event through a sidecar).
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        router.serve_with_incoming_shutdown(incoming, shutdown).await
+        principal.serve_agents(Some(auth), incoming, cancel).await
     } else {
         // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
         let tls = match &workload_tls {
             Some((_identity, tls)) => tls.clone(),
             None => server_tls(&args, &secrets).await?,
         };
-        router.serve_with_incoming_shutdown(auth::tls::TlsIncoming::new(listener, tls), shutdown).await
+        principal.serve_agents(Some(auth), auth::tls::TlsIncoming::new(listener, tls), cancel).await
     };
-    cancel.cancel();
-    let _ = watchers.await;
     served.context("the gRPC server failed")
 }

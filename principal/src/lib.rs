@@ -29,6 +29,7 @@ pub mod state;
 
 use std::sync::Arc;
 
+use protocol::pb::authapi::authentication_server::AuthenticationServer;
 use protocol::pb::eventstreamapi::event_stream_server::EventStreamServer;
 use protocol::pb::versionapi::version_server::VersionServer;
 use tokio::net::TcpListener;
@@ -195,39 +196,90 @@ impl Principal {
     }
 
     /// Runs the watchers and serves `EventStream` and `Version` in plaintext (h2c) on
-    /// `listener` until `cancel` fires. Behind a mesh sidecar this is the whole server; the
-    /// CLI builds its own server when it adds TLS or the auth layer.
+    /// `listener`, identifying agents by the identity seam given to [`Self::new`], until `cancel`
+    /// fires. For tests and trusted loopback setups; the `argocd-agent principal` server is
+    /// [`Self::serve_agents`] with the auth crate's layer.
     ///
     /// # Errors
     ///
     /// [`PrincipalError::Serve`] when the gRPC server fails.
     pub async fn serve(self, listener: TcpListener, cancel: CancellationToken) -> Result<(), PrincipalError> {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        self.serve_agents(None, incoming, cancel).await
+    }
+
+    /// Runs the watchers and serves agents on `incoming` (plaintext or TLS connections) until
+    /// `cancel` fires: `EventStream` and `Version`, and with `auth` the auth crate's layer on
+    /// every call and its `Authentication` service (a refreshed session extends the agent's
+    /// stream, the blocklist refuses sessions, refusals are counted in
+    /// `argocd_principal_auth_failures_total`). On `cancel`, every agent stream is ended first
+    /// (agents reconnect with backoff), so the graceful shutdown does not wait for them.
+    ///
+    /// # Errors
+    ///
+    /// [`PrincipalError::Serve`] when the gRPC server fails.
+    pub async fn serve_agents<I, IO, IE>(
+        self,
+        auth: Option<AgentAuth>,
+        incoming: I,
+        cancel: CancellationToken,
+    ) -> Result<(), PrincipalError>
+    where
+        I: futures::Stream<Item = Result<IO, IE>>,
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let watchers = tokio::spawn({
-            let this = self.clone();
-            let cancel = cancel.clone();
+            let (this, cancel) = (self.clone(), cancel.clone());
             async move { this.run_watchers(cancel).await }
         });
-        let disconnect = {
-            let this = self.clone();
-            let cancel = cancel.clone();
+        let shutdown = {
+            let (this, cancel) = (self.clone(), cancel.clone());
             async move {
                 cancel.cancelled().await;
+                tracing::info!("shutting down: closing agent streams");
                 this.disconnect_all();
             }
         };
-        let serving = tonic::transport::Server::builder()
-            .add_service(self.event_stream_service())
-            .add_service(self.version_service())
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                cancel.clone().cancelled_owned(),
-            );
-        let (result, ()) = tokio::join!(serving, disconnect);
-        let result = result.map_err(PrincipalError::Serve);
+        let mut server = tonic::transport::Server::builder();
+        let served = match auth {
+            None => {
+                server
+                    .add_service(self.event_stream_service())
+                    .add_service(self.version_service())
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+            Some(AgentAuth { sessions, config }) => {
+                let observer =
+                    || auth::AuthObserver::new(|method, reason| metrics::global().auth_failed(method, reason));
+                let authentication = AuthenticationServer::new(
+                    auth::AuthService::new(sessions.clone(), config, self.session_hook()).with_observer(observer()),
+                );
+                server
+                    .layer(auth::AuthLayer::new(sessions).with_observer(observer()))
+                    .add_service(authentication)
+                    .add_service(self.event_stream_service())
+                    .add_service(self.version_service())
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+        };
         cancel.cancel();
         let _ = watchers.await;
-        result
+        served.map_err(PrincipalError::Serve)
     }
+}
+
+/// The auth crate's side of [`Principal::serve_agents`]: the session authority (methods,
+/// signing key) and the `Authentication` service's settings.
+#[derive(Debug)]
+pub struct AgentAuth {
+    /// Issues and verifies sessions.
+    pub sessions: auth::Sessions,
+    /// Version check and what the service tells agents.
+    pub config: auth::AuthServiceConfig,
 }
 
 /// See [`Principal::session_hook`].
