@@ -240,8 +240,9 @@ pub fn apply(cluster: &RealCluster, name: &str, yaml: &str) -> anyhow::Result<()
 /// is not supported here.
 pub fn container_env(deployment: &Value, configmaps: &[Value]) -> anyhow::Result<BTreeMap<String, String>> {
     let id = object_id(deployment);
-    let containers =
-        deployment["spec"]["template"]["spec"]["containers"].as_array().with_context(|| format!("{id}: no containers"))?;
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .with_context(|| format!("{id}: no containers"))?;
     let [container] = containers.as_slice() else { bail!("{id}: expected one container, found {}", containers.len()) };
     let ns = deployment["metadata"]["namespace"].as_str().unwrap_or_default();
     let mut env = BTreeMap::new();
