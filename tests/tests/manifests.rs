@@ -249,12 +249,12 @@ impl<'a> Container<'a> {
                     .to_owned()
             })
             .collect();
-        let deployment = serde_json::to_value(&doc.value).expect("YAML to JSON");
+        let deployment = serde_json::to_value(&doc.value).unwrap_or_else(|e| panic!("{doc}: {e}"));
         let configmaps: Vec<_> = docs
             .iter()
             // The ConfigMaps of the same cluster: hub and spoke both have argocd/argocd-agent-params.
             .filter(|d| d.kind() == "ConfigMap" && d.file == doc.file)
-            .map(|d| serde_json::to_value(&d.value).expect("YAML to JSON"))
+            .map(|d| serde_json::to_value(&d.value).unwrap_or_else(|e| panic!("{d}: {e}")))
             .collect();
         let env = tests::install::container_env(&deployment, &configmaps).unwrap_or_else(|e| panic!("{doc}: {e:#}"));
         Self { doc, args, env }
@@ -266,7 +266,7 @@ impl<'a> Container<'a> {
     }
 
     /// The value of `flag` from the environment, if the container sets its variable.
-    fn from_env(&self, flag: &str) -> Option<String> {
+    fn env_flag(&self, flag: &str) -> Option<String> {
         let (_, _, var) = FLAG_ENV.iter().find(|(c, f, _)| *c == self.command() && *f == flag)?;
         self.env.get(*var).cloned()
     }
@@ -283,7 +283,7 @@ impl<'a> Container<'a> {
             }
         }
         assert!(values.len() <= 1, "{}: container args: {flag} is given {} times", self.doc, values.len());
-        let from_env = self.from_env(flag);
+        let from_env = self.env_flag(flag);
         assert!(
             values.is_empty() || from_env.is_none(),
             "{}: {flag} is given both as an argument and in the environment",
@@ -298,7 +298,7 @@ impl<'a> Container<'a> {
 
     fn switch(&self, flag: &str) -> bool {
         self.args.iter().any(|a| a == flag || *a == format!("{flag}=true"))
-            || self.from_env(flag).as_deref() == Some("true")
+            || self.env_flag(flag).as_deref() == Some("true")
     }
 }
 
