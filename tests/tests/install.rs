@@ -908,3 +908,54 @@ async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
     }
     principal.sigterm_and_wait_async(Duration::from_secs(20)).await.expect("principal stops");
 }
+
+// === The image ===
+
+/// The image the `Dockerfile` builds and the charts' defaults agree: the user the image runs as
+/// is the one the pods run as, the pods use the image's entrypoint (only `args`), and the root
+/// filesystem is read-only. (The image itself is built with `docker build`, `buildah bud` or
+/// `podman build`; see docs/install.md.)
+#[test]
+fn dockerfile_and_chart_defaults_agree() {
+    let dockerfile = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("Dockerfile");
+    let last = |directive: &str| {
+        dockerfile
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(directive).map(str::trim))
+            .unwrap_or_else(|| panic!("Dockerfile: no {directive}"))
+            .to_string()
+    };
+    let stages = dockerfile.lines().filter(|l| l.starts_with("FROM ")).count();
+    assert!(stages >= 2, "Dockerfile: not multi-stage");
+    assert_eq!(last("USER "), "999:999", "Dockerfile: the runtime user");
+    assert_eq!(last("ENTRYPOINT "), "[\"/bin/argocd-agent\"]", "Dockerfile: upstream's entrypoint");
+    for line in dockerfile.lines().filter(|l| l.starts_with("FROM ")) {
+        let image = line.split_whitespace().nth(1).unwrap_or_default();
+        let first = image.split('/').next().unwrap_or_default();
+        assert!(
+            !image.contains('/') || !(first.contains('.') || first.contains(':')),
+            "Dockerfile: {image} names a registry host; leave it to the builder's configuration"
+        );
+    }
+    for (chart, values) in [(PRINCIPAL_CHART, json!({})), (AGENT_CHART, json!({"server": "p"}))] {
+        let d = rendered_deployment(chart, &values);
+        let pod = &d["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        assert!(c.get("command").is_none(), "{chart}: sets command; the image's entrypoint is the binary");
+        assert_eq!(pod["securityContext"]["runAsUser"], 999, "{chart}: podSecurityContext.runAsUser");
+        assert_eq!(pod["securityContext"]["runAsGroup"], 999, "{chart}: podSecurityContext.runAsGroup");
+        assert_eq!(c["securityContext"]["runAsNonRoot"], true, "{chart}: runAsNonRoot");
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true, "{chart}: readOnlyRootFilesystem");
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false, "{chart}: allowPrivilegeEscalation");
+        assert!(c.get("volumeMounts").is_none(), "{chart}: mounts a volume by default; the processes write nothing");
+    }
+    for overlay in ["principal", "agent-managed"] {
+        let docs = documents(&kustomize(overlay).expect("kustomize")).expect("parse");
+        let d = docs.iter().find(|d| d["kind"] == "Deployment").expect("deployment");
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert!(c.get("command").is_none(), "kustomize {overlay}: sets command");
+        assert_eq!(d["spec"]["template"]["spec"]["securityContext"]["runAsUser"], 999, "kustomize {overlay}");
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true, "kustomize {overlay}");
+    }
+}
