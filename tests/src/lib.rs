@@ -19,6 +19,7 @@ pub mod faultproxy;
 pub mod fixtures;
 pub mod gopeer;
 pub mod http;
+pub mod install;
 pub mod kubectl;
 pub mod loadgen;
 pub mod otlp;

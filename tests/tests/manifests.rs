@@ -1,6 +1,9 @@
-//! The mesh manifests (`istio/*.yaml`) and sidecar bootstraps (`envoy/*.yaml`) agree with the
-//! code's defaults and with each other: no process is started, every YAML document is parsed and
-//! cross-checked.
+//! The Istio overlays (`install/kustomize/principal-istio` and `agent-managed-istio`, rendered by
+//! kubectl's kustomize; `tests/tests/install.rs` dry-runs them on a real API server) and the
+//! sidecar bootstraps (`envoy/*.yaml`) agree with the code's defaults and with each other: no
+//! process is started, every YAML document is parsed and cross-checked. Settings are read where
+//! the binary gets them: container args, or environment variables from the argocd-agent-params
+//! ConfigMap.
 //!
 //! - the principal's `--auth` parses with [`auth::AuthMethodSpec::parse`] and fits the plaintext
 //!   loopback listener the Deployment configures ([`auth::AuthMethodSpec::check_listener`]);
@@ -24,12 +27,8 @@ use mesh::{SpiffeId, SpiffePolicy};
 use serde::Deserialize as _;
 use serde_yaml::Value;
 
-/// What `${AGENT_NAME}` is rendered as.
-const SAMPLE_AGENT: &str = "agent-1";
-/// What `${ARGOCD_AGENT_IMAGE}` is rendered as.
-const SAMPLE_IMAGE: &str = "argocd-agent-rs:test";
-/// The placeholders `istio/` may use, each explained in `istio/README.md`.
-const ISTIO_PLACEHOLDERS: [(&str, &str); 2] = [("AGENT_NAME", SAMPLE_AGENT), ("ARGOCD_AGENT_IMAGE", SAMPLE_IMAGE)];
+/// The Istio overlays: the hub's and a spoke's.
+const ISTIO_OVERLAYS: [&str; 2] = ["principal-istio", "agent-managed-istio"];
 const XFCC: &str = "x-forwarded-client-cert";
 const PRINCIPAL: &str = "argocd-agent-principal";
 
@@ -152,15 +151,21 @@ fn load(dir: &str, render: impl Fn(&str, &str) -> String) -> Vec<Doc> {
     docs
 }
 
+/// The Istio overlays rendered, objects both contain (the namespace, the DestinationRule) once.
 fn istio() -> Vec<Doc> {
-    load("istio", |file, name| {
-        ISTIO_PLACEHOLDERS.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned()).unwrap_or_else(|| {
-            panic!(
-                "{file}: unknown placeholder ${{{name}}}; istio/ uses only {:?} (explained in istio/README.md)",
-                ISTIO_PLACEHOLDERS.map(|(n, _)| n)
-            )
-        })
-    })
+    let mut docs: Vec<Doc> = Vec::new();
+    for overlay in ISTIO_OVERLAYS {
+        let file = format!("install/kustomize/{overlay}");
+        let text = tests::install::kustomize(overlay).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(placeholders(&text).is_empty(), "{file}: placeholders left: {:?}", placeholders(&text));
+        for (index, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+            let value = Value::deserialize(de).unwrap_or_else(|e| panic!("{file} (document {}): {e}", index + 1));
+            if !value.is_null() && !docs.iter().any(|d| d.value == value) {
+                docs.push(Doc { file: file.clone(), index, value });
+            }
+        }
+    }
+    docs
 }
 
 /// The production value `envoy/README.md` gives a placeholder (last column of its table row).
@@ -185,8 +190,8 @@ fn find<'a>(docs: &'a [Doc], kind: &str, name: &str) -> &'a Doc {
     let found: Vec<_> = docs.iter().filter(|d| d.kind() == kind && d.name() == name).collect();
     match found.as_slice() {
         [one] => one,
-        [] => panic!("istio/: no {kind} named {name}"),
-        many => panic!("istio/: {} {kind} documents named {name}", many.len()),
+        [] => panic!("Istio overlays: no {kind} named {name}"),
+        many => panic!("Istio overlays: {} {kind} documents named {name}", many.len()),
     }
 }
 
@@ -194,20 +199,40 @@ fn only<'a>(docs: &'a [Doc], kind: &str) -> &'a Doc {
     let found: Vec<_> = docs.iter().filter(|d| d.kind() == kind).collect();
     match found.as_slice() {
         [one] => one,
-        other => panic!("istio/: expected exactly one {kind}, found {}", other.len()),
+        other => panic!("Istio overlays: expected exactly one {kind}, found {}", other.len()),
     }
 }
 
 // === Container arguments ===
 
-/// The one container of a Deployment and its arguments.
+/// The environment variable each flag the checks read comes from (`argocd-agent`'s own names).
+const FLAG_ENV: [(&str, &str, &str); 14] = [
+    ("principal", "--auth", "ARGOCD_PRINCIPAL_AUTH"),
+    ("principal", "--insecure-plaintext", "ARGOCD_PRINCIPAL_INSECURE_PLAINTEXT"),
+    ("principal", "--listen-host", "ARGOCD_PRINCIPAL_LISTEN_HOST"),
+    ("principal", "--listen-port", "ARGOCD_PRINCIPAL_LISTEN_PORT"),
+    ("principal", "--namespace", "ARGOCD_PRINCIPAL_NAMESPACE"),
+    ("principal", "--allowed-namespaces", "ARGOCD_PRINCIPAL_ALLOWED_NAMESPACES"),
+    ("agent", "--agent-name", "ARGOCD_AGENT_NAME"),
+    ("agent", "--creds", "ARGOCD_AGENT_CREDS"),
+    ("agent", "--heartbeat-interval", "ARGOCD_AGENT_HEARTBEAT_INTERVAL"),
+    ("agent", "--server-address", "ARGOCD_AGENT_REMOTE_SERVER"),
+    ("agent", "--server-port", "ARGOCD_AGENT_REMOTE_PORT"),
+    ("agent", "--insecure-plaintext", "ARGOCD_AGENT_INSECURE_PLAINTEXT"),
+    ("agent", "--agent-mode", "ARGOCD_AGENT_MODE"),
+    ("agent", "--namespace", "ARGOCD_AGENT_NAMESPACE"),
+];
+
+/// The one container of a Deployment, its arguments and its environment (configMapKeyRef
+/// resolved against the ConfigMaps of the same rendering, as the kubelet does).
 struct Container<'a> {
     doc: &'a Doc,
     args: Vec<String>,
+    env: std::collections::BTreeMap<String, String>,
 }
 
 impl<'a> Container<'a> {
-    fn of(doc: &'a Doc) -> Self {
+    fn of(doc: &'a Doc, docs: &[Doc]) -> Self {
         assert_eq!(doc.kind(), "Deployment", "{doc}: not a Deployment");
         let containers = doc.seq("spec.template.spec.containers");
         assert_eq!(
@@ -224,7 +249,26 @@ impl<'a> Container<'a> {
                     .to_owned()
             })
             .collect();
-        Self { doc, args }
+        let deployment = serde_json::to_value(&doc.value).unwrap_or_else(|e| panic!("{doc}: {e}"));
+        let configmaps: Vec<_> = docs
+            .iter()
+            // The ConfigMaps of the same cluster: hub and spoke both have argocd/argocd-agent-params.
+            .filter(|d| d.kind() == "ConfigMap" && d.file == doc.file)
+            .map(|d| serde_json::to_value(&d.value).unwrap_or_else(|e| panic!("{d}: {e}")))
+            .collect();
+        let env = tests::install::container_env(&deployment, &configmaps).unwrap_or_else(|e| panic!("{doc}: {e:#}"));
+        Self { doc, args, env }
+    }
+
+    /// The command (`principal` or `agent`).
+    fn command(&self) -> &str {
+        self.args.first().map_or("", String::as_str)
+    }
+
+    /// The value of `flag` from the environment, if the container sets its variable.
+    fn env_flag(&self, flag: &str) -> Option<String> {
+        let (_, _, var) = FLAG_ENV.iter().find(|(c, f, _)| *c == self.command() && *f == flag)?;
+        self.env.get(*var).cloned()
     }
 
     /// The value of `--flag` (`--flag=value` or `--flag value`), at most once.
@@ -239,15 +283,22 @@ impl<'a> Container<'a> {
             }
         }
         assert!(values.len() <= 1, "{}: container args: {flag} is given {} times", self.doc, values.len());
-        values.pop()
+        let from_env = self.env_flag(flag);
+        assert!(
+            values.is_empty() || from_env.is_none(),
+            "{}: {flag} is given both as an argument and in the environment",
+            self.doc
+        );
+        values.pop().or(from_env)
     }
 
     fn required(&self, flag: &str) -> String {
-        self.flag(flag).unwrap_or_else(|| panic!("{}: container args: {flag} is missing", self.doc))
+        self.flag(flag).unwrap_or_else(|| panic!("{}: {flag} is set neither in args nor in the environment", self.doc))
     }
 
     fn switch(&self, flag: &str) -> bool {
         self.args.iter().any(|a| a == flag || *a == format!("{flag}=true"))
+            || self.env_flag(flag).as_deref() == Some("true")
     }
 }
 
@@ -320,7 +371,7 @@ struct Principal<'a> {
 
 fn principal(docs: &[Doc]) -> Principal<'_> {
     let deployment = find(docs, "Deployment", PRINCIPAL);
-    let container = Container::of(deployment);
+    let container = Container::of(deployment, docs);
     assert_eq!(
         container.args.first().map(String::as_str),
         Some("principal"),
@@ -348,9 +399,9 @@ struct Agent<'a> {
 fn agent(docs: &[Doc]) -> Agent<'_> {
     let deployments: Vec<_> = docs.iter().filter(|d| d.kind() == "Deployment" && d.name() != PRINCIPAL).collect();
     let [deployment] = deployments.as_slice() else {
-        panic!("istio/: expected one agent Deployment, found {}", deployments.len())
+        panic!("Istio overlays: expected one agent Deployment, found {}", deployments.len())
     };
-    let container = Container::of(deployment);
+    let container = Container::of(deployment, docs);
     assert_eq!(container.args.first().map(String::as_str), Some("agent"), "{deployment}: args must start with `agent`");
     let name = container.required("--agent-name");
     let sa = deployment.str("spec.template.spec.serviceAccountName");
@@ -365,7 +416,7 @@ fn agent(docs: &[Doc]) -> Agent<'_> {
 // === Tests ===
 
 #[test]
-fn every_document_parses_and_placeholders_are_documented() {
+fn every_document_parses_and_envoy_placeholders_are_documented() {
     let docs = istio();
     for doc in &docs {
         for key in ["apiVersion", "kind", "metadata.name"] {
@@ -383,11 +434,7 @@ fn every_document_parses_and_placeholders_are_documented() {
         "Service",
         "Deployment",
     ] {
-        assert!(kinds.contains(&kind), "istio/: no {kind} document");
-    }
-    let readme = read("istio/README.md");
-    for (name, _) in ISTIO_PLACEHOLDERS {
-        assert!(readme.contains(&format!("${{{name}}}")), "istio/README.md: placeholder ${{{name}}} is not explained");
+        assert!(kinds.contains(&kind), "Istio overlays: no {kind} document");
     }
 
     let envoy_docs = envoy();
@@ -461,7 +508,7 @@ fn identity_header_agrees_between_principal_profile_and_envoy() {
     }
 
     // Every `--auth '...'` example in the mesh docs parses and fits a plaintext listener.
-    for file in ["istio/README.md", "envoy/README.md", "docs/mesh/istio.md", "docs/mesh/envoy.md"] {
+    for file in ["envoy/README.md", "docs/mesh/istio.md", "docs/mesh/envoy.md"] {
         let text = read(file);
         let mut examples = 0;
         for (i, _) in text.match_indices("--auth '") {

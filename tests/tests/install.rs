@@ -1,0 +1,961 @@
+//! The install (issue 19): the Helm charts under `install/helm/` and the kustomize overlays under
+//! `install/kustomize/`, checked by the tools and servers that consume them, not by reading YAML:
+//!
+//! - `helm lint --strict` and `helm template` of every chart with default and non-default values;
+//!   upstream values of features not implemented here stop the rendering, naming the key;
+//! - every rendering and every overlay through `kubectl apply --dry-run=server` on a real
+//!   kube-apiserver with Istio's and the Prometheus Operator's CRDs installed;
+//! - the RBAC both renderings produce is the RBAC in `install/rbac/`, which every realkube
+//!   end-to-end test runs the principal and agents under;
+//! - the argocd-agent-params mapping is the same in the chart and in kustomize, and every
+//!   environment variable it sets is one `argocd-agent` reads;
+//! - upstream's default argocd-agent-params ConfigMap, with the edits docs/install.md lists,
+//!   passes the binary's checks;
+//! - `promtool test rules` on the charts' PrometheusRules; the dashboard and the alerts only name
+//!   metrics the binaries export;
+//! - the Helm renderings applied for real to a hub and a spoke control plane, the principal and
+//!   a managed and an autonomous agent started from the rendered Deployments' environment (the
+//!   ConfigMap read back from the API server) with their rendered ServiceAccounts' tokens, and
+//!   Applications crossing in both modes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use kube::api::{Api, DynamicObject, PostParams};
+use serde_json::{Value, json};
+use tests::apps::{apps, wait_object};
+use tests::fixtures::application_without_finalizers;
+use tests::install::{
+    apply, container_args, container_env, documents, dry_run_server, find, helm, helm_template, install_addon_crds,
+    kustomize, object_id, params_mapping, rbac_objects, try_helm_template,
+};
+use tests::realkube::RealCluster;
+use tests::{ChildProcess, wait_for, workspace_binary, workspace_root};
+
+const PRINCIPAL_CHART: &str = "argocd-agent-principal";
+const AGENT_CHART: &str = "argocd-agent-agent";
+
+/// Every chart rendering the tests check: (name, chart, namespace, values).
+fn chart_renderings() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    vec![
+        ("principal-default", PRINCIPAL_CHART, "argocd", json!({})),
+        (
+            "principal-everything-on",
+            PRINCIPAL_CHART,
+            "hub-system",
+            json!({
+                "principal": {
+                    "namespace": "argocd",
+                    "allowedNamespaces": "agent-*,edge-?",
+                    "namespaceCreate": {"enable": true},
+                    "listen": {"host": "127.0.0.1", "port": 9443},
+                    "log": {"level": "info,principal::service=debug", "format": "json"},
+                    "tls": {"insecurePlaintext": true, "minVersion": "tls1.2"},
+                    "auth": "xfcc:profile=istio;trust-domain=cluster.local;pattern=/ns/{namespace}/sa/{agent};namespaces=argocd",
+                    "jwt": {"secretName": "my-jwt"},
+                    "otlpAddress": "otel-collector.monitoring:4317",
+                    "additionalArgs": ["--metrics-agent-retention=30m"],
+                },
+                "service": {"type": "ClusterIP", "port": 8443, "annotations": {"example.com/x": "z"}},
+                "image": {"repository": "registry.invalid/argocd-agent-rs", "tag": "v9", "pullPolicy": "Always"},
+                "imagePullSecrets": [{"name": "pull"}],
+                "podLabels": {"team": "platform"},
+                "podAnnotations": {"example.com/a": "b"},
+                "nodeSelector": {"kubernetes.io/os": "linux"},
+                "tolerations": [{"key": "hub", "operator": "Exists", "effect": "NoSchedule"}],
+                "priorityClassName": "system-cluster-critical",
+                "spiffe": {"enabled": true},
+                "extraEnv": [{"name": "NO_COLOR", "value": "1"}],
+                "serviceAccount": {"annotations": {"example.com/role": "hub"}},
+                "serviceMonitor": {"enabled": true, "additionalLabels": {"release": "prometheus"}},
+                "prometheusRule": {"enabled": true, "certManager": {"enabled": true}},
+                "grafanaDashboard": {"enabled": true},
+                "configMapData": {"principal.min-agent-version": "0.9.0"},
+            }),
+        ),
+        (
+            "principal-no-rbac-no-extra-services",
+            PRINCIPAL_CHART,
+            "argocd",
+            json!({
+                "rbac": {"create": false, "createClusterRole": false},
+                "serviceAccount": {"create": false, "name": "existing"},
+                "metricsService": {"enabled": false},
+                "healthzService": {"enabled": false},
+                "probes": {"liveness": {"enabled": false}, "readiness": {"enabled": false}},
+            }),
+        ),
+        ("agent-default", AGENT_CHART, "argocd", json!({"server": "principal.example.com"})),
+        (
+            "agent-managed",
+            AGENT_CHART,
+            "argocd",
+            json!({"server": "principal.example.com", "agentMode": "managed", "serverPort": "8443"}),
+        ),
+        (
+            "agent-everything-on",
+            AGENT_CHART,
+            "argocd-edge",
+            json!({
+                "server": "argocd-agent-principal.argocd.svc.cluster.local",
+                "serverPort": "8443",
+                "agentMode": "managed",
+                "auth": "header:",
+                "insecurePlaintext": true,
+                "agentName": "edge-1",
+                "heartbeatInterval": "30s",
+                "logFormat": "json",
+                "keepAliveInterval": "20s",
+                "spiffe": {"enabled": true},
+                "podLabels": {"sidecar.istio.io/inject": "true"},
+                "serviceMonitor": {"enabled": true},
+                "prometheusRule": {"enabled": true},
+                "image": {"repository": "registry.invalid/argocd-agent-rs", "tag": "v9"},
+            }),
+        ),
+    ]
+}
+
+/// Every overlay under `install/kustomize/` (every directory but `components/`).
+fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(workspace_root().join("install").join("kustomize"))
+        .unwrap_or_else(|e| panic!("install/kustomize: {e}"))
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            (e.path().join("kustomization.yaml").is_file()).then_some(name)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+fn kinds(docs: &[Value]) -> BTreeSet<String> {
+    docs.iter().filter_map(|d| d["kind"].as_str().map(str::to_string)).collect()
+}
+
+// === Helm: lint and render ===
+
+#[test]
+fn charts_lint_strict_and_render_with_default_and_non_default_values() {
+    for (name, chart, ns, values) in chart_renderings() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("values.yaml");
+        std::fs::write(&file, serde_yaml::to_string(&values).expect("values")).expect("write values");
+        let chart_path = tests::install::chart_dir(chart).display().to_string();
+        let lint = helm(&["lint", "--strict", &chart_path, "--namespace", ns, "--values", &file.display().to_string()])
+            .expect("helm");
+        assert!(lint.ok, "{name}: helm lint --strict:\n{}{}", lint.stdout, lint.stderr);
+        assert!(!lint.stdout.contains("[WARNING]"), "{name}: helm lint warns:\n{}", lint.stdout);
+
+        let docs = documents(&helm_template(chart, ns, &values).expect("helm template")).expect("parse");
+        let k = kinds(&docs);
+        for kind in ["ServiceAccount", "ConfigMap", "Deployment", "Service"] {
+            if name.contains("no-rbac") && kind == "ServiceAccount" {
+                assert!(!k.contains(kind), "{name}: serviceAccount.create=false still renders a ServiceAccount");
+                continue;
+            }
+            assert!(k.contains(kind), "{name}: no {kind} rendered: {k:?}");
+        }
+        for d in &docs {
+            let doc_ns = d["metadata"]["namespace"].as_str();
+            let cluster_scoped = matches!(d["kind"].as_str(), Some("ClusterRole" | "ClusterRoleBinding"));
+            assert!(cluster_scoped || doc_ns.is_some(), "{name}: {} has no namespace", object_id(d));
+        }
+    }
+
+    // What the non-default values switch on is there, and gone with the defaults.
+    let on = documents(&helm_template(PRINCIPAL_CHART, "hub-system", &chart_renderings()[1].3).expect("render"))
+        .expect("parse");
+    let off = documents(&helm_template(PRINCIPAL_CHART, "argocd", &json!({})).expect("render")).expect("parse");
+    for (kind, name) in [
+        ("ServiceMonitor", "argocd-agent-principal"),
+        ("PrometheusRule", "argocd-agent-principal"),
+        ("ConfigMap", "argocd-agent-principal-dashboard"),
+        ("ClusterRole", "argocd-agent-principal-namespace-create"),
+    ] {
+        find(&on, kind, name).unwrap_or_else(|e| panic!("everything-on: {e}"));
+        assert!(find(&off, kind, name).is_err(), "defaults render {kind} {name}, which is optional");
+    }
+    let no_rbac =
+        documents(&helm_template(PRINCIPAL_CHART, "argocd", &chart_renderings()[2].3).expect("render")).expect("parse");
+    assert!(rbac_objects(&no_rbac).is_empty(), "rbac.create=false still renders RBAC: {:?}", rbac_objects(&no_rbac));
+    let d = find(&no_rbac, "Deployment", "argocd-agent-principal").expect("deployment");
+    assert_eq!(d["spec"]["template"]["spec"]["serviceAccountName"], "existing");
+}
+
+#[test]
+fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
+    let cases = [
+        (
+            PRINCIPAL_CHART,
+            json!({"principal": {"resourceProxy": {"enabled": true}}}),
+            "principal.resourceProxy.enabled",
+        ),
+        (PRINCIPAL_CHART, json!({"principal": {"redisProxy": {"enabled": true}}}), "principal.redisProxy.enabled"),
+        (
+            PRINCIPAL_CHART,
+            json!({"principal": {"namespaceCreate": {"pattern": "^agent-"}}}),
+            "principal.namespaceCreate.pattern",
+        ),
+        (
+            PRINCIPAL_CHART,
+            json!({"principal": {"tls": {"clientCert": {"require": true}}}}),
+            "principal.tls.clientCert.require",
+        ),
+        (PRINCIPAL_CHART, json!({"principal": {"eventProcessors": "20"}}), "principal.eventProcessors"),
+        (
+            PRINCIPAL_CHART,
+            json!({"principal": {"auth": "userpass:/app/config/userpass/passwd"}}),
+            "principal.auth userpass:",
+        ),
+        (PRINCIPAL_CHART, json!({"replicaCount": 2}), "replicaCount"),
+        (AGENT_CHART, json!({"server": "p", "enableResourceProxy": true}), "enableResourceProxy"),
+        (AGENT_CHART, json!({"server": "p", "tlsMinVersion": "tls1.2"}), "tlsMinVersion"),
+        (AGENT_CHART, json!({"server": "p", "redisAddress": "redis.other:6379"}), "redisAddress"),
+        (AGENT_CHART, json!({"server": "p", "allowedNamespaces": "team-*"}), "allowedNamespaces"),
+        (AGENT_CHART, json!({}), "server"),
+    ];
+    for (chart, values, key) in cases {
+        let out = try_helm_template(chart, "argocd", &values).expect("helm");
+        assert!(!out.ok, "{chart} with {values}: rendered, but argocd-agent-rs does not support it");
+        assert!(out.stderr.contains(key), "{chart} with {values}: the error does not name {key}:\n{}", out.stderr);
+    }
+    // Upstream's own defaults for these keys are inert and render.
+    let upstream_defaults = json!({
+        "principal": {"keepAlive": {"minInterval": "0"}, "pprof": {"port": "0"}, "eventProcessors": "10",
+                      "redis": {"server": {"address": "argocd-redis:6379"}, "compressionType": "gzip"}},
+    });
+    helm_template(PRINCIPAL_CHART, "argocd", &upstream_defaults).expect("upstream's inert defaults render");
+    helm_template(
+        AGENT_CHART,
+        "argocd",
+        &json!({"server": "p", "redisAddress": "argocd-redis:6379", "pprofPort": "0"}),
+    )
+    .expect("upstream's inert defaults render");
+}
+
+// === The same RBAC everywhere ===
+
+fn read_rbac(file: &str) -> BTreeMap<String, Value> {
+    let path = workspace_root().join("install").join("rbac").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    rbac_objects(&documents(&text).unwrap_or_else(|e| panic!("parse: {e:#}")))
+}
+
+fn assert_same_rbac(what: &str, got: &BTreeMap<String, Value>, want: &BTreeMap<String, Value>) {
+    let (g, w): (BTreeSet<_>, BTreeSet<_>) = (got.keys().collect(), want.keys().collect());
+    assert_eq!(g, w, "{what}: not the same RBAC objects as install/rbac/");
+    for (id, obj) in want {
+        assert_eq!(&got[id], obj, "{what}: {id} grants something else than install/rbac/ (rules, roleRef or subjects)");
+    }
+}
+
+#[test]
+fn rendered_rbac_is_the_rbac_the_end_to_end_tests_run_under() {
+    let principal = read_rbac("principal.yaml");
+    let mut with_ns_create = principal.clone();
+    with_ns_create.extend(read_rbac("principal-namespace-create.yaml"));
+    let agent = read_rbac("agent.yaml");
+
+    let render = |chart: &str, values: Value| {
+        rbac_objects(&documents(&helm_template(chart, "argocd", &values).expect("render")).expect("parse"))
+    };
+    assert_same_rbac("helm principal (defaults)", &render(PRINCIPAL_CHART, json!({})), &principal);
+    assert_same_rbac(
+        "helm principal (namespaceCreate.enable)",
+        &render(PRINCIPAL_CHART, json!({"principal": {"namespaceCreate": {"enable": true}}})),
+        &with_ns_create,
+    );
+    for mode in ["managed", "autonomous"] {
+        assert_same_rbac(
+            &format!("helm agent ({mode})"),
+            &render(AGENT_CHART, json!({"server": "p", "agentMode": mode})),
+            &agent,
+        );
+    }
+    let from_kustomize =
+        |overlay: &str| rbac_objects(&documents(&kustomize(overlay).expect("kustomize")).expect("parse"));
+    assert_same_rbac("kustomize principal", &from_kustomize("principal"), &principal);
+    assert_same_rbac("kustomize agent-managed", &from_kustomize("agent-managed"), &agent);
+    assert_same_rbac("kustomize agent-autonomous", &from_kustomize("agent-autonomous"), &agent);
+
+    // The mesh and SPIRE overlays only rename the agent's ServiceAccount (its SPIFFE ID names the
+    // agent) and the principal's overlays add nothing: same rules.
+    for overlay in overlays() {
+        let got = from_kustomize(&overlay);
+        let want = if overlay.starts_with("principal") || overlay == "pattern1-hub" { &principal } else { &agent };
+        let rules = |m: &BTreeMap<String, Value>| -> Vec<Value> { m.values().map(|o| o["rules"].clone()).collect() };
+        assert_eq!(rules(&got), rules(want), "kustomize {overlay}: other RBAC rules than install/rbac/");
+    }
+}
+
+// === The argocd-agent-params mapping ===
+
+fn rendered_deployment(chart: &str, values: &Value) -> Value {
+    let docs = documents(&helm_template(chart, "argocd", values).unwrap_or_else(|e| panic!("render: {e:#}")))
+        .unwrap_or_else(|e| panic!("parse: {e:#}"));
+    find(&docs, "Deployment", chart).unwrap_or_else(|e| panic!("deployment: {e:#}")).clone()
+}
+
+fn kustomize_deployment(overlay: &str, name: &str) -> Value {
+    let docs = documents(&kustomize(overlay).unwrap_or_else(|e| panic!("kustomize: {e:#}")))
+        .unwrap_or_else(|e| panic!("parse: {e:#}"));
+    find(&docs, "Deployment", name).unwrap_or_else(|e| panic!("deployment: {e:#}")).clone()
+}
+
+/// `argocd-agent <command> --help`.
+fn help(command: &str) -> String {
+    let out = Command::new(workspace_binary("argocd-agent").unwrap_or_else(|e| panic!("argocd-agent: {e:#}")))
+        .args([command, "--help"])
+        .output()
+        .unwrap_or_else(|e| panic!("run argocd-agent: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn params_mapping_agrees_between_chart_and_kustomize_and_the_binary_reads_every_variable() {
+    for (chart, overlay, command, values) in [
+        (PRINCIPAL_CHART, "principal", "principal", json!({})),
+        (AGENT_CHART, "agent-managed", "agent", json!({"server": "p"})),
+    ] {
+        let helm_map = params_mapping(&rendered_deployment(chart, &values));
+        let kustomize_map = params_mapping(&kustomize_deployment(overlay, chart));
+        assert_eq!(helm_map, kustomize_map, "{chart}: the chart and install/kustomize/{overlay} map other keys");
+        let keys: BTreeSet<_> = helm_map.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys.len(), helm_map.len(), "{chart}: a key is mapped twice");
+
+        let help = help(command);
+        for (key, env) in &helm_map {
+            if help.contains(&format!("[env: {env}=")) {
+                continue;
+            }
+            // Not in --help: a flag accepted for compatibility only. Setting it to a non-inert
+            // value of its type must stop the binary, naming the flag, rather than be ignored.
+            let refused = |value: &str| {
+                let out = Command::new(workspace_binary("argocd-agent").expect("argocd-agent"))
+                    .arg(command)
+                    .env(env, value)
+                    .env("ARGOCD_PRINCIPAL_NAMESPACE", "argocd")
+                    .env("ARGOCD_PRINCIPAL_AUTH", "mtls:any")
+                    .env("ARGOCD_AGENT_REMOTE_SERVER", "127.0.0.1")
+                    .args(["--kubeconfig", "/nonexistent"])
+                    .output()
+                    .expect("run argocd-agent");
+                let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+                (!out.status.success() && stderr.contains("not supported yet"), stderr)
+            };
+            let (ok, stderr) =
+                ["true", "7"].iter().map(|v| refused(v)).find(|(ok, _)| *ok).unwrap_or_else(|| refused("x"));
+            assert!(
+                ok,
+                "{chart}: {key} sets {env}, which `argocd-agent {command}` neither lists nor refuses:\n{stderr}"
+            );
+        }
+    }
+}
+
+/// Upstream's argocd-agent-params defaults (upstream's install/kubernetes manifests), as facts.
+fn upstream_principal_params() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("principal.listen.host", ""),
+        ("principal.listen.port", "8443"),
+        ("principal.log.level", "info"),
+        ("principal.metrics.port", "8000"),
+        ("principal.healthz.port", "8003"),
+        ("principal.namespace", "argocd"),
+        ("principal.allowed-namespaces", ""),
+        ("principal.namespace-create.enable", "false"),
+        ("principal.namespace-create.pattern", ""),
+        ("principal.namespace-create.labels", ""),
+        ("principal.tls.secret-name", "argocd-agent-principal-tls"),
+        ("principal.tls.server.cert-path", ""),
+        ("principal.tls.server.key-path", ""),
+        ("principal.tls.server.allow-generate", "false"),
+        ("principal.tls.insecure-plaintext", "false"),
+        ("principal.tls.client-cert.require", "false"),
+        ("principal.tls.server.root-ca-secret-name", "argocd-agent-ca"),
+        ("principal.tls.server.root-ca-path", ""),
+        ("principal.tls.client-cert.match-subject", "false"),
+        ("principal.resource-proxy.secret-name", "argocd-agent-resource-proxy-tls"),
+        ("principal.jwt.allow-generate", "false"),
+        ("principal.jwt.secret-name", "argocd-agent-jwt"),
+        ("principal.jwt.key-path", ""),
+        ("principal.auth", "mtls:CN=([^,]+)"),
+        ("principal.log.format", "text"),
+        ("principal.websocket.enable", "false"),
+        ("principal.redis.compression.type", "gzip"),
+        ("principal.resource-proxy.enable", "true"),
+        ("principal.keep-alive.min-interval", "0"),
+        ("principal.pprof.port", "0"),
+        ("principal.redis.server.address", "argocd-redis:6379"),
+        ("principal.redis.tls.enabled", "true"),
+    ]
+}
+
+fn upstream_agent_params() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("agent.mode", "autonomous"),
+        ("agent.creds", "mtls:any"),
+        ("agent.tls.insecure-plaintext", "false"),
+        ("agent.tls.client.insecure", "false"),
+        ("agent.tls.root-ca-secret-name", "argocd-agent-ca"),
+        ("agent.tls.root-ca-path", ""),
+        ("agent.tls.secret-name", "argocd-agent-client-tls"),
+        ("agent.tls.client.cert-path", ""),
+        ("agent.tls.client.key-path", ""),
+        ("agent.tls.min-version", ""),
+        ("agent.tls.max-version", ""),
+        ("agent.tls.ciphersuites", ""),
+        ("agent.log.level", "info"),
+        ("agent.namespace", "argocd"),
+        ("agent.server.address", "argocd-agent-principal.example.com"),
+        ("agent.server.port", "443"),
+        ("agent.metrics.port", "8181"),
+        ("agent.healthz.port", "8002"),
+        ("agent.log.format", "text"),
+        ("agent.websocket.enable", "false"),
+        ("agent.compression.enable", "false"),
+        ("agent.keep-alive.interval", "0"),
+        ("agent.pprof.port", "0"),
+        ("agent.resource-proxy.enable", "true"),
+        ("agent.redis.address", "argocd-redis:6379"),
+        ("agent.destination-based-mapping", "false"),
+        ("agent.create-namespace", "false"),
+        ("agent.allowed-namespaces", ""),
+    ]
+}
+
+/// What docs/install.md tells an upstream user to change in their argocd-agent-params: keys to
+/// delete (empty values and defaults of features missing here) and keys to set.
+fn migration_edits(keys: &[(&'static str, &'static str)]) -> BTreeMap<&'static str, &'static str> {
+    let drop_keys = [
+        "principal.resource-proxy.enable",
+        "principal.redis.server.address",
+        "principal.keep-alive.min-interval",
+        "agent.resource-proxy.enable",
+        "agent.redis.address",
+    ];
+    keys.iter().filter(|(k, v)| !v.is_empty() && !drop_keys.contains(k)).map(|(k, v)| (*k, *v)).collect()
+}
+
+/// Run `argocd-agent <command>` with the environment `deployment` builds from `data`; it never
+/// reaches a cluster (the kubeconfig does not exist), so what it says is about its settings.
+fn check_settings(command: &str, deployment: &Value, data: &BTreeMap<&str, &str>) -> String {
+    let cm =
+        json!({"kind": "ConfigMap", "metadata": {"name": "argocd-agent-params", "namespace": "argocd"}, "data": data});
+    let env = container_env(deployment, &[cm]).unwrap_or_else(|e| panic!("resolve env: {e:#}"));
+    let out = Command::new(workspace_binary("argocd-agent").unwrap_or_else(|e| panic!("argocd-agent: {e:#}")))
+        .arg(command)
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .envs(&env)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("run argocd-agent: {e}"));
+    assert!(!out.status.success(), "{command} started without a cluster");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn upstream_params_configmap_works_after_the_documented_edits() {
+    let docs = std::fs::read_to_string(workspace_root().join("docs").join("install.md")).expect("docs/install.md");
+    for (chart, command, keys) in
+        [(PRINCIPAL_CHART, "principal", upstream_principal_params()), (AGENT_CHART, "agent", upstream_agent_params())]
+    {
+        let mut deployment = rendered_deployment(chart, &json!({"server": "p"}));
+        deployment["metadata"]["namespace"] = json!("argocd");
+
+        // As upstream ships it: refused before the cluster is even tried (empty values and
+        // features missing here).
+        let verbatim: BTreeMap<&str, &str> = keys.iter().copied().collect();
+        let said = check_settings(command, &deployment, &verbatim);
+        assert!(
+            said.contains("error") && !said.contains("/nonexistent/kubeconfig"),
+            "{chart}: upstream's ConfigMap verbatim got past the binary's checks: {said}"
+        );
+
+        // With the edits docs/install.md lists: past every check, on to the (missing) cluster.
+        let edited = migration_edits(&keys);
+        for (k, v) in &verbatim {
+            if !edited.contains_key(k) {
+                assert!(
+                    docs.contains(&format!("`{k}`")),
+                    "docs/install.md does not tell to drop `{k}` (upstream: {v:?})"
+                );
+            }
+        }
+        let said = check_settings(command, &deployment, &edited);
+        assert!(!said.contains("not supported yet") && !said.contains("error: invalid value"), "{chart}: {said}");
+        assert!(said.contains("/nonexistent/kubeconfig"), "{chart}: stopped before reaching the cluster: {said}");
+    }
+}
+
+// === Monitoring ===
+
+#[test]
+fn promtool_rule_unit_tests_pass_on_the_rendered_prometheus_rules() {
+    let promtool = tests::bin_path::promtool_path().expect("promtool");
+    for (chart, values, test_file) in [
+        (
+            PRINCIPAL_CHART,
+            json!({"prometheusRule": {"enabled": true, "certManager": {"enabled": true}}}),
+            "principal.rules.test.yaml",
+        ),
+        (AGENT_CHART, json!({"server": "p", "prometheusRule": {"enabled": true}}), "agent.rules.test.yaml"),
+    ] {
+        let docs = documents(&helm_template(chart, "argocd", &values).expect("render")).expect("parse");
+        let rule = find(&docs, "PrometheusRule", chart).expect("PrometheusRule");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rules = dir.path().join("rules.yaml");
+        std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).expect("yaml")).expect("write");
+        let tests_src = tests::install::chart_dir(chart).join("rules-tests").join(test_file);
+        std::fs::copy(&tests_src, dir.path().join(test_file)).expect("copy the rule tests");
+        for args in [vec!["check", "rules", "rules.yaml"], vec!["test", "rules", test_file]] {
+            let out = Command::new(&promtool).args(&args).current_dir(dir.path()).output().expect("run promtool");
+            assert!(
+                out.status.success(),
+                "{chart}: promtool {}:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let alerts: BTreeSet<&str> = rule["spec"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .filter_map(|r| r["alert"].as_str())
+            .collect();
+        let tested = std::fs::read_to_string(&tests_src).expect("read");
+        for alert in alerts {
+            assert!(tested.contains(&format!("alertname: {alert}")), "{chart}: alert {alert} has no promtool test");
+        }
+    }
+}
+
+/// Metric names in a PromQL expression (identifiers followed by `{`, `[`, `)` or space that look
+/// like ours or upstream's).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut word = String::new();
+    for c in expr.chars().chain([' ']) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            if (word.starts_with("argocd_") || word.starts_with("principal_") || word.starts_with("agent_"))
+                && word.contains('_')
+                && !word.ends_with("_name")
+                && word != "agent_mode"
+            {
+                names.insert(word.clone());
+            }
+            word.clear();
+        }
+    }
+    names
+}
+
+#[test]
+fn dashboard_and_alerts_name_only_metrics_the_binaries_export() {
+    let reference = std::fs::read_to_string(workspace_root().join("docs").join("operations").join("metrics.md"))
+        .expect("docs/operations/metrics.md");
+    let exported = |name: &str| {
+        let base = ["_bucket", "_sum", "_count"].iter().fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+        reference.contains(&format!("`{base}`"))
+    };
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests::install::chart_dir(PRINCIPAL_CHART).join("files").join("dashboard.json"))
+            .expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let mut exprs: Vec<(String, String)> = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push((format!("dashboard panel {}", panel["title"]), t["expr"].as_str().unwrap_or_default().into()));
+        }
+    }
+    assert!(exprs.len() >= 10, "the dashboard has only {} queries", exprs.len());
+    for (chart, values) in [
+        (PRINCIPAL_CHART, json!({"prometheusRule": {"enabled": true}})),
+        (AGENT_CHART, json!({"server": "p", "prometheusRule": {"enabled": true}})),
+    ] {
+        let docs = documents(&helm_template(chart, "argocd", &values).expect("render")).expect("parse");
+        let rule = find(&docs, "PrometheusRule", chart).expect("rule");
+        for g in rule["spec"]["groups"].as_array().into_iter().flatten() {
+            for r in g["rules"].as_array().into_iter().flatten() {
+                exprs.push((format!("{chart} alert {}", r["alert"]), r["expr"].as_str().unwrap_or_default().into()));
+            }
+        }
+    }
+    for (what, expr) in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{what}: no metric of ours in {expr}");
+        for name in names {
+            assert!(exported(&name), "{what}: {name} is not a metric docs/operations/metrics.md lists");
+        }
+    }
+    let promtool = tests::bin_path::promtool_path().expect("promtool");
+    for (what, expr) in &exprs {
+        let out =
+            Command::new(&promtool).args(["query", "instant", "http://127.0.0.1:1", expr]).output().expect("promtool");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("parse error"), "{what}: {expr}: {err}");
+    }
+}
+
+// === The real API server ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rendering_and_overlay_passes_server_side_dry_run() {
+    let cluster = RealCluster::start().await.expect("control plane");
+    install_addon_crds(&cluster).await.expect("Istio and Prometheus Operator CRDs");
+    for ns in ["argocd", "hub-system", "argocd-edge"] {
+        cluster.ensure_namespace(ns).await.expect("namespace");
+    }
+    let mut checked = Vec::new();
+    for (name, chart, ns, values) in chart_renderings() {
+        let yaml = helm_template(chart, ns, &values).expect("render");
+        let out = dry_run_server(&cluster, &format!("helm-{name}"), &yaml).unwrap_or_else(|e| panic!("{e:#}"));
+        let docs = documents(&yaml).expect("parse");
+        assert_eq!(
+            out.matches("(server dry run)").count(),
+            docs.len(),
+            "helm {name}: not every object was checked:\n{out}"
+        );
+        checked.push(format!("helm {name}: {}", docs.len()));
+    }
+    let overlays = overlays();
+    for want in [
+        "principal",
+        "agent-managed",
+        "agent-autonomous",
+        "principal-istio",
+        "agent-managed-istio",
+        "agent-autonomous-istio",
+        "principal-spire",
+        "agent-managed-spire",
+        "agent-autonomous-spire",
+        "pattern1-hub",
+        "pattern1-spoke",
+    ] {
+        assert!(overlays.iter().any(|o| o == want), "install/kustomize/{want} is missing");
+    }
+    for overlay in &overlays {
+        let yaml = kustomize(overlay).expect("kustomize");
+        let out = dry_run_server(&cluster, &format!("kustomize-{overlay}"), &yaml).unwrap_or_else(|e| panic!("{e:#}"));
+        let docs = documents(&yaml).expect("parse");
+        assert_eq!(
+            out.matches("(server dry run)").count(),
+            docs.len(),
+            "kustomize {overlay}: not every object:\n{out}"
+        );
+        checked.push(format!("kustomize {overlay}: {}", docs.len()));
+    }
+    // The dry-run refuses what the server would: a sanity check that it validates at all.
+    let bad = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: x, namespace: argocd}\nspec: {action: NOT_AN_ACTION}\n";
+    assert!(dry_run_server(&cluster, "bad", bad).is_err(), "the server accepted an invalid AuthorizationPolicy");
+    eprintln!("dry-run on the real API server:\n  {}", checked.join("\n  "));
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap_or_else(|e| panic!("bind: {e:#}"))
+        .local_addr()
+        .unwrap_or_else(|e| panic!("addr: {e:#}"))
+        .port()
+}
+
+/// A real control plane with Argo CD's CRDs.
+async fn control_plane() -> RealCluster {
+    let c = RealCluster::start().await.unwrap_or_else(|e| panic!("control plane: {e:#}"));
+    c.install_argocd_crds().await.unwrap_or_else(|e| panic!("Argo CD CRDs: {e:#}"));
+    c
+}
+
+/// Apply a Helm rendering of `chart` into `namespace` to `cluster`, for real; its objects.
+async fn install(cluster: &RealCluster, chart: &str, namespace: &str, values: &Value) -> Vec<Value> {
+    cluster.ensure_namespace(namespace).await.unwrap_or_else(|e| panic!("namespace: {e:#}"));
+    let yaml = helm_template(chart, namespace, values).unwrap_or_else(|e| panic!("render: {e:#}"));
+    apply(cluster, &format!("{chart}-{namespace}"), &yaml).unwrap_or_else(|e| panic!("apply the rendering: {e:#}"));
+    documents(&yaml).unwrap_or_else(|e| panic!("parse: {e:#}"))
+}
+
+/// The process as the kubelet would start it from the rendering `docs`: the Deployment's args
+/// and its environment with the ConfigMap read back from the API server, authenticated as the
+/// rendered ServiceAccount (a TokenRequest token, as a pod's projected token).
+async fn start(
+    cluster: &RealCluster,
+    docs: &[Value],
+    chart: &str,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<ChildProcess> {
+    let deployment = find(docs, "Deployment", chart)?;
+    let cms: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        namespace,
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let cm = serde_json::to_value(cms.get("argocd-agent-params").await?)?;
+    let env = container_env(deployment, &[cm])?;
+    let sa = deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().context("no ServiceAccount")?;
+    let kubeconfig = cluster.work_dir().join(format!("{name}.kubeconfig"));
+    cluster.service_account_kubeconfig(namespace, sa, Duration::from_secs(3600), &kubeconfig).await?;
+    let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+    cmd.args(container_args(deployment)).arg("--kubeconfig").arg(&kubeconfig).envs(&env).env("NO_COLOR", "1");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("ARGOCD_") && !env.contains_key(&k) {
+            cmd.env_remove(k);
+        }
+    }
+    ChildProcess::spawn(name, cmd)
+}
+
+fn ctl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(workspace_binary("argocd-agentctl")?)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--principal-context", "hub"])
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        bail!("argocd-agentctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// A kubeconfig with contexts `hub` and `spoke` (admin), for argocd-agentctl.
+fn merged_kubeconfig(dir: &Path, hub: &RealCluster, spoke: &RealCluster) -> PathBuf {
+    let read = |c: &RealCluster| -> Value {
+        serde_yaml::from_str(
+            &std::fs::read_to_string(c.kubeconfig_path()).unwrap_or_else(|e| panic!("kubeconfig: {e:#}")),
+        )
+        .unwrap_or_else(|e| panic!("yaml: {e:#}"))
+    };
+    let (h, s) = (read(hub), read(spoke));
+    let part = |v: &Value, key: &str| v[key][0][key.trim_end_matches('s')].clone();
+    let kc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "hub", "cluster": part(&h, "clusters")}, {"name": "spoke", "cluster": part(&s, "clusters")}],
+        "users": [{"name": "hub", "user": part(&h, "users")}, {"name": "spoke", "user": part(&s, "users")}],
+        "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "hub"}},
+                     {"name": "spoke", "context": {"cluster": "spoke", "user": "spoke"}}],
+        "current-context": "hub",
+    });
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&kc).unwrap_or_else(|e| panic!("yaml: {e:#}")))
+        .unwrap_or_else(|e| panic!("write: {e:#}"));
+    path
+}
+
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    tests::http::get(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), path).await.ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
+    const START: Duration = Duration::from_secs(90);
+    let (grpc, metrics, healthz) = (free_port(), free_port(), free_port());
+    let principal_values = json!({
+        "principal": {
+            "listen": {"host": "127.0.0.1", "port": grpc},
+            "metrics": {"port": metrics},
+            "healthz": {"port": healthz},
+            "allowedNamespaces": "agent-*",
+            "log": {"level": "warn,cli=info", "format": "json"},
+        },
+    });
+    let hub = control_plane().await;
+    let hub_docs = install(&hub, PRINCIPAL_CHART, "argocd", &principal_values).await;
+    let spoke = control_plane().await;
+    let mut agents = Vec::new();
+    for (agent, ns, mode) in
+        [("agent-managed", "argocd", "managed"), ("agent-autonomous", "argocd-autonomous", "autonomous")]
+    {
+        let (m, h) = (free_port(), free_port());
+        let values = json!({
+            "server": "127.0.0.1", "serverPort": grpc.to_string(), "agentMode": mode,
+            "metricsPort": m.to_string(), "healthzPort": h.to_string(), "logLevel": "info,agent=debug",
+        });
+        let docs = install(&spoke, AGENT_CHART, ns, &values).await;
+        agents.push((agent, ns, mode, h, m, docs));
+    }
+
+    // PKI and JWT key as an operator makes them, with argocd-agentctl as cluster admin.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = merged_kubeconfig(dir.path(), &hub, &spoke);
+    ctl(&kc, &["pki", "init", "--key-algorithm", "ecdsa-p256"]).expect("pki init");
+    ctl(
+        &kc,
+        &["pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost", "--key-algorithm", "ecdsa-p256"],
+    )
+    .expect("pki issue principal");
+    ctl(&kc, &["jwt", "create-key"]).expect("jwt create-key");
+    for (agent, ns, ..) in &agents {
+        hub.ensure_namespace(agent).await.expect("hub namespace of the agent");
+        ctl(
+            &kc,
+            &[
+                "--agent-context",
+                "spoke",
+                "--agent-namespace",
+                ns,
+                "pki",
+                "issue",
+                "agent",
+                agent,
+                "--key-algorithm",
+                "ecdsa-p256",
+            ],
+        )
+        .expect("pki issue agent");
+        ctl(&kc, &["--agent-context", "spoke", "--agent-namespace", ns, "pki", "propagate"]).expect("pki propagate");
+    }
+
+    // The principal, from the rendered Deployment and the ConfigMap as stored.
+    let mut principal = start(&hub, &hub_docs, PRINCIPAL_CHART, "argocd", "principal").await.expect("start principal");
+    let addr = wait_for(START, "the principal to listen", || {
+        principal.ensure_running()?;
+        Ok(principal
+            .stdout()
+            .lines()
+            .find_map(|l| l.strip_prefix("principal listening on ").map(|a| a.trim().to_string())))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", principal.log_tail(40)));
+    // principal.listen.host and .port took effect.
+    assert_eq!(addr, format!("127.0.0.1:{grpc}"), "principal.listen.*");
+    // principal.healthz.port: 200 once its watchers listed the hub, under its RBAC.
+    tests::wait_until_async(START, "the principal's /healthz on principal.healthz.port", || async {
+        matches!(http_get(healthz, "/healthz").await, Some((200, _)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", principal.log_tail(40)));
+    // principal.log.format json; principal.log.level "warn,cli=info": the command's own INFO
+    // line, none of the principal crate's (which logs "principal ready" at INFO).
+    let logs = principal.stdout() + &principal.stderr();
+    let lines: Vec<Value> = logs.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "INFO" && l["target"] == "cli::principal_cmd"),
+        "principal.log.format=json, principal.log.level cli=info: no JSON INFO line of the command:\n{}",
+        principal.log_tail(20)
+    );
+    assert!(
+        !lines.iter().any(|l| l["level"] == "INFO" && l["target"] == "principal"),
+        "principal.log.level=warn,cli=info: the principal crate still logs at INFO:\n{}",
+        principal.log_tail(20)
+    );
+
+    // The agents, each from its rendering.
+    let mut running = Vec::new();
+    for (agent, ns, mode, healthz, metrics, docs) in &agents {
+        let mut p = start(&spoke, docs, AGENT_CHART, ns, agent).await.expect("start agent");
+        tests::wait_until_async(START, &format!("{agent} ({mode}) /readyz on agent.healthz.port"), || async {
+            matches!(http_get(*healthz, "/readyz").await, Some((200, _)))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", p.log_tail(40), principal.log_tail(20)));
+        p.ensure_running().expect("agent runs");
+        let (code, body) = http_get(*metrics, "/metrics").await.expect("agent metrics on agent.metrics.port");
+        assert_eq!(code, 200);
+        assert!(body.contains("argocd_agent_connection_status 1"), "{agent}: not connected per its metrics");
+        running.push(p);
+    }
+    let (code, body) = http_get(metrics, "/metrics").await.expect("principal metrics on principal.metrics.port");
+    assert_eq!(code, 200);
+    assert!(body.contains("argocd_principal_connected_agents 2"), "principal metrics:\n{body}");
+
+    // Managed: the hub's Application reaches the managed agent's namespace on the spoke.
+    let logs = || {
+        format!("{}\n{}", principal.log_tail(30), running.iter().map(|p| p.log_tail(30)).collect::<Vec<_>>().join("\n"))
+    };
+    let hub_apps = apps(&hub.client(), "agent-managed");
+    let app: DynamicObject =
+        serde_json::from_value(application_without_finalizers("guestbook", "agent-managed", "HEAD")).expect("app");
+    hub_apps.create(&PostParams::default(), &app).await.expect("create on the hub");
+    wait_object(
+        &apps(&spoke.client(), "argocd"),
+        "guestbook",
+        START,
+        "the managed Application on the spoke",
+        |o| o.is_some(),
+        logs,
+    )
+    .await
+    .expect("managed mode");
+    // Autonomous: the spoke's Application reaches the hub in the agent's namespace.
+    let spoke_apps = apps(&spoke.client(), "argocd-autonomous");
+    let app: DynamicObject =
+        serde_json::from_value(application_without_finalizers("local-app", "argocd-autonomous", "HEAD")).expect("app");
+    spoke_apps.create(&PostParams::default(), &app).await.expect("create on the spoke");
+    wait_object(
+        &apps(&hub.client(), "agent-autonomous"),
+        "local-app",
+        START,
+        "the autonomous Application on the hub",
+        |o| o.is_some(),
+        logs,
+    )
+    .await
+    .expect("autonomous mode");
+
+    for mut p in running {
+        p.sigterm_and_wait_async(Duration::from_secs(20)).await.expect("agent stops");
+    }
+    principal.sigterm_and_wait_async(Duration::from_secs(20)).await.expect("principal stops");
+}
+
+// === The image ===
+
+/// The image the `Dockerfile` builds and the charts' defaults agree: the user the image runs as
+/// is the one the pods run as, the pods use the image's entrypoint (only `args`), and the root
+/// filesystem is read-only. (The image itself is built with `docker build`, `buildah bud` or
+/// `podman build`; see docs/install.md.)
+#[test]
+fn dockerfile_and_chart_defaults_agree() {
+    let dockerfile = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("Dockerfile");
+    let last = |directive: &str| {
+        dockerfile
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(directive).map(str::trim))
+            .unwrap_or_else(|| panic!("Dockerfile: no {directive}"))
+            .to_string()
+    };
+    let stages = dockerfile.lines().filter(|l| l.starts_with("FROM ")).count();
+    assert!(stages >= 2, "Dockerfile: not multi-stage");
+    assert_eq!(last("USER "), "999:999", "Dockerfile: the runtime user");
+    assert_eq!(last("ENTRYPOINT "), "[\"/bin/argocd-agent\"]", "Dockerfile: upstream's entrypoint");
+    for line in dockerfile.lines().filter(|l| l.starts_with("FROM ")) {
+        let image = line.split_whitespace().nth(1).unwrap_or_default();
+        let first = image.split('/').next().unwrap_or_default();
+        assert!(
+            !image.contains('/') || !(first.contains('.') || first.contains(':')),
+            "Dockerfile: {image} names a registry host; leave it to the builder's configuration"
+        );
+    }
+    for (chart, values) in [(PRINCIPAL_CHART, json!({})), (AGENT_CHART, json!({"server": "p"}))] {
+        let d = rendered_deployment(chart, &values);
+        let pod = &d["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        assert!(c.get("command").is_none(), "{chart}: sets command; the image's entrypoint is the binary");
+        assert_eq!(pod["securityContext"]["runAsUser"], 999, "{chart}: podSecurityContext.runAsUser");
+        assert_eq!(pod["securityContext"]["runAsGroup"], 999, "{chart}: podSecurityContext.runAsGroup");
+        assert_eq!(c["securityContext"]["runAsNonRoot"], true, "{chart}: runAsNonRoot");
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true, "{chart}: readOnlyRootFilesystem");
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false, "{chart}: allowPrivilegeEscalation");
+        assert!(c.get("volumeMounts").is_none(), "{chart}: mounts a volume by default; the processes write nothing");
+    }
+    for overlay in ["principal", "agent-managed"] {
+        let docs = documents(&kustomize(overlay).expect("kustomize")).expect("parse");
+        let d = docs.iter().find(|d| d["kind"] == "Deployment").expect("deployment");
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert!(c.get("command").is_none(), "kustomize {overlay}: sets command");
+        assert_eq!(d["spec"]["template"]["spec"]["securityContext"]["runAsUser"], 999, "kustomize {overlay}");
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true, "kustomize {overlay}");
+    }
+}
