@@ -28,10 +28,14 @@ pub fn chart_dir(chart: &str) -> PathBuf {
     workspace_root().join("install").join("helm").join(chart)
 }
 
-/// `install/kustomize/<overlay>`.
+/// `install/kustomize/<overlay>`, or the Istio overlay `istio/<overlay>` (the top-level `istio/`
+/// holds the mesh overlays and components on top of the plain bases).
 #[must_use]
 pub fn kustomize_dir(overlay: &str) -> PathBuf {
-    workspace_root().join("install").join("kustomize").join(overlay)
+    match overlay.strip_prefix("istio/") {
+        Some(istio) => workspace_root().join("istio").join(istio),
+        None => workspace_root().join("install").join("kustomize").join(overlay),
+    }
 }
 
 /// The pinned Helm.

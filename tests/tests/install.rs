@@ -121,15 +121,21 @@ fn chart_renderings() -> Vec<(&'static str, &'static str, &'static str, Value)> 
 }
 
 /// Every overlay under `install/kustomize/` (every directory but `components/`).
+/// Every kustomize overlay: the plain and SPIRE ones in `install/kustomize/` by name, the mesh
+/// ones in `istio/` as `istio/<name>`.
 fn overlays() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(workspace_root().join("install").join("kustomize"))
-        .unwrap_or_else(|e| panic!("install/kustomize: {e}"))
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            (e.path().join("kustomization.yaml").is_file()).then_some(name)
-        })
-        .collect();
+    let under = |dir: &str, prefix: &str| -> Vec<String> {
+        std::fs::read_dir(workspace_root().join(dir))
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                (e.path().join("kustomization.yaml").is_file()).then(|| format!("{prefix}{name}"))
+            })
+            .collect()
+    };
+    let mut names = under("install/kustomize", "");
+    names.extend(under("istio", "istio/"));
     names.sort();
     names
 }
@@ -288,7 +294,11 @@ fn rendered_rbac_is_the_rbac_the_end_to_end_tests_run_under() {
     // agent) and the principal's overlays add nothing: same rules.
     for overlay in overlays() {
         let got = from_kustomize(&overlay);
-        let want = if overlay.starts_with("principal") || overlay == "pattern1-hub" { &principal } else { &agent };
+        let want = if overlay.trim_start_matches("istio/").starts_with("principal") || overlay == "istio/pattern1-hub" {
+            &principal
+        } else {
+            &agent
+        };
         let rules = |m: &BTreeMap<String, Value>| -> Vec<Value> { m.values().map(|o| o["rules"].clone()).collect() };
         assert_eq!(rules(&got), rules(want), "kustomize {overlay}: other RBAC rules than install/rbac/");
     }
@@ -634,20 +644,21 @@ async fn every_rendering_and_overlay_passes_server_side_dry_run() {
         "principal",
         "agent-managed",
         "agent-autonomous",
-        "principal-istio",
-        "agent-managed-istio",
-        "agent-autonomous-istio",
+        "istio/principal",
+        "istio/agent-managed",
+        "istio/agent-autonomous",
         "principal-spire",
         "agent-managed-spire",
         "agent-autonomous-spire",
-        "pattern1-hub",
-        "pattern1-spoke",
+        "istio/pattern1-hub",
+        "istio/pattern1-spoke",
     ] {
-        assert!(overlays.iter().any(|o| o == want), "install/kustomize/{want} is missing");
+        assert!(overlays.iter().any(|o| o == want), "overlay {want} is missing (install/kustomize/ or istio/)");
     }
     for overlay in &overlays {
         let yaml = kustomize(overlay).expect("kustomize");
-        let out = dry_run_server(&cluster, &format!("kustomize-{overlay}"), &yaml).unwrap_or_else(|e| panic!("{e:#}"));
+        let out = dry_run_server(&cluster, &format!("kustomize-{}", overlay.replace('/', "-")), &yaml)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let docs = documents(&yaml).expect("parse");
         assert_eq!(
             out.matches("(server dry run)").count(),

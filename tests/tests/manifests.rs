@@ -1,4 +1,4 @@
-//! The Istio overlays (`install/kustomize/principal-istio` and `agent-managed-istio`, rendered by
+//! The Istio overlays (`istio/principal` and `istio/agent-managed`, rendered by
 //! kubectl's kustomize; `tests/tests/install.rs` dry-runs them on a real API server) and the
 //! sidecar bootstraps (`envoy/*.yaml`) agree with the code's defaults and with each other: no
 //! process is started, every YAML document is parsed and cross-checked. Settings are read where
@@ -28,7 +28,7 @@ use serde::Deserialize as _;
 use serde_yaml::Value;
 
 /// The Istio overlays: the hub's and a spoke's.
-const ISTIO_OVERLAYS: [&str; 2] = ["principal-istio", "agent-managed-istio"];
+const ISTIO_OVERLAYS: [&str; 2] = ["istio/principal", "istio/agent-managed"];
 const XFCC: &str = "x-forwarded-client-cert";
 const PRINCIPAL: &str = "argocd-agent-principal";
 
@@ -155,7 +155,7 @@ fn load(dir: &str, render: impl Fn(&str, &str) -> String) -> Vec<Doc> {
 fn istio() -> Vec<Doc> {
     let mut docs: Vec<Doc> = Vec::new();
     for overlay in ISTIO_OVERLAYS {
-        let file = format!("install/kustomize/{overlay}");
+        let file = (*overlay).to_owned();
         let text = tests::install::kustomize(overlay).unwrap_or_else(|e| panic!("{e:#}"));
         assert!(placeholders(&text).is_empty(), "{file}: placeholders left: {:?}", placeholders(&text));
         for (index, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
