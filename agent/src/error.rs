@@ -1,10 +1,8 @@
 //! Why an event from the principal could not be applied: the error the receive loop's ACK
 //! policy ([`link::recv`]) and the metrics read.
 
-use protocol::{EventError, EventType, Target};
-
-use crate::config::AgentMode;
 use protocol::kube_store::StoreError;
+use protocol::{AgentMode, EventError, EventType, Target};
 
 /// An event from the principal could not be applied.
 #[derive(Debug, thiserror::Error)]

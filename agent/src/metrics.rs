@@ -16,10 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use link::Mailbox;
-use protocol::Event;
 use protocol::metrics::{CounterVec, DEFAULT_BUCKETS, HistogramVec, event_type, gauge, resource_type, single};
+use protocol::{AgentMode, Event};
 
-use crate::config::AgentMode;
 use crate::error::InboundError;
 
 /// The agent's metrics, shared by the whole process.

@@ -17,6 +17,7 @@ use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
 };
 use protocol::event::new_uuid;
+use protocol::kube_store::StoreError;
 use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use protocol::{Event, EventType, Payload, Target};
 use serde::Serialize;
@@ -24,7 +25,6 @@ use serde::Serialize;
 use crate::config::AgentMode;
 use crate::error::InboundError;
 use crate::spoke::{Spoke, is_ignored};
-use protocol::kube_store::StoreError;
 
 fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
     let value = serde_json::to_value(obj).ok()?;

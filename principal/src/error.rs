@@ -1,10 +1,10 @@
 //! Why an event from the agent could not be applied: the error the receive loop's ACK policy
 //! ([`link::recv`]) and the metrics read.
 
+use protocol::kube_store::StoreError;
 use protocol::{EventError, EventType, Target};
 
 use crate::config::AgentMode;
-use protocol::kube_store::StoreError;
 
 /// An event from an agent could not be applied.
 #[derive(Debug, thiserror::Error)]

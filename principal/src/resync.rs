@@ -21,6 +21,7 @@ use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
 };
 use protocol::event::new_uuid;
+use protocol::kube_store::StoreError;
 use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use protocol::{Event, EventType, Payload, Target};
 use serde::Serialize;
@@ -30,7 +31,6 @@ use crate::error::InboundError;
 use crate::hub::Hub;
 use crate::peer::AgentPeer;
 use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
-use protocol::kube_store::StoreError;
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {

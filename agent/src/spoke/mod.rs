@@ -12,10 +12,10 @@ use std::sync::Mutex;
 
 use link::{Mailbox, lock};
 use protocol::argocd::Application;
+use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
 
 use crate::config::AgentConfig;
-use protocol::kube_store::ObjectStore;
 
 /// The status-related parts of an Application last reported to the principal.
 pub(crate) type Reported = (Option<protocol::argocd::ApplicationStatus>, Option<serde_json::Value>);

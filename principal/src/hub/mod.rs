@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use link::lock;
 use protocol::argocd::{AppProject, Application, ObjectMeta};
+use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
 
 use crate::config::PrincipalConfig;
 use crate::peer::Peers;
-use protocol::kube_store::ObjectStore;
 
 /// `(namespace, name)` of an object on the hub.
 pub(crate) type Key = (String, String);

@@ -5,10 +5,10 @@ use link::lock;
 use protocol::EventType;
 use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
 use protocol::argocd::{Application, ApplicationDestination};
+use protocol::kube_store::StoreError;
 
 use super::{clear_server_fields, operation_appeared, refresh_requested, termination_requested};
 use crate::hub::{Hub, Key, key_of};
-use protocol::kube_store::StoreError;
 
 /// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
 /// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.

@@ -3,12 +3,12 @@
 use link::lock;
 use protocol::argocd::Application;
 use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
+use protocol::kube_store::StoreError;
 use protocol::{EventType, Target, merge_patch};
 
 use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
 use crate::hub::{Hub, Key, StatusBase, StatusPathCounters};
-use protocol::kube_store::StoreError;
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {

@@ -3,12 +3,12 @@
 
 use protocol::argocd::annotations::SOURCE_UID;
 use protocol::argocd::{AppProject, ApplicationDestination};
+use protocol::kube_store::StoreError;
 use protocol::{Event, EventType, Target};
 
 use crate::config::{AgentMode, glob_match};
 use crate::hub::Hub;
 use crate::route::clear_server_fields;
-use protocol::kube_store::StoreError;
 
 /// The in-cluster server URL agent copies point their destinations at.
 pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
