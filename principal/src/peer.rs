@@ -107,12 +107,6 @@ struct Attached {
     grant: StreamGrant,
 }
 
-/// A session's stream slot: the current stream, if any.
-#[derive(Debug, Default)]
-struct Slot {
-    attached: Option<Attached>,
-}
-
 /// One agent as the principal sees it: its mode, its outbox (surviving reconnects, so nothing
 /// queued while the agent is away is lost) and its current stream, if any.
 #[derive(Debug)]
@@ -121,17 +115,12 @@ pub struct AgentPeer {
     mode: Mutex<AgentMode>,
     mailbox: Mailbox,
     /// Lock order: `current` before the mailbox.
-    current: Mutex<Slot>,
+    current: Mutex<Option<Attached>>,
 }
 
 impl AgentPeer {
     fn new(name: &str, mode: AgentMode, retry: RetryPolicy) -> Self {
-        Self {
-            name: name.to_owned(),
-            mode: Mutex::new(mode),
-            mailbox: Mailbox::new(retry),
-            current: Mutex::new(Slot::default()),
-        }
+        Self { name: name.to_owned(), mode: Mutex::new(mode), mailbox: Mailbox::new(retry), current: Mutex::new(None) }
     }
 
     /// The agent's name.
@@ -149,7 +138,7 @@ impl AgentPeer {
     /// Whether a stream is attached.
     #[must_use]
     pub fn is_connected(&self) -> bool {
-        lock(&self.current).attached.is_some()
+        lock(&self.current).is_some()
     }
 
     /// Queues an event for the agent and wakes the sender.
@@ -177,7 +166,7 @@ impl AgentPeer {
         *lock(&self.mode) = mode;
         // Whatever the old stream had in flight is due again on the new one.
         let handle = StreamHandle::new(self.mailbox.attach(), grant.expires_at);
-        if let Some(old) = slot.attached.replace(Attached { handle: handle.clone(), grant }) {
+        if let Some(old) = slot.replace(Attached { handle: handle.clone(), grant }) {
             tracing::warn!(agent = %self.name, "a new stream of this agent replaces its live one (one stream per agent, \
                 the newest wins; if this repeats, two agents share this identity)");
             old.handle.close(Some(Status::aborted(format!(
@@ -194,7 +183,7 @@ impl AgentPeer {
     pub(crate) fn detach(&self, handle: &StreamHandle) {
         let mut slot = lock(&self.current);
         if let Some(put_back) = self.mailbox.detach(handle.attachment) {
-            slot.attached = None;
+            *slot = None;
             drop(slot);
             tracing::info!(agent = %self.name, put_back, "agent stream ended");
         }
@@ -204,16 +193,13 @@ impl AgentPeer {
     /// bound to `binding` (a refreshed session of the same transport identity).
     fn extend(&self, binding: &auth::Binding, expires_at: SystemTime) -> bool {
         let slot = lock(&self.current);
-        slot.attached
-            .as_ref()
-            .filter(|a| a.grant.binding.as_ref() == Some(binding))
-            .is_some_and(|a| a.handle.extend(expires_at))
+        slot.as_ref().filter(|a| a.grant.binding.as_ref() == Some(binding)).is_some_and(|a| a.handle.extend(expires_at))
     }
 
     /// Closes the current stream, if any, with `status`; returns the grant it was opened with.
     fn close_current(&self, status: Option<Status>) -> Option<StreamGrant> {
         let slot = lock(&self.current);
-        slot.attached.as_ref().map(|a| {
+        slot.as_ref().map(|a| {
             a.handle.close(status);
             a.grant.clone()
         })

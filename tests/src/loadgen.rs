@@ -773,15 +773,14 @@ impl Sim {
         auth_client: &mut AuthenticationClient<Channel>,
         cancel: &CancellationToken,
     ) -> Outcome {
-        let cfg = self.shared.config.clone();
         let mailbox = self.mailbox.clone();
         let attachment = mailbox.attach();
         let outcome = {
             let shared = self.shared.clone();
             let hooks = Hooks(&shared.counters);
-            let options = SendOptions { heartbeat: cfg.heartbeat, max_bytes: protocol::pb::MAX_MESSAGE_BYTES };
-            let stop = cancel.child_token();
-            let sending = link::send::send_loop(&mailbox, attachment, &tx, &stop, options, &hooks);
+            let options =
+                SendOptions { heartbeat: shared.config.heartbeat, max_bytes: protocol::pb::MAX_MESSAGE_BYTES };
+            let sending = link::send::send_loop(&mailbox, attachment, &tx, cancel, options, &hooks);
             let receiving = self.receive(&mut inbound, auth_client, cancel);
             tokio::select! {
                 () = sending => Outcome::Ended,
@@ -800,8 +799,8 @@ impl Sim {
         auth_client: &mut AuthenticationClient<Channel>,
         cancel: &CancellationToken,
     ) -> Outcome {
-        let cfg = self.shared.config.clone();
         let mut resync = self.start_resync();
+        let cfg = &self.shared.config;
         let silence = cfg.heartbeat.map(|h| (h * 3).max(agent::config::MIN_SILENCE_LIMIT));
         let mut last_heard = Instant::now();
         let mut status = cfg.status_interval.map(|s| tokio::time::interval_at(tokio::time::Instant::now() + s, s));
