@@ -55,10 +55,9 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
                 tracing::info!(app = %name, "delete for an older incarnation of this Application; ignored");
                 return Ok(());
             }
-            spoke.expect_delete(&name);
+            spoke.managed.expect_delete(name.clone());
             if !spoke.apps.delete(spoke.ns(), &name).await? {
-                lock(&spoke.expected_deletes).remove(&name);
-                lock(&spoke.source).remove(&name);
+                spoke.managed.forget(&name);
             }
             Ok(())
         }
@@ -74,10 +73,9 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
         }
         (AgentMode::Managed, EventType::Delete, Payload::AppProject(p)) => {
             let name = p.metadata.name.clone().unwrap_or_default();
-            lock(&spoke.expected_project_deletes).insert(name.clone());
-            lock(&spoke.project_source).remove(&name);
+            spoke.managed_projects.owner_deleted(name.clone());
             if !spoke.projects.delete(spoke.ns(), &name).await? {
-                lock(&spoke.expected_project_deletes).remove(&name);
+                spoke.managed_projects.cancel_delete(&name);
             }
             Ok(())
         }
@@ -109,15 +107,15 @@ async fn upsert_managed(
     if incoming.is_being_deleted() {
         // The hub is deleting it (finalizers pending there): delete here; our `delete` goes
         // up once the local object is gone, and the principal then completes its deletion.
-        spoke.expect_delete(&name);
+        spoke.managed.expect_delete(name.clone());
         if !spoke.apps.delete(ns, &name).await? {
-            lock(&spoke.expected_deletes).remove(&name);
+            spoke.managed.cancel_delete(&name);
             spoke.send_object(EventType::Delete, Target::Application, &incoming.metadata, incoming);
         }
         return Ok(());
     }
     let local = to_spoke(incoming, ns, principal_uid);
-    lock(&spoke.source).insert(name.clone(), local.clone());
+    spoke.managed.set_source(name.clone(), local.clone());
     if spoke.apps.create(ns, &name, &local).await? {
         return Ok(());
     }
@@ -144,9 +142,7 @@ async fn upsert_managed(
 
 async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool) -> Result<(), InboundError> {
     let name = incoming.metadata.name.clone().unwrap_or_default();
-    if let Some(src) = lock(&spoke.source).get_mut(&name) {
-        src.operation.clone_from(&incoming.operation);
-    }
+    spoke.managed.update_source(&name, |src| src.operation.clone_from(&incoming.operation));
     let written = spoke
         .apps
         .update::<Application, _>(spoke.ns(), &name, |cur| {
@@ -197,7 +193,7 @@ async fn upsert_project(spoke: &Spoke, incoming: &AppProject) -> Result<(), Inbo
     clear_server_fields(&mut local.metadata);
     local.metadata.namespace = Some(ns.to_owned());
     local.metadata.set_annotation(SOURCE_UID, source_uid);
-    lock(&spoke.project_source).insert(name.clone(), local.clone());
+    spoke.managed_projects.set_source(name.clone(), local.clone());
     if spoke.projects.create(ns, &name, &local).await? {
         return Ok(());
     }

@@ -11,20 +11,29 @@
 //! * [`recv`]: the receive side: the next message of a stream (or why there is none), how a
 //!   message is classified (ACK, event, undecodable) and which answer each gets;
 //! * [`watch`]: the watch -> index driver (`apply` / `delete`, and on every re-list the
-//!   deletions the gap hid), used by every Kubernetes watcher of both sides.
+//!   deletions the gap hid), used by every Kubernetes watcher of both sides;
+//! * [`copies`]: the owner's version of every copy a side keeps in line, and the deletions it
+//!   asked for (what to revert, what to recreate, what to let go);
+//! * [`known`]: the last version of each object a side has seen or sent.
 //!
 //! Policies are documented where they live and summarised in `docs/reliability.md`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod copies;
+pub mod known;
 pub mod mailbox;
 pub mod recv;
 pub mod send;
+#[doc(hidden)]
+pub mod testing;
 pub mod watch;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+pub use copies::{Copies, Gone};
+pub use known::Known;
 pub use mailbox::{Attachment, Mailbox};
 pub use recv::{Inbound, Next, Retryable};
 pub use send::{SendHooks, SendOptions};

@@ -184,8 +184,8 @@ mod tests {
     use super::*;
     use crate::PrincipalConfig;
     use crate::blocklist::BlocklistData;
-    use crate::hub::offline_client;
     use crate::ident::insecure_metadata_identity;
+    use link::testing::offline_client;
 
     struct Fixture {
         hub: Arc<Hub>,
@@ -197,7 +197,7 @@ mod tests {
         let mut config = PrincipalConfig::new("argocd");
         config.allowed_namespaces = vec!["agent-*".into()];
         let hub = Arc::new(Hub::offline(config));
-        let blocklist = Arc::new(Blocklist::new(offline_client(), "argocd"));
+        let blocklist = Arc::new(Blocklist::new(offline_client("default"), "argocd"));
         let authorizer = Authorizer::new(hub.clone(), auth_identity(), blocklist.clone());
         Fixture { hub, blocklist, authorizer }
     }

@@ -15,7 +15,6 @@
 
 use std::sync::atomic::Ordering;
 
-use link::lock;
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
@@ -63,8 +62,7 @@ fn push(session: &AgentPeer, ev: Option<Event>) {
 /// The agent's hub Applications (its namespace), from the watch cache or live.
 async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
     if hub.apps_synced.load(Ordering::Relaxed) {
-        let seen = lock(&hub.seen_apps);
-        return Ok(seen.iter().filter(|((ns, _), _)| ns == agent).map(|(_, app)| app.clone()).collect());
+        return Ok(hub.seen_apps.of_agent(agent));
     }
     hub.apps.list::<Application>(agent).await
 }
@@ -74,9 +72,9 @@ async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreErr
 /// for a deletion).
 async fn agent_app(hub: &Hub, agent: &str, name: &str) -> Result<Option<Application>, StoreError> {
     if hub.apps_synced.load(Ordering::Relaxed)
-        && let Some(app) = lock(&hub.seen_apps).get(&(agent.to_owned(), name.to_owned()))
+        && let Some(app) = hub.seen_apps.get(&(agent.to_owned(), name.to_owned()))
     {
-        return Ok(Some(app.clone()));
+        return Ok(Some(app));
     }
     hub.apps.get::<Application>(agent, name).await
 }
@@ -84,9 +82,9 @@ async fn agent_app(hub: &Hub, agent: &str, name: &str) -> Result<Option<Applicat
 /// One AppProject of the principal namespace, as [`agent_app`].
 async fn principal_project(hub: &Hub, name: &str) -> Result<Option<AppProject>, StoreError> {
     if hub.projects_synced.load(Ordering::Relaxed)
-        && let Some(p) = lock(&hub.seen_projects).get(name)
+        && let Some(p) = hub.seen_projects.get(&name.to_owned())
     {
-        return Ok(Some(p.clone()));
+        return Ok(Some(p));
     }
     hub.projects.get::<AppProject>(&hub.config.namespace, name).await
 }
@@ -97,8 +95,7 @@ async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreE
 
 async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, StoreError> {
     if hub.projects_synced.load(Ordering::Relaxed) {
-        let seen = lock(&hub.seen_projects);
-        return Ok(seen.values().filter(|p| project::matches_agent(p, agent)).cloned().collect());
+        return Ok(hub.seen_projects.values().into_iter().filter(|p| project::matches_agent(p, agent)).collect());
     }
     Ok(hub
         .projects

@@ -7,10 +7,9 @@ pub mod watch;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
-use link::{Mailbox, lock};
+use link::{Copies, Known, Mailbox};
 use protocol::argocd::Application;
 use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
@@ -27,21 +26,19 @@ pub(crate) struct Spoke {
     pub(crate) apps: ObjectStore,
     pub(crate) projects: ObjectStore,
     pub(crate) mailbox: Mailbox,
-    /// Managed: each Application as last received from the principal (spoke form), by name:
-    /// the source for reverting local edits and deletions. Rebuilt from the spoke at startup.
-    pub(crate) source: Mutex<HashMap<String, Application>>,
+    /// Managed: each Application as last received from the principal (spoke form), by name,
+    /// the source for reverting local edits and deletions (rebuilt from the spoke at startup),
+    /// and the deletions the principal asked for.
+    pub(crate) managed: Copies<String, Application>,
     /// Managed: status and operation last reported per Application.
-    pub(crate) reported: Mutex<HashMap<String, Reported>>,
+    pub(crate) reported: Known<String, Reported>,
     /// Autonomous: each Application as last sent up.
-    pub(crate) sent: Mutex<HashMap<String, Application>>,
-    /// Managed: each AppProject as last received from the principal, by name.
-    pub(crate) project_source: Mutex<HashMap<String, protocol::argocd::AppProject>>,
+    pub(crate) sent: Known<String, Application>,
+    /// Managed: each AppProject as last received from the principal, by name, and the
+    /// deletions the principal asked for.
+    pub(crate) managed_projects: Copies<String, protocol::argocd::AppProject>,
     /// Autonomous: each AppProject as last sent up.
-    pub(crate) sent_projects: Mutex<HashMap<String, protocol::argocd::AppProject>>,
-    /// AppProjects whose deletion the principal asked for.
-    pub(crate) expected_project_deletes: Mutex<HashSet<String>>,
-    /// Applications whose deletion the source of truth asked for.
-    pub(crate) expected_deletes: Mutex<HashSet<String>>,
+    pub(crate) sent_projects: Known<String, protocol::argocd::AppProject>,
     /// The principal UID seen on the latest event.
     pub(crate) principal_uid: Mutex<Option<String>>,
     /// Whether a stream is up.
@@ -55,13 +52,11 @@ impl Spoke {
             config,
             apps: ObjectStore::applications(client.clone()),
             projects: ObjectStore::app_projects(client),
-            source: Mutex::new(HashMap::new()),
-            reported: Mutex::new(HashMap::new()),
-            sent: Mutex::new(HashMap::new()),
-            project_source: Mutex::new(HashMap::new()),
-            expected_project_deletes: Mutex::new(HashSet::new()),
-            sent_projects: Mutex::new(HashMap::new()),
-            expected_deletes: Mutex::new(HashSet::new()),
+            managed: Copies::default(),
+            reported: Known::default(),
+            sent: Known::default(),
+            managed_projects: Copies::default(),
+            sent_projects: Known::default(),
             principal_uid: Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(false),
         }
@@ -88,10 +83,6 @@ impl Spoke {
             }
             Err(e) => tracing::error!(error = %e, name = ?meta.name, "cannot encode event"),
         }
-    }
-
-    pub(crate) fn expect_delete(&self, name: &str) {
-        lock(&self.expected_deletes).insert(name.to_owned());
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
-use link::lock;
+use link::Gone;
 use link::watch::Index;
 use protocol::argocd::AppProject;
 use protocol::{EventType, Target};
@@ -49,11 +49,10 @@ impl Index for Projects<'_> {
     }
     /// Managed: the principal's copies; autonomous: what was sent up.
     fn known(&self) -> Vec<AppProject> {
-        let known = match self.0.config.mode {
-            AgentMode::Managed => &self.0.project_source,
-            AgentMode::Autonomous => &self.0.sent_projects,
-        };
-        lock(known).values().cloned().collect()
+        match self.0.config.mode {
+            AgentMode::Managed => self.0.managed_projects.sources(),
+            AgentMode::Autonomous => self.0.sent_projects.values(),
+        }
     }
 }
 
@@ -69,7 +68,7 @@ async fn applied(spoke: &Spoke, project: AppProject) {
         let mut bare = project.clone();
         bare.metadata.resource_version = None;
         bare.metadata.extra.remove("managedFields");
-        let prev = lock(&spoke.sent_projects).insert(name, bare.clone());
+        let prev = spoke.sent_projects.insert(name, bare.clone());
         let ty = match prev {
             None => EventType::Create,
             Some(p) if p != bare => EventType::SpecUpdate,
@@ -81,25 +80,20 @@ async fn applied(spoke: &Spoke, project: AppProject) {
     if project.metadata.deletion_timestamp.is_some() {
         return;
     }
-    let source = lock(&spoke.project_source).get(&name).cloned();
-    match source {
-        Some(src) if src.spec != project.spec => {
-            tracing::info!(project = %name, "reverting a local edit of a principal-owned AppProject");
-            let result = spoke
-                .projects
-                .update::<AppProject, _>(spoke.ns(), &name, |cur| {
-                    let changed = cur.spec != src.spec;
-                    cur.spec.clone_from(&src.spec);
-                    changed
-                })
-                .await;
-            if let Err(e) = result {
-                tracing::warn!(project = %name, error = %e, "cannot revert local AppProject edit");
-            }
-        }
-        Some(_) => {}
-        None => {
-            lock(&spoke.project_source).insert(name, project);
+    if let Some(src) = spoke.managed_projects.source_or_adopt(&name, &project)
+        && src.spec != project.spec
+    {
+        tracing::info!(project = %name, "reverting a local edit of a principal-owned AppProject");
+        let result = spoke
+            .projects
+            .update::<AppProject, _>(spoke.ns(), &name, |cur| {
+                let changed = cur.spec != src.spec;
+                cur.spec.clone_from(&src.spec);
+                changed
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(project = %name, error = %e, "cannot revert local AppProject edit");
         }
     }
 }
@@ -107,15 +101,11 @@ async fn applied(spoke: &Spoke, project: AppProject) {
 async fn deleted(spoke: &Spoke, project: AppProject) {
     let name = project.metadata.name.clone().unwrap_or_default();
     if spoke.config.mode == AgentMode::Autonomous {
-        lock(&spoke.sent_projects).remove(&name);
+        spoke.sent_projects.remove(&name);
         spoke.send_object(EventType::Delete, Target::AppProject, &project.metadata, &project);
         return;
     }
-    if lock(&spoke.expected_project_deletes).remove(&name) {
-        lock(&spoke.project_source).remove(&name);
-        return;
-    }
-    let Some(mut src) = lock(&spoke.project_source).get(&name).cloned() else { return };
+    let Gone::Restore(mut src) = spoke.managed_projects.deleted(&name) else { return };
     tracing::info!(project = %name, "recreating a principal-owned AppProject deleted locally");
     clear_server_fields(&mut src.metadata);
     if let Err(e) = spoke.projects.create(spoke.ns(), &name, &src).await {

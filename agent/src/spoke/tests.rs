@@ -1,6 +1,6 @@
 //! The spoke's watch indexes alone: synthetic watch events through [`link::watch::drive`], and
 //! what the agent would send the principal read from its mailbox. The spoke's API server is never
-//! reached (every request of [`offline_client`] fails).
+//! reached (every request of [`link::testing::offline_client`] fails).
 
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event as WatchEvent;
@@ -15,15 +15,8 @@ use super::projects::Projects;
 use super::watch::Applications;
 use crate::config::{AgentConfig, AgentMode};
 
-fn offline_client() -> kube::Client {
-    let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
-        Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("unit test: there is no API server"))
-    });
-    kube::Client::new(service, "argocd")
-}
-
 fn spoke(mode: AgentMode) -> Spoke {
-    Spoke::new(AgentConfig::new("http://127.0.0.1:1", "agent-1", mode), offline_client())
+    Spoke::new(AgentConfig::new("http://127.0.0.1:1", "agent-1", mode), link::testing::offline_client("argocd"))
 }
 
 fn app(name: &str, path: &str, status: &str) -> DynamicObject {
@@ -142,10 +135,10 @@ async fn managed_deletion_the_principal_asked_for_is_confirmed_to_it() {
     let apps = Applications(&spoke);
     feed(&apps, listed(vec![owned(app("guestbook", "v1", "Synced"))])).await;
     sent(&spoke);
-    spoke.expect_delete("guestbook");
+    spoke.managed.expect_delete("guestbook".into());
     feed(&apps, vec![WatchEvent::Delete(owned(app("guestbook", "v1", "Synced")))]).await;
     assert_eq!(sent(&spoke), ["delete guestbook"]);
-    assert!(super::lock(&spoke.source).is_empty(), "no longer the principal's copy to restore");
+    assert!(spoke.managed.sources().is_empty(), "no longer the principal's copy to restore");
 }
 
 #[tokio::test]
@@ -161,5 +154,5 @@ async fn autonomous_app_projects_go_up_and_managed_ones_only_when_principal_owne
     theirs.metadata.annotations.get_or_insert_default().insert(SOURCE_UID.into(), "hub-uid".into());
     feed(&Projects(&managed), listed(vec![theirs, project("local")])).await;
     assert!(sent(&managed).is_empty(), "managed agents send no AppProjects up");
-    assert_eq!(super::lock(&managed.project_source).keys().cloned().collect::<Vec<_>>(), ["from-hub"]);
+    assert_eq!(managed.managed_projects.keys(), ["from-hub"]);
 }

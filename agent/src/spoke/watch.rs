@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
-use link::lock;
+use link::Gone;
 use link::watch::Index;
 use protocol::argocd::Application;
 use protocol::{EventType, Target};
@@ -48,8 +48,8 @@ impl Index for Applications<'_> {
     /// Managed: the principal's copies; autonomous: what was sent up.
     fn known(&self) -> Vec<Application> {
         match self.0.config.mode {
-            AgentMode::Managed => lock(&self.0.source).values().cloned().collect(),
-            AgentMode::Autonomous => lock(&self.0.sent).values().cloned().collect(),
+            AgentMode::Managed => self.0.managed.sources(),
+            AgentMode::Autonomous => self.0.sent.values(),
         }
     }
 }
@@ -62,10 +62,10 @@ pub(crate) async fn run_applications(spoke: Arc<Spoke>, cancel: CancellationToke
 
 async fn applied(spoke: &Spoke, app: Application) {
     let known = {
-        let name = app.metadata.name.as_deref().unwrap_or_default();
+        let name = app.metadata.name.clone().unwrap_or_default();
         match spoke.config.mode {
-            AgentMode::Managed => lock(&spoke.reported).contains_key(name),
-            AgentMode::Autonomous => lock(&spoke.sent).contains_key(name),
+            AgentMode::Managed => spoke.reported.contains(&name),
+            AgentMode::Autonomous => spoke.sent.contains(&name),
         }
     };
     let operation = if known { "update" } else { "create" };
@@ -84,13 +84,13 @@ async fn applied_in_span(spoke: &Spoke, app: Application) {
         }
         AgentMode::Autonomous => {
             if is_ignored(&app.metadata) {
-                let prev = lock(&spoke.sent).remove(&name);
+                let prev = spoke.sent.remove(&name);
                 if prev.is_some() {
                     spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
                 }
                 return;
             }
-            let prev = lock(&spoke.sent).insert(name, app.clone());
+            let prev = spoke.sent.insert(name, app.clone());
             let ty = match prev {
                 None => EventType::Create,
                 Some(p) if changed_for_principal(&p, &app) => EventType::SpecUpdate,
@@ -117,29 +117,24 @@ async fn managed_applied(spoke: &Spoke, name: &str, app: Application) {
     if app.is_being_deleted() {
         return;
     }
-    let source = lock(&spoke.source).get(name).cloned();
-    match source {
-        Some(src) if src.spec != app.spec => {
-            tracing::info!(app = %name, "reverting a local spec edit of a principal-owned Application");
-            let result = spoke
-                .apps
-                .update::<Application, _>(spoke.ns(), name, |cur| {
-                    let changed = cur.spec != src.spec;
-                    cur.spec.clone_from(&src.spec);
-                    changed
-                })
-                .await;
-            if let Err(e) = result {
-                tracing::warn!(app = %name, error = %e, "cannot revert local edit");
-            }
-        }
-        Some(_) => {}
-        None => {
-            lock(&spoke.source).insert(name.to_owned(), app.clone());
+    if let Some(src) = spoke.managed.source_or_adopt(&name.to_owned(), &app)
+        && src.spec != app.spec
+    {
+        tracing::info!(app = %name, "reverting a local spec edit of a principal-owned Application");
+        let result = spoke
+            .apps
+            .update::<Application, _>(spoke.ns(), name, |cur| {
+                let changed = cur.spec != src.spec;
+                cur.spec.clone_from(&src.spec);
+                changed
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(app = %name, error = %e, "cannot revert local edit");
         }
     }
     let now = (app.status.clone(), app.operation.clone());
-    let before = lock(&spoke.reported).insert(name.to_owned(), now.clone());
+    let before = spoke.reported.insert(name.to_owned(), now.clone());
     if before.as_ref() != Some(&now) {
         spoke.send_object(EventType::StatusUpdate, Target::Application, &app.metadata, &app);
     }
@@ -157,13 +152,15 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             if app.metadata.source_uid().is_none() {
                 return;
             }
-            lock(&spoke.reported).remove(&name);
-            if lock(&spoke.expected_deletes).remove(&name) {
-                lock(&spoke.source).remove(&name);
-                spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
-                return;
-            }
-            let Some(mut src) = lock(&spoke.source).get(&name).cloned() else { return };
+            spoke.reported.remove(&name);
+            let mut src = match spoke.managed.deleted(&name) {
+                Gone::Expected => {
+                    spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+                    return;
+                }
+                Gone::Restore(src) => src,
+                Gone::Unknown => return,
+            };
             tracing::info!(app = %name, "recreating a principal-owned Application deleted locally");
             clear_server_fields(&mut src.metadata);
             src.status = None;
@@ -172,7 +169,7 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             }
         }
         AgentMode::Autonomous => {
-            lock(&spoke.sent).remove(&name);
+            spoke.sent.remove(&name);
             spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
         }
     }

@@ -1,22 +1,22 @@
 //! The hub side's shared state: the Kubernetes stores, the agent peers, and the caches the
 //! watchers and routers keep.
 
+mod index;
 pub mod watch;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use link::lock;
+use link::{Copies, Known};
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
 
 use crate::config::PrincipalConfig;
 use crate::peer::Peers;
+pub(crate) use index::{AppIndex, StatusBase};
 
 /// `(namespace, name)` of an object on the hub.
 pub(crate) type Key = (String, String);
@@ -34,19 +34,15 @@ pub(crate) struct Hub {
     pub(crate) peers: Peers,
     pub(crate) apps: ObjectStore,
     pub(crate) projects: ObjectStore,
-    /// The last version of every hub Application the watcher saw (to tell what changed).
-    pub(crate) seen_apps: Mutex<HashMap<Key, Application>>,
+    /// Hub Applications as the watch last showed them (to tell what changed), with the status
+    /// bases of the principal's own writes.
+    pub(crate) seen_apps: AppIndex,
     /// The last version of every hub AppProject in the principal namespace.
-    pub(crate) seen_projects: Mutex<HashMap<String, AppProject>>,
-    /// Autonomous agents' Applications as last received (hub form): the source for reverting
-    /// edits and deletions made on the hub. Rebuilt from the hub at startup.
-    pub(crate) auto_source: Mutex<HashMap<Key, Application>>,
-    /// The status and operation the principal last wrote onto a hub Application, with the
-    /// resourceVersion the write produced, until the watch catches up with that version: the
-    /// base of the next status write's conditional patch ([`crate::route::managed`]).
-    pub(crate) status_written: Mutex<HashMap<Key, StatusBase>>,
-    /// Hub copies whose deletion the owning agent asked for.
-    pub(crate) expected_deletes: Mutex<HashSet<Key>>,
+    pub(crate) seen_projects: Known<String, AppProject>,
+    /// Autonomous agents' Applications as last received (hub form), the source for reverting
+    /// edits and deletions made on the hub (rebuilt from the hub at startup), and the hub
+    /// copies whose deletion the owning agent asked for.
+    pub(crate) autonomous: Copies<Key, Application>,
     /// Whether the Application and AppProject watchers have each listed the hub once
     /// (readiness, `/healthz`).
     pub(crate) apps_synced: AtomicBool,
@@ -90,25 +86,6 @@ impl StatusPathCounters {
     }
 }
 
-/// A hub Application's status and operation (as JSON) at a resourceVersion.
-#[derive(Debug, Clone)]
-pub(crate) struct StatusBase {
-    pub(crate) resource_version: String,
-    pub(crate) status: serde_json::Value,
-    pub(crate) operation: serde_json::Value,
-}
-
-impl StatusBase {
-    /// `None` without a resourceVersion (nothing to hold a conditional write to).
-    pub(crate) fn of(app: &Application) -> Option<Self> {
-        Some(Self {
-            resource_version: app.metadata.resource_version.clone()?,
-            status: serde_json::to_value(&app.status).ok()?,
-            operation: serde_json::to_value(&app.operation).ok()?,
-        })
-    }
-}
-
 impl Hub {
     pub(crate) fn new(config: PrincipalConfig, principal_uid: String, client: kube::Client) -> Self {
         Self {
@@ -117,11 +94,9 @@ impl Hub {
             principal_uid,
             apps: ObjectStore::applications(client.clone()),
             projects: ObjectStore::app_projects(client),
-            seen_apps: Mutex::new(HashMap::new()),
-            seen_projects: Mutex::new(HashMap::new()),
-            auto_source: Mutex::new(HashMap::new()),
-            status_written: Mutex::new(HashMap::new()),
-            expected_deletes: Mutex::new(HashSet::new()),
+            seen_apps: AppIndex::default(),
+            seen_projects: Known::default(),
+            autonomous: Copies::default(),
             apps_synced: AtomicBool::new(false),
             projects_synced: AtomicBool::new(false),
             status_paths: StatusPathCounters::default(),
@@ -133,7 +108,7 @@ impl Hub {
     /// spawns its buffer task).
     #[cfg(test)]
     pub(crate) fn offline(config: PrincipalConfig) -> Self {
-        Self::new(config, "principal-uid".into(), offline_client())
+        Self::new(config, "principal-uid".into(), link::testing::offline_client("default"))
     }
 
     /// An Application event for an agent, stamped with the principal UID.
@@ -162,17 +137,4 @@ impl Hub {
             }
         }
     }
-
-    pub(crate) fn expect_delete(&self, key: Key) {
-        lock(&self.expected_deletes).insert(key);
-    }
-}
-
-/// A client whose every request fails (no API server): see [`Hub::offline`].
-#[cfg(test)]
-pub(crate) fn offline_client() -> kube::Client {
-    let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
-        Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("unit test: there is no API server"))
-    });
-    kube::Client::new(service, "default")
 }

@@ -121,7 +121,7 @@ async fn applications_of_other_agents_or_outside_allowed_namespaces_are_not_sent
     listed(&hub, vec![app("agent-2", "other", "v1"), app("team-x", "stray", "v1")], vec![]).await;
     assert!(sent(&peer, &stream).is_empty());
     assert_eq!(sent(&peer2, &stream2), ["create other"]);
-    assert!(!super::lock(&hub.seen_apps).contains_key(&("team-x".into(), "stray".into())), "never indexed");
+    assert!(!hub.seen_apps.contains(&("team-x".into(), "stray".into())), "never indexed");
 }
 
 #[tokio::test]
@@ -147,7 +147,7 @@ async fn labelling_an_application_ignore_sync_removes_it_from_its_agent() {
     sent(&peer, &stream);
     feed(&Applications(&hub), vec![WatchEvent::Apply(ignored(app("agent-1", "guestbook", "v1")))]).await;
     assert_eq!(sent(&peer, &stream), ["delete guestbook"]);
-    assert!(super::lock(&hub.seen_apps).is_empty(), "an ignored Application is not indexed");
+    assert!(hub.seen_apps.all().is_empty(), "an ignored Application is not indexed");
 }
 
 #[tokio::test]
@@ -196,7 +196,7 @@ async fn resync_sends_a_stale_spec_again_and_nothing_for_a_current_one() {
     crate::resync::handle(&hub, &peer, &ev, payload).await.expect("handled from the cache");
     assert_eq!(sent(&peer, &stream), ["spec-update guestbook"]);
     // The agent holds the same spec: nothing to send.
-    let current = super::lock(&hub.seen_apps).get(&("agent-1".into(), "guestbook".into())).cloned().expect("indexed");
+    let current = hub.seen_apps.get(&("agent-1".into(), "guestbook".into())).expect("indexed");
     let ev = request("guestbook", crate::resync::checksum_of(&current));
     let payload = ev.payload().expect("payload");
     crate::resync::handle(&hub, &peer, &ev, payload).await.expect("handled");

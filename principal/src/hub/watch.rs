@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
-use link::lock;
 use link::watch::Index;
 use protocol::argocd::{AppProject, Application};
 use tokio_util::sync::CancellationToken;
@@ -45,7 +44,7 @@ impl Index for Applications<'_> {
         app_deleted(self.0, app).await;
     }
     fn known(&self) -> Vec<Application> {
-        lock(&self.0.seen_apps).values().cloned().collect()
+        self.0.seen_apps.all()
     }
     fn synced(&self) {
         self.0.apps_synced.store(true, Ordering::Relaxed);
@@ -59,7 +58,7 @@ pub(crate) async fn run_applications(hub: Arc<Hub>, cancel: CancellationToken) {
 }
 
 async fn app_applied(hub: &Hub, app: Application) {
-    let operation = if lock(&hub.seen_apps).contains_key(&key_of(&app.metadata)) { "update" } else { "create" };
+    let operation = if hub.seen_apps.contains(&key_of(&app.metadata)) { "update" } else { "create" };
     let span = crate::otel::hub_event_span("Application", operation, &app.metadata);
     app_applied_in_span(hub, app).instrument(span).await;
 }
@@ -67,20 +66,12 @@ async fn app_applied(hub: &Hub, app: Application) {
 async fn app_applied_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
     if !is_autonomous_copy(&app) && is_ignored(&app) {
-        let prev = lock(&hub.seen_apps).remove(&key);
-        if let Some(prev) = prev {
+        if let Some(prev) = hub.seen_apps.forget(&key) {
             managed::hub_app_deleted(hub, &prev);
         }
         return;
     }
-    let prev = lock(&hub.seen_apps).insert(key.clone(), app.clone());
-    {
-        // The watch has caught up with the principal's own status write: it is the base again.
-        let mut written = lock(&hub.status_written);
-        if written.get(&key).is_some_and(|w| app.metadata.resource_version.as_ref() == Some(&w.resource_version)) {
-            written.remove(&key);
-        }
-    }
+    let prev = hub.seen_apps.observed(key.clone(), &app);
     if is_autonomous_copy(&app) {
         let span = tracing::info_span!("hub_app", agent = %key.0, app = %key.1, mode = "autonomous");
         if let Err(e) = autonomous::hub_copy_changed(hub, prev.as_ref(), &app).instrument(span).await {
@@ -98,8 +89,7 @@ async fn app_deleted(hub: &Hub, app: Application) {
 
 async fn app_deleted_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
-    lock(&hub.seen_apps).remove(&key);
-    lock(&hub.status_written).remove(&key);
+    hub.seen_apps.forget(&key);
     if is_autonomous_copy(&app) {
         if let Err(e) = autonomous::hub_copy_deleted(hub, &app).await {
             tracing::warn!(agent = %key.0, app = %key.1, error = %e, "cannot recreate a deleted hub copy");
@@ -127,18 +117,18 @@ impl Index for Projects<'_> {
         p.metadata.name.clone().unwrap_or_default()
     }
     async fn apply(&self, p: AppProject) {
-        let prev = lock(&self.0.seen_projects).insert(Self::key(&p), p.clone());
+        let prev = self.0.seen_projects.insert(Self::key(&p), p.clone());
         let operation = if prev.is_some() { "update" } else { "create" };
         let _span = crate::otel::hub_event_span("AppProject", operation, &p.metadata).entered();
         project::hub_project_changed(self.0, prev.as_ref(), &p);
     }
     async fn delete(&self, p: AppProject) {
-        lock(&self.0.seen_projects).remove(&Self::key(&p));
+        self.0.seen_projects.remove(&Self::key(&p));
         let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
         project::hub_project_deleted(self.0, &p);
     }
     fn known(&self) -> Vec<AppProject> {
-        lock(&self.0.seen_projects).values().cloned().collect()
+        self.0.seen_projects.values()
     }
     fn synced(&self) {
         self.0.projects_synced.store(true, Ordering::Relaxed);

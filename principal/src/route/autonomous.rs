@@ -1,7 +1,7 @@
 //! Autonomous mode (upstream §4.3): the agent owns its Applications; the hub keeps copies in
 //! namespace `<agent>` and reverts edits and deletions made to them on the hub.
 
-use link::lock;
+use link::Gone;
 use protocol::EventType;
 use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
 use protocol::argocd::{Application, ApplicationDestination};
@@ -43,7 +43,7 @@ pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application)
     let copy = to_hub_copy(agent, incoming);
     let key = key_of(&copy.metadata);
     let name = key.1.clone();
-    lock(&hub.auto_source).insert(key.clone(), copy.clone());
+    hub.autonomous.set_source(key.clone(), copy.clone());
     let mut create = copy.clone();
     create.metadata.deletion_timestamp = None;
     if !hub.apps.create(agent, &name, &create).await? {
@@ -65,7 +65,7 @@ pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application)
             .await?;
     }
     if incoming.is_being_deleted() {
-        hub.expect_delete(key);
+        hub.autonomous.expect_delete(key);
         hub.apps.delete(agent, &name).await?;
     }
     Ok(())
@@ -75,8 +75,7 @@ pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application)
 pub(crate) async fn agent_deleted(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
     let name = incoming.metadata.name.clone().unwrap_or_default();
     let key: Key = (agent.to_owned(), name.clone());
-    hub.expect_delete(key.clone());
-    lock(&hub.auto_source).remove(&key);
+    hub.autonomous.owner_deleted(key);
     hub.apps.strip_finalizers(agent, &name).await?;
     hub.apps.delete(agent, &name).await?;
     Ok(())
@@ -92,31 +91,26 @@ pub(crate) async fn hub_copy_changed(
     let key = key_of(&cur.metadata);
     let (agent, name) = (key.0.clone(), key.1.clone());
     if cur.is_being_deleted() {
-        if !lock(&hub.expected_deletes).contains(&key) {
+        if !hub.autonomous.is_delete_expected(&key) {
             tracing::info!(%agent, %name, "hub copy of an autonomous Application is being deleted on the hub; it will be recreated");
             hub.apps.strip_finalizers(&agent, &name).await?;
         }
         return Ok(());
     }
-    let source = lock(&hub.auto_source).get(&key).cloned();
-    match source {
-        Some(src) if src.spec != cur.spec => {
-            tracing::info!(%agent, %name, "reverting a spec edit made on the hub to an autonomous agent's Application");
-            hub.apps
-                .update::<Application, _>(&agent, &name, |c| {
-                    let changed = c.spec != src.spec;
-                    c.spec.clone_from(&src.spec);
-                    changed
-                })
-                .await?;
-        }
-        Some(_) => {}
-        None => {
-            lock(&hub.auto_source).insert(key.clone(), cur.clone());
-        }
+    if let Some(src) = hub.autonomous.source_or_adopt(&key, cur)
+        && src.spec != cur.spec
+    {
+        tracing::info!(%agent, %name, "reverting a spec edit made on the hub to an autonomous agent's Application");
+        hub.apps
+            .update::<Application, _>(&agent, &name, |c| {
+                let changed = c.spec != src.spec;
+                c.spec.clone_from(&src.spec);
+                changed
+            })
+            .await?;
     }
     let Some(session) = hub.peers.get(&agent) else { return Ok(()) };
-    let src_op = lock(&hub.auto_source).get(&key).and_then(|s| s.operation.clone());
+    let src_op = hub.autonomous.source(&key).and_then(|s| s.operation);
     if operation_appeared(prev, cur)
         && src_op != cur.operation
         && let Some(ev) = hub.app_event(EventType::SetOperation, &agent_side_spec(&agent, cur))
@@ -139,11 +133,7 @@ pub(crate) async fn hub_copy_changed(
 /// A hub copy disappeared: expected (the agent deleted it) or reverted by recreating it.
 pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(), StoreError> {
     let key = key_of(&app.metadata);
-    if lock(&hub.expected_deletes).remove(&key) {
-        lock(&hub.auto_source).remove(&key);
-        return Ok(());
-    }
-    let Some(mut src) = lock(&hub.auto_source).get(&key).cloned() else { return Ok(()) };
+    let Gone::Restore(mut src) = hub.autonomous.deleted(&key) else { return Ok(()) };
     tracing::info!(agent = %key.0, name = %key.1, "recreating an autonomous agent's Application deleted on the hub");
     clear_server_fields(&mut src.metadata);
     hub.apps.create(&key.0, &key.1, &src).await?;

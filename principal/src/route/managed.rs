@@ -1,6 +1,5 @@
 //! Managed mode (upstream §4.2): the hub owns Applications; specs flow down, status flows up.
 
-use link::lock;
 use protocol::argocd::Application;
 use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
 use protocol::kube_store::StoreError;
@@ -8,7 +7,7 @@ use protocol::{EventType, Target, merge_patch};
 
 use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
-use crate::hub::{Hub, Key, StatusBase, StatusPathCounters};
+use crate::hub::{Hub, StatusBase, StatusPathCounters};
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {
@@ -73,13 +72,12 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
     let name = incoming.metadata.name.as_deref().unwrap_or_default();
     let key = (agent.to_owned(), name.to_owned());
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let base = lock(&hub.status_written).get(&key).cloned();
-    let base = base.or_else(|| lock(&hub.seen_apps).get(&key).and_then(StatusBase::of));
+    let base = hub.seen_apps.status_base(&key);
     let paths = &hub.status_paths;
     if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now)) {
         if let Some(written) = hub.apps.patch_if_unchanged::<Application>(agent, name, &patch).await? {
             StatusPathCounters::count(&paths.patched);
-            remember_written(hub, key, &written);
+            hub.seen_apps.wrote_status(key, &written);
             return Ok(());
         }
         // 409: the hub moved on since the base (or the Application is gone).
@@ -105,17 +103,10 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
         })
         .await?;
     match written {
-        Some(app) => remember_written(hub, key, &app),
+        Some(app) => hub.seen_apps.wrote_status(key, &app),
         None => tracing::debug!(%agent, %name, "status-update for an Application the hub does not have; ignored"),
     }
     Ok(())
-}
-
-fn remember_written(hub: &Hub, key: Key, app: &Application) {
-    match StatusBase::of(app) {
-        Some(base) => lock(&hub.status_written).insert(key, base),
-        None => lock(&hub.status_written).remove(&key),
-    };
 }
 
 /// The merge patch that writes `incoming`'s status and operation over `base`, valid only while
