@@ -116,11 +116,19 @@ pub struct AgentPeer {
     mailbox: Mailbox,
     /// Lock order: `current` before the mailbox.
     current: Mutex<Option<Attached>>,
+    /// Held while one of the agent's events is applied, and while a resync starts.
+    applying: tokio::sync::Mutex<()>,
 }
 
 impl AgentPeer {
     fn new(name: &str, mode: AgentMode, retry: RetryPolicy) -> Self {
-        Self { name: name.to_owned(), mode: Mutex::new(mode), mailbox: Mailbox::new(retry), current: Mutex::new(None) }
+        Self {
+            name: name.to_owned(),
+            mode: Mutex::new(mode),
+            mailbox: Mailbox::new(retry),
+            current: Mutex::new(None),
+            applying: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// The agent's name.
@@ -146,6 +154,15 @@ impl AgentPeer {
         tracing::debug!(agent = %self.name, event_type = %event.event_type, target = %event.target,
             resource_id = %event.resource_id, event_id = %event.event_id, "queued for agent");
         self.mailbox.push(event);
+    }
+
+    /// Waits until no other event of this agent is being applied, and holds that until the
+    /// guard drops. The agent's events are applied one at a time whichever stream (or `Push`
+    /// call) carried them: a replaced stream's last event, still being applied while its
+    /// successor opens, is neither interleaved with the successor's events nor missed by its
+    /// resync ([`crate::resync::on_connect`] waits for it).
+    pub(crate) async fn applying(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.applying.lock().await
     }
 
     /// The agent's mailbox: what is owed to it, and which stream may take it.

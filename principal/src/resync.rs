@@ -57,7 +57,10 @@ fn push(session: &AgentPeer, ev: Option<Event>) {
 // agent then costs no LIST against the hub API server, so a reconnect storm of N agents is not
 // N x 3 LISTs (each a pooled connection to the hub held afterwards). Before the first list (a
 // principal that just started) the hub is read live. The cache may lag the hub by a watch
-// event; whatever it misses arrives as that event, through the agent's outbox, right after.
+// event; for what the hub owns (managed mode) whatever it misses arrives as that event, through
+// the agent's outbox, right after. The hub copies of an autonomous agent are the exception: a
+// watch event of a copy sends nothing to its agent, so a copy the cache has not shown yet
+// would never be checked. Those are listed live (one LIST per autonomous agent's connect).
 
 /// The agent's hub Applications (its namespace), from the watch cache or live.
 async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
@@ -107,11 +110,14 @@ async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, St
 }
 
 async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    Ok(agent_apps(hub, agent).await?.into_iter().filter(is_autonomous_copy).collect())
+    Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(is_autonomous_copy).collect())
 }
 
-/// Starts the resync for a freshly connected agent.
+/// Starts the resync for a freshly connected agent, once the events of the agent already being
+/// applied (from its previous stream, whose transport may have died mid-event) are done: what
+/// the resync reads of the hub then includes their writes.
 pub(crate) async fn on_connect(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
+    let _applying = session.applying().await;
     let started = std::time::Instant::now();
     let result = start(hub, session).await;
     crate::metrics::global().resync(session.name(), session.mode(), started.elapsed(), result.is_ok());

@@ -196,6 +196,13 @@ async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
     for app in apps {
         msg.push_str(&checker.describe(app));
     }
+    // On stdout as well, ahead of the processes' logs: a truncated report keeps the verdict.
+    println!(
+        "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}",
+        violations.len(),
+        problems.len(),
+        cfg.seed
+    );
     panic!(
         "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}\n{}",
         violations.len(),

@@ -204,10 +204,34 @@ async fn resync_sends_a_stale_spec_again_and_nothing_for_a_current_one() {
 }
 
 #[tokio::test]
-async fn an_autonomous_agent_connecting_is_asked_for_its_resource_list() {
+async fn an_autonomous_agents_resync_lists_its_hub_copies_live_not_from_the_cache() {
     let hub = hub();
     listed(&hub, vec![], vec![]).await;
     let (peer, stream) = connect(&hub, "agent-3", AgentMode::Autonomous);
-    crate::resync::on_connect(&hub, &peer).await.expect("cache");
-    assert_eq!(sent(&peer, &stream), ["request-synced-resource-list resourceResync"]);
+    // A hub copy the cache has not shown yet would never be checked: the watch event of a copy
+    // sends nothing to its agent. So the resync reads the hub, which this one cannot reach.
+    assert!(crate::resync::on_connect(&hub, &peer).await.is_err(), "read live, and the hub is unreachable");
+    assert!(sent(&peer, &stream).is_empty(), "nothing sent from a failed start: it is retried");
+}
+
+#[tokio::test]
+async fn a_resync_starts_only_once_the_event_being_applied_is_done() {
+    let hub = hub();
+    listed(&hub, vec![], vec![project("default", "agent-*")]).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    let _ = sent(&peer, &stream);
+    // An event of the agent's previous stream is still being applied.
+    let applying = peer.applying().await;
+    let resync = tokio::spawn({
+        let (hub, peer) = (Arc::new(hub), peer.clone());
+        async move { crate::resync::on_connect(&hub, &peer).await }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!resync.is_finished(), "the resync waits for the event");
+    assert!(peer.mailbox().take_ready(stream.attachment(), "test").expect("current").events.is_empty());
+    drop(applying);
+    resync.await.expect("joined").expect("started");
+    assert_eq!(sent(&peer, &stream), ["spec-update default", "request-resource-resync resourceResync"]);
 }

@@ -94,6 +94,7 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
     };
     let span = crate::otel::received_span(session, &ev);
     async {
+        let _applying = session.applying().await;
         let started = std::time::Instant::now();
         let result = inbound::process(hub, session, &ev).await;
         crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
