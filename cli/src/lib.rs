@@ -5,6 +5,7 @@ mod agent_cmd;
 mod agent_creds;
 mod apiserver_cmd;
 pub mod ctl;
+mod flags;
 mod logging;
 mod material;
 mod observability;
@@ -16,7 +17,7 @@ mod unsupported;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// The argocd-agent binary.
 #[derive(Debug, Parser)]
@@ -42,7 +43,8 @@ enum Command {
 /// Entry point of `argocd-agent`.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = flags::upstream_style(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Principal(args) => principal_cmd::run(*args),
         Command::Agent(args) => agent_cmd::run(*args),

@@ -16,7 +16,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--enable-resource-proxy", "true", "--pprof-port", "6060"]].concat(), &[]);
+    let (ok, err) = run(&[&base[..], &["--enable-resource-proxy", "--pprof-port", "6060"]].concat(), &[]);
     assert!(!ok);
     assert!(
         err.contains("not supported yet") && err.contains("--enable-resource-proxy") && err.contains("--pprof-port"),
@@ -76,4 +76,72 @@ fn metrics_and_health_flags_are_accepted_and_checked() {
         &[("ARGOCD_AGENT_HEALTH_CHECK_ADDRESS", "127.0.0.1:http")],
     );
     assert!(!ok && err.contains("--healthz-address") && !err.contains("not supported yet"), "{err}");
+}
+
+/// Where the metrics and health endpoints of a process that gets that far listen.
+const LOOPBACK: &str = "127.0.0.1:0";
+
+#[test]
+fn booleans_take_pflags_forms_on_the_command_line_and_in_the_environment() {
+    let base = [
+        "principal",
+        "-n",
+        "argocd",
+        "--auth",
+        "mtls:subject:CN=([^,]+)",
+        "--metrics-address",
+        LOOPBACK,
+        "--healthz-address",
+        LOOPBACK,
+    ];
+    // The inert value of an unsupported flag is accepted in every form; any other is refused.
+    for inert in
+        [&["--enable-resource-proxy=false"][..], &["--enable-resource-proxy=0"], &["--namespace-create-enable=F"]]
+    {
+        let (_, err) = run(&[&base[..], inert].concat(), &[]);
+        assert!(
+            !err.contains("not supported yet") && !err.contains("\nerror:") && !err.starts_with("error:"),
+            "parsed: {inert:?}: {err}"
+        );
+    }
+    for set in [&["--enable-resource-proxy"][..], &["--enable-resource-proxy=true"], &["--enable-resource-proxy=T"]] {
+        let (ok, err) = run(&[&base[..], set].concat(), &[]);
+        assert!(!ok && err.contains("not supported yet") && err.contains("--enable-resource-proxy"), "{set:?}: {err}");
+    }
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", "true")]);
+    assert!(!ok && err.contains("--enable-resource-proxy"), "{err}");
+    let (ok, err) = run(&[&base[..], &["--insecure-plaintext=maybe"]].concat(), &[]);
+    assert!(!ok && err.contains("maybe") && err.contains("--insecure-plaintext"), "{err}");
+}
+
+#[test]
+fn an_empty_environment_variable_is_unset_as_upstreams_configmap_means_it() {
+    // Upstream's manifests wire every argocd-agent-params key to an env var; an empty key is the
+    // default, not an empty value.
+    let base = [
+        "principal",
+        "-n",
+        "argocd",
+        "--auth",
+        "mtls:subject:CN=([^,]+)",
+        "--metrics-address",
+        LOOPBACK,
+        "--healthz-address",
+        LOOPBACK,
+    ];
+    let empty = [
+        ("ARGOCD_PRINCIPAL_TLS_SERVER_CERT_PATH", ""),
+        ("ARGOCD_PRINCIPAL_TLS_SERVER_KEY_PATH", ""),
+        ("ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", ""),
+        ("ARGOCD_PRINCIPAL_INSECURE_PLAINTEXT", ""),
+        ("ARGOCD_PRINCIPAL_LABEL_SELECTOR", ""),
+    ];
+    let (ok, err) = run(&base, &empty);
+    assert!(!ok, "no API server here: {err}");
+    assert!(err.contains("argocd-agent: error:") && !err.contains("not supported yet"), "parsed: {err}");
+    let (ok, err) = run(
+        &["agent", "--server-address", "p", "--metrics-address", LOOPBACK, "--healthz-address", LOOPBACK],
+        &[("ARGOCD_AGENT_ENABLE_WEBSOCKET", "")],
+    );
+    assert!(!ok && err.contains("argocd-agent: error:") && !err.contains("not supported yet"), "parsed: {err}");
 }

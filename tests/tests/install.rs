@@ -440,8 +440,9 @@ fn upstream_agent_params() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// What docs/install.md tells an upstream user to change in their argocd-agent-params: keys to
-/// delete (empty values and defaults of features missing here) and keys to set.
+/// What docs/install.md tells an upstream user to change in their argocd-agent-params: the keys
+/// of features missing here, which upstream sets by default. Empty values stay: they read as
+/// unset, as upstream's env helpers read them.
 fn migration_edits(keys: &[(&'static str, &'static str)]) -> BTreeMap<&'static str, &'static str> {
     let drop_keys = [
         "principal.resource-proxy.enable",
@@ -450,7 +451,7 @@ fn migration_edits(keys: &[(&'static str, &'static str)]) -> BTreeMap<&'static s
         "agent.resource-proxy.enable",
         "agent.redis.address",
     ];
-    keys.iter().filter(|(k, v)| !v.is_empty() && !drop_keys.contains(k)).map(|(k, v)| (*k, *v)).collect()
+    keys.iter().filter(|(k, _)| !drop_keys.contains(k)).map(|(k, v)| (*k, *v)).collect()
 }
 
 /// Run `argocd-agent <command>` with the environment `deployment` builds from `data`; it never
@@ -479,8 +480,8 @@ fn upstream_params_configmap_works_after_the_documented_edits() {
         let mut deployment = rendered_deployment(chart, &json!({"server": "p"}));
         deployment["metadata"]["namespace"] = json!("argocd");
 
-        // As upstream ships it: refused before the cluster is even tried (empty values and
-        // features missing here).
+        // As upstream ships it: refused before the cluster is even tried (features missing here
+        // that upstream turns on by default).
         let verbatim: BTreeMap<&str, &str> = keys.iter().copied().collect();
         let said = check_settings(command, &deployment, &verbatim);
         assert!(

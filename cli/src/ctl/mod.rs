@@ -26,7 +26,7 @@ mod x509;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Upstream's default for `--principal-namespace` and `--agent-namespace`.
 pub const DEFAULT_NAMESPACE: &str = "argocd";
@@ -157,7 +157,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
 /// Entry point of `argocd-agentctl`.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = crate::flags::upstream_style(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -185,7 +186,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = Cli::try_parse_from(args)?;
+    let matches = crate::flags::upstream_style(Cli::command()).try_get_matches_from(args)?;
+    let cli = Cli::from_arg_matches(&matches)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(dispatch(cli))
 }

@@ -1,0 +1,128 @@
+//! Flags and environment variables parse as upstream's do (Go's pflag, and the env helpers
+//! behind `argocd-agent-params`), so an upstream command line or ConfigMap works unchanged:
+//!
+//! * a **boolean flag** may stand alone (`--insecure-plaintext` means true) or carry its value
+//!   after `=` (`--insecure-plaintext=false`), with pflag's spellings (`true`, `t`, `1`, `false`,
+//!   `f`, `0`, any case; `yes`/`no`/`on`/`off` as well). A separate word after it is not its
+//!   value (`--flag false` is `--flag` and a stray `false`), as with pflag;
+//! * an **empty environment variable** is unset: its flag takes its default (upstream's manifests
+//!   wire every ConfigMap key to an env var, and a key left empty means "the default").
+
+use clap::builder::BoolishValueParser;
+use clap::{Arg, ArgAction, Command};
+
+/// `cmd` and all its subcommands, with every argument adjusted as the module says.
+pub(crate) fn upstream_style(cmd: Command) -> Command {
+    cmd.mut_args(adjust).mut_subcommands(upstream_style)
+}
+
+fn adjust(arg: Arg) -> Arg {
+    let arg = unset_if_empty(arg);
+    let flag = matches!(arg.get_action(), ArgAction::SetTrue);
+    let optional = matches!(arg.get_action(), ArgAction::Set)
+        && arg.get_value_parser().type_id() == std::any::TypeId::of::<bool>()
+        && arg.get_long().is_some();
+    if !flag && !optional {
+        return arg;
+    }
+    let arg = arg
+        .action(ArgAction::Set)
+        .num_args(0..=1)
+        .require_equals(true)
+        .default_missing_value("true")
+        .value_parser(BoolishValueParser::new());
+    // A plain `bool` (`SetTrue`) was false when absent; an `Option<bool>` stays `None`.
+    if flag { arg.default_value("false") } else { arg }
+}
+
+/// An argument whose environment variable is set to the empty string reads as if it were unset.
+fn unset_if_empty(arg: Arg) -> Arg {
+    match arg.get_env().map(std::env::var_os) {
+        Some(Some(value)) if value.is_empty() => arg.env(None),
+        _ => arg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Demo {
+        #[arg(long, default_value_t = false)]
+        plain: bool,
+        #[arg(long)]
+        optional: Option<bool>,
+        #[arg(long, default_value = "d")]
+        text: String,
+    }
+
+    fn parse(args: &[&str]) -> Result<Demo, clap::Error> {
+        let cmd = upstream_style(Demo::command());
+        let matches = cmd.try_get_matches_from(std::iter::once("demo").chain(args.iter().copied()))?;
+        Demo::from_arg_matches(&matches)
+    }
+
+    #[test]
+    fn booleans_parse_as_pflag_parses_them() {
+        let cases: &[(&[&str], bool, Option<bool>)] = &[
+            (&[], false, None),
+            (&["--plain"], true, None),
+            (&["--plain=true"], true, None),
+            (&["--plain=false"], false, None),
+            (&["--plain=T", "--optional=0"], true, Some(false)),
+            (&["--plain=f", "--optional=1"], false, Some(true)),
+            (&["--optional"], false, Some(true)),
+            (&["--optional=FALSE"], false, Some(false)),
+        ];
+        for (args, plain, optional) in cases {
+            let demo = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!((demo.plain, demo.optional), (*plain, *optional), "{args:?}");
+        }
+        let e = parse(&["--plain=maybe"]).expect_err("not a boolean");
+        assert!(e.to_string().contains("maybe"), "{e}");
+        assert!(parse(&["--plain", "false"]).is_err(), "a separate word is not the flag's value, as with pflag");
+        assert_eq!(parse(&["--text", "x"]).expect("other flags keep their syntax").text, "x");
+    }
+
+    /// Every boolean flag of every command and subcommand takes pflag's forms.
+    #[test]
+    fn every_boolean_flag_of_every_command_takes_the_bare_and_the_equals_form() {
+        fn walk(cmd: &Command, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, String)>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_value_parser().type_id() == std::any::TypeId::of::<bool>()
+                    && let Some(long) = arg.get_long()
+                {
+                    out.push((path.clone(), long.to_owned()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                path.push(sub.get_name().to_owned());
+                walk(sub, path, out);
+                path.pop();
+            }
+        }
+        for (name, cmd) in [("argocd-agent", crate::Cli::command()), ("argocd-agentctl", crate::ctl::Cli::command())] {
+            let cmd = upstream_style(cmd);
+            let mut flags = Vec::new();
+            walk(&cmd, &mut vec![name.to_owned()], &mut flags);
+            assert!(!flags.is_empty(), "{name} has boolean flags");
+            for (path, long) in &flags {
+                for form in [format!("--{long}"), format!("--{long}=true"), format!("--{long}=F")] {
+                    let args: Vec<&str> = path.iter().map(String::as_str).chain([form.as_str()]).collect();
+                    if let Err(e) = cmd.clone().try_get_matches_from(&args) {
+                        // Other required arguments may be missing; this flag must not be the problem.
+                        assert!(
+                            e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+                                || e.kind() == clap::error::ErrorKind::MissingSubcommand
+                                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand,
+                            "{args:?}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
