@@ -81,19 +81,22 @@ fn metrics_and_health_flags_are_accepted_and_checked() {
 /// Where the metrics and health endpoints of a process that gets that far listen.
 const LOOPBACK: &str = "127.0.0.1:0";
 
+/// A principal command line complete but for a cluster, its endpoints on loopback.
+const PRINCIPAL: [&str; 9] = [
+    "principal",
+    "-n",
+    "argocd",
+    "--auth",
+    "mtls:subject:CN=([^,]+)",
+    "--metrics-address",
+    LOOPBACK,
+    "--healthz-address",
+    LOOPBACK,
+];
+
 #[test]
 fn booleans_take_pflags_forms_on_the_command_line_and_in_the_environment() {
-    let base = [
-        "principal",
-        "-n",
-        "argocd",
-        "--auth",
-        "mtls:subject:CN=([^,]+)",
-        "--metrics-address",
-        LOOPBACK,
-        "--healthz-address",
-        LOOPBACK,
-    ];
+    let base = PRINCIPAL;
     // The inert value of an unsupported flag is accepted in every form; any other is refused.
     for inert in
         [&["--enable-resource-proxy=false"][..], &["--enable-resource-proxy=0"], &["--namespace-create-enable=F"]]
@@ -118,17 +121,7 @@ fn booleans_take_pflags_forms_on_the_command_line_and_in_the_environment() {
 fn an_empty_environment_variable_is_unset_as_upstreams_configmap_means_it() {
     // Upstream's manifests wire every argocd-agent-params key to an env var; an empty key is the
     // default, not an empty value.
-    let base = [
-        "principal",
-        "-n",
-        "argocd",
-        "--auth",
-        "mtls:subject:CN=([^,]+)",
-        "--metrics-address",
-        LOOPBACK,
-        "--healthz-address",
-        LOOPBACK,
-    ];
+    let base = PRINCIPAL;
     let empty = [
         ("ARGOCD_PRINCIPAL_TLS_SERVER_CERT_PATH", ""),
         ("ARGOCD_PRINCIPAL_TLS_SERVER_KEY_PATH", ""),
