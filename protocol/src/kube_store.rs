@@ -178,9 +178,9 @@ impl ObjectStore {
     ///
     /// [`StoreError`] when the API call fails or the object does not decode.
     pub async fn get<T: DeserializeOwned>(&self, ns: &str, name: &str) -> Result<Option<T>, StoreError> {
-        match self.api(Some(ns)).get_opt(name).await {
-            Ok(Some(obj)) => self.decode(&obj).map(Some),
-            Ok(None) => Ok(None),
+        match self.api(Some(ns)).get(name).await {
+            Ok(obj) => self.decode(&obj).map(Some),
+            Err(kube::Error::Api(s)) if object_not_found(&s) => Ok(None),
             Err(e) => Err(self.kube_err("get", ns, name, e)),
         }
     }
@@ -231,7 +231,7 @@ impl ObjectStore {
             match self.api(Some(ns)).replace(name, &PostParams::default(), &dynobj).await {
                 Ok(written) => return self.decode(&written).map(Some),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(None),
+                Err(kube::Error::Api(s)) if object_not_found(&s) => return Ok(None),
                 Err(e) => return Err(self.kube_err("update", ns, name, e)),
             }
         }
@@ -260,7 +260,7 @@ impl ObjectStore {
     ) -> Result<Option<T>, StoreError> {
         match self.api(Some(ns)).patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
             Ok(written) => self.decode(&written).map(Some),
-            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
+            Err(kube::Error::Api(s)) if s.is_conflict() || object_not_found(&s) => Ok(None),
             Err(e) => Err(self.kube_err("patch", ns, name, e)),
         }
     }
@@ -273,7 +273,7 @@ impl ObjectStore {
     pub async fn delete(&self, ns: &str, name: &str) -> Result<bool, StoreError> {
         match self.api(Some(ns)).delete(name, &DeleteParams::background()).await {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+            Err(kube::Error::Api(s)) if object_not_found(&s) => Ok(false),
             Err(e) => Err(self.kube_err("delete", ns, name, e)),
         }
     }
@@ -287,8 +287,43 @@ impl ObjectStore {
         let patch = serde_json::json!({"metadata": {"finalizers": null}});
         match self.api(Some(ns)).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(kube::Error::Api(s)) if object_not_found(&s) => Ok(()),
             Err(e) => Err(self.kube_err("remove finalizers of", ns, name, e)),
         }
+    }
+}
+
+/// A 404 about the object itself (`applications.argoproj.io "x" not found`, which names it in its
+/// details), as opposed to one about its resource type: a kube-apiserver that has just restarted
+/// answers "the server could not find the requested resource" for a custom resource until its
+/// CRD handler is registered. That is an outage to retry, never "the object is gone" (taken so, a
+/// status update was acknowledged and dropped).
+fn object_not_found(status: &kube::core::Status) -> bool {
+    status.is_not_found() && status.details.as_ref().is_some_and(|d| !d.name.is_empty())
+}
+
+#[cfg(test)]
+mod not_found_tests {
+    use super::object_not_found;
+
+    fn status(json: serde_json::Value) -> kube::core::Status {
+        serde_json::from_value(json).expect("a Status")
+    }
+
+    #[test]
+    fn only_a_404_naming_the_object_means_it_is_gone() {
+        // As kube-apiserver answers a GET of a missing Application.
+        let gone = status(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "applications.argoproj.io \"a\" not found",
+            "details": {"name": "a", "group": "argoproj.io", "kind": "applications"}}));
+        assert!(object_not_found(&gone));
+        // As it answers while the CRD's handler is not registered yet (just restarted).
+        let no_type =
+            status(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "the server could not find the requested resource", "details": {}}));
+        assert!(!object_not_found(&no_type));
+        let bare = status(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "the server could not find the requested resource"}));
+        assert!(!object_not_found(&bare));
     }
 }
