@@ -12,6 +12,7 @@
 //!   deletion shows up in the watch it is settled once ([`Gone::Expected`]) and the source
 //!   is forgotten with it; any other deletion is a local one, to revert ([`Gone::Restore`]).
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
@@ -50,7 +51,10 @@ impl<K, V> Default for Copies<K, V> {
 
 impl<K: Eq + Hash + Clone, V: Clone> Copies<K, V> {
     /// The owner's version of `key`, if known.
-    pub fn source(&self, key: &K) -> Option<V> {
+    pub fn source<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         lock(&self.inner).source.get(key).cloned()
     }
 
@@ -60,7 +64,10 @@ impl<K: Eq + Hash + Clone, V: Clone> Copies<K, V> {
     }
 
     /// Changes the owner's version of `key` in place, if there is one.
-    pub fn update_source(&self, key: &K, f: impl FnOnce(&mut V)) {
+    pub fn update_source<Q: Hash + Eq + ?Sized>(&self, key: &Q, f: impl FnOnce(&mut V))
+    where
+        K: Borrow<Q>,
+    {
         if let Some(v) = lock(&self.inner).source.get_mut(key) {
             f(v);
         }
@@ -68,12 +75,15 @@ impl<K: Eq + Hash + Clone, V: Clone> Copies<K, V> {
 
     /// The owner's version of `key` to hold a live copy to; when there is none, `live` is
     /// adopted as the source and `None` returned (nothing to revert).
-    pub fn source_or_adopt(&self, key: &K, live: &V) -> Option<V> {
+    pub fn source_or_adopt<Q: Hash + Eq + ToOwned<Owned = K> + ?Sized>(&self, key: &Q, live: &V) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         let mut inner = lock(&self.inner);
         if let Some(v) = inner.source.get(key) {
             return Some(v.clone());
         }
-        inner.source.insert(key.clone(), live.clone());
+        inner.source.insert(key.to_owned(), live.clone());
         None
     }
 
@@ -102,18 +112,27 @@ impl<K: Eq + Hash + Clone, V: Clone> Copies<K, V> {
     }
 
     /// Whether a deletion of `key` is expected (so a copy being deleted is let go).
-    pub fn is_delete_expected(&self, key: &K) -> bool {
+    pub fn is_delete_expected<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         lock(&self.inner).expected_deletes.contains(key)
     }
 
     /// An expected deletion will not happen after all (the copy was already gone, or the owner
     /// recreated it): the next deletion of `key` is a local one again.
-    pub fn cancel_delete(&self, key: &K) {
+    pub fn cancel_delete<Q: Hash + Eq + ?Sized>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+    {
         lock(&self.inner).expected_deletes.remove(key);
     }
 
     /// Forgets `key` altogether: no source, no expected deletion (the copy is gone for good).
-    pub fn forget(&self, key: &K) {
+    pub fn forget<Q: Hash + Eq + ?Sized>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+    {
         let mut inner = lock(&self.inner);
         inner.source.remove(key);
         inner.expected_deletes.remove(key);
@@ -121,7 +140,10 @@ impl<K: Eq + Hash + Clone, V: Clone> Copies<K, V> {
 
     /// The watch showed `key` deleted: settles an expected deletion (forgetting the source),
     /// or hands back the owner's version to restore.
-    pub fn deleted(&self, key: &K) -> Gone<V> {
+    pub fn deleted<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Gone<V>
+    where
+        K: Borrow<Q>,
+    {
         let mut inner = lock(&self.inner);
         if inner.expected_deletes.remove(key) {
             inner.source.remove(key);
@@ -139,12 +161,12 @@ mod tests {
     fn a_local_deletion_is_restored_an_expected_one_is_settled_once() {
         let copies: Copies<String, u32> = Copies::default();
         copies.set_source("a".into(), 1);
-        assert_eq!(copies.deleted(&"a".into()), Gone::Restore(1), "deleted behind the owner's back");
+        assert_eq!(copies.deleted("a"), Gone::Restore(1), "deleted behind the owner's back");
         copies.expect_delete("a".into());
-        assert!(copies.is_delete_expected(&"a".into()));
-        assert_eq!(copies.deleted(&"a".into()), Gone::Expected);
-        assert_eq!(copies.source(&"a".into()), None, "the source goes with the expected deletion");
-        assert_eq!(copies.deleted(&"a".into()), Gone::Unknown, "settled once");
+        assert!(copies.is_delete_expected("a"));
+        assert_eq!(copies.deleted("a"), Gone::Expected);
+        assert_eq!(copies.source("a"), None, "the source goes with the expected deletion");
+        assert_eq!(copies.deleted("a"), Gone::Unknown, "settled once");
     }
 
     #[test]
@@ -152,23 +174,23 @@ mod tests {
         let copies: Copies<String, u32> = Copies::default();
         copies.set_source("a".into(), 1);
         copies.owner_deleted("a".into());
-        assert_eq!(copies.source(&"a".into()), None);
-        assert_eq!(copies.deleted(&"a".into()), Gone::Expected);
+        assert_eq!(copies.source("a"), None);
+        assert_eq!(copies.deleted("a"), Gone::Expected);
 
         copies.set_source("b".into(), 2);
         copies.expect_delete("b".into());
-        copies.cancel_delete(&"b".into());
-        assert_eq!(copies.deleted(&"b".into()), Gone::Restore(2));
-        copies.forget(&"b".into());
-        assert_eq!(copies.deleted(&"b".into()), Gone::Unknown);
+        copies.cancel_delete("b");
+        assert_eq!(copies.deleted("b"), Gone::Restore(2));
+        copies.forget("b");
+        assert_eq!(copies.deleted("b"), Gone::Unknown);
     }
 
     #[test]
     fn a_copy_without_a_source_is_adopted_as_it_is() {
         let copies: Copies<String, u32> = Copies::default();
-        assert_eq!(copies.source_or_adopt(&"a".into(), &7), None, "adopted: nothing to revert");
-        assert_eq!(copies.source_or_adopt(&"a".into(), &8), Some(7), "the adopted version is the source now");
-        copies.update_source(&"a".into(), |v| *v = 9);
+        assert_eq!(copies.source_or_adopt("a", &7), None, "adopted: nothing to revert");
+        assert_eq!(copies.source_or_adopt("a", &8), Some(7), "the adopted version is the source now");
+        copies.update_source("a", |v| *v = 9);
         assert_eq!(copies.sources(), [9]);
         assert_eq!(copies.keys(), ["a".to_string()]);
     }

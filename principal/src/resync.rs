@@ -85,7 +85,7 @@ async fn agent_app(hub: &Hub, agent: &str, name: &str) -> Result<Option<Applicat
 /// One AppProject of the principal namespace, as [`agent_app`].
 async fn principal_project(hub: &Hub, name: &str) -> Result<Option<AppProject>, StoreError> {
     if hub.projects_synced.load(Ordering::Relaxed)
-        && let Some(p) = hub.seen_projects.get(&name.to_owned())
+        && let Some(p) = hub.seen_projects.get(name)
     {
         return Ok(Some(p));
     }

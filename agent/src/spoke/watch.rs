@@ -62,10 +62,10 @@ pub(crate) async fn run_applications(spoke: Arc<Spoke>, cancel: CancellationToke
 
 async fn applied(spoke: &Spoke, app: Application) {
     let known = {
-        let name = app.metadata.name.clone().unwrap_or_default();
+        let name = app.metadata.name.as_deref().unwrap_or_default();
         match spoke.config.mode {
-            AgentMode::Managed => spoke.reported.contains(&name),
-            AgentMode::Autonomous => spoke.sent.contains(&name),
+            AgentMode::Managed => spoke.reported.contains(name),
+            AgentMode::Autonomous => spoke.sent.contains(name),
         }
     };
     let operation = if known { "update" } else { "create" };
@@ -117,7 +117,7 @@ async fn managed_applied(spoke: &Spoke, name: &str, app: Application) {
     if app.is_being_deleted() {
         return;
     }
-    if let Some(src) = spoke.managed.source_or_adopt(&name.to_owned(), &app)
+    if let Some(src) = spoke.managed.source_or_adopt(name, &app)
         && src.spec != app.spec
     {
         tracing::info!(app = %name, "reverting a local spec edit of a principal-owned Application");
