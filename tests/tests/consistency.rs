@@ -196,20 +196,15 @@ async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
     for app in apps {
         msg.push_str(&checker.describe(app));
     }
-    // On stdout as well, ahead of the processes' logs: a truncated report keeps the verdict.
-    println!(
+    let verdict = format!(
         "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}",
         violations.len(),
         problems.len(),
         cfg.seed
     );
-    panic!(
-        "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}\n{}",
-        violations.len(),
-        problems.len(),
-        cfg.seed,
-        t.logs()
-    );
+    // On stdout as well, ahead of the processes' logs: a truncated report keeps the verdict.
+    println!("{verdict}");
+    panic!("{verdict}\n{}", t.logs());
 }
 
 /// The checker itself, without chaos: an old value written again behind its back (as a replayed
