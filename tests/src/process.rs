@@ -403,7 +403,12 @@ mod unit {
         })
         .with_context(|| helper.log_tail(20))?;
         let sleeper = std::fs::read_to_string(&pid_file)?;
-        assert!(sleeper_alive(&sleeper), "the helper's sleeper {sleeper} is not running");
+        // The pid is written as soon as `spawn` returns, which can be while the kernel is still
+        // inside the exec (its command line not yet readable): wait for it rather than read once.
+        crate::wait::wait_until(Duration::from_secs(30), "the helper's sleeper to be running", || {
+            sleeper_alive(&sleeper)
+        })
+        .with_context(|| helper.log_tail(20))?;
         helper.sigkill()?;
         let gone = crate::wait::wait_until(Duration::from_secs(30), "the killed helper's sleeper to exit", || {
             !sleeper_alive(&sleeper)
