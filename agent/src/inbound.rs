@@ -8,7 +8,7 @@ use protocol::{Event, EventType, Payload, Target};
 use crate::config::AgentMode;
 pub use crate::error::InboundError;
 use crate::resync;
-use crate::spoke::{Spoke, clear_server_fields};
+use crate::spoke::{Spoke, clear_server_fields, shipped};
 
 /// The destination name agent copies point at.
 pub const IN_CLUSTER_NAME: &str = "in-cluster";
@@ -79,6 +79,14 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
             }
             Ok(())
         }
+        (AgentMode::Managed, EventType::Create | EventType::SpecUpdate, Payload::Repository(repo)) => {
+            shipped::upsert(spoke, &*repo).await
+        }
+        (AgentMode::Managed, EventType::Delete, Payload::Repository(repo)) => shipped::delete(spoke, &*repo).await,
+        (AgentMode::Managed, EventType::Create | EventType::SpecUpdate, Payload::GpgKey(cm)) => {
+            shipped::upsert(spoke, &*cm).await
+        }
+        (AgentMode::Managed, EventType::Delete, Payload::GpgKey(cm)) => shipped::delete(spoke, &*cm).await,
         (
             _,
             _,

@@ -100,9 +100,18 @@ impl Agent {
                         }
                     }
                 };
+                let shipped = async {
+                    if self.spoke.config.mode == config::AgentMode::Managed {
+                        tokio::join!(
+                            spoke::shipped::run::<protocol::argocd::Secret>(self.spoke.clone(), cancel.clone()),
+                            spoke::shipped::run::<protocol::argocd::ConfigMap>(self.spoke.clone(), cancel.clone()),
+                        );
+                    }
+                };
                 tokio::join!(
                     spoke::watch::run_applications(self.spoke.clone(), cancel.clone()),
                     spoke::projects::run_projects(self.spoke.clone(), cancel.clone()),
+                    shipped,
                     connection::run(self.spoke.clone(), cancel.clone()),
                     keep_session,
                 );

@@ -4,7 +4,8 @@
 //! changes missed while the stream was down converge:
 //!
 //! * managed (principal = source of truth): the agent sends a `request-update` with the spec
-//!   checksum of every principal-owned Application and AppProject it holds (the principal
+//!   checksum of every principal-owned Application, AppProject, repository secret and GPG keys
+//!   ConfigMap it holds (the principal
 //!   answers `spec-update` on mismatch, `delete` if the hub no longer has it) and a
 //!   `request-synced-resource-list` with its resource-set checksum (on mismatch the principal
 //!   lists its resources and the agent asks for those it lacks);
@@ -12,9 +13,10 @@
 //!   principal then sends `request-update`s and a `request-synced-resource-list`, which the
 //!   agent answers with `spec-update`s, `delete`s and `response-synced-resource`s.
 
-use protocol::argocd::{AppProject, Application, ObjectMeta};
+use protocol::argocd::{AppProject, Application, ConfigMap, ObjectMeta, Secret};
 use protocol::checksum::{
-    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
+    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY, ResourceKey,
+    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum,
 };
 use protocol::event::new_uuid;
 use protocol::kube_store::StoreError;
@@ -24,7 +26,7 @@ use serde::Serialize;
 
 use crate::config::AgentMode;
 use crate::error::InboundError;
-use crate::spoke::{Spoke, is_ignored};
+use crate::spoke::{Spoke, is_ignored, shipped};
 
 fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
     let value = serde_json::to_value(obj).ok()?;
@@ -48,6 +50,14 @@ fn request_update(kind: &str, meta: &ObjectMeta, checksum: Option<Vec<u8>>) -> R
     }
 }
 
+fn repo_checksum(repo: &Secret) -> Option<Vec<u8>> {
+    secret_checksum(repo).map(|c| c.to_vec())
+}
+
+fn gpg_checksum(cm: &ConfigMap) -> Option<Vec<u8>> {
+    config_map_checksum(cm).map(|c| c.to_vec())
+}
+
 /// Principal-owned Applications and AppProjects on the spoke (managed mode).
 async fn managed_resources(spoke: &Spoke) -> Result<(Vec<Application>, Vec<AppProject>), StoreError> {
     let apps = spoke.apps.list::<Application>(spoke.ns()).await?;
@@ -60,6 +70,8 @@ async fn managed_resources(spoke: &Spoke) -> Result<(Vec<Application>, Vec<AppPr
 
 async fn send_request_updates(spoke: &Spoke) -> Result<Vec<ResourceKey>, StoreError> {
     let (apps, projects) = managed_resources(spoke).await?;
+    let repos = shipped::held::<Secret>(spoke).await?;
+    let gpg = shipped::held::<ConfigMap>(spoke).await?;
     let mut keys = Vec::new();
     for a in &apps {
         send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_APPLICATION, &a.metadata, checksum_of(a)));
@@ -68,6 +80,14 @@ async fn send_request_updates(spoke: &Spoke) -> Result<Vec<ResourceKey>, StoreEr
     for p in &projects {
         send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_APP_PROJECT, &p.metadata, checksum_of(p)));
         keys.push(ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata));
+    }
+    for r in &repos {
+        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_REPOSITORY, &r.metadata, repo_checksum(r)));
+        keys.push(ResourceKey::from_meta(RESYNC_KIND_REPOSITORY, &r.metadata));
+    }
+    for c in &gpg {
+        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_GPG_KEY, &c.metadata, gpg_checksum(c)));
+        keys.push(ResourceKey::from_meta(RESYNC_KIND_GPG_KEY, &c.metadata));
     }
     Ok(keys)
 }
@@ -110,6 +130,16 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             } else if res.kind == RESYNC_KIND_APP_PROJECT {
                 match spoke.projects.get::<AppProject>(ns, &res.name).await? {
                     Some(p) => (Some(p.metadata.clone()), checksum_of(&p)),
+                    None => (None, None),
+                }
+            } else if res.kind == RESYNC_KIND_REPOSITORY {
+                match spoke.secrets.get::<Secret>(ns, &res.name).await? {
+                    Some(r) => (Some(r.metadata.clone()), repo_checksum(&r)),
+                    None => (None, None),
+                }
+            } else if res.kind == RESYNC_KIND_GPG_KEY {
+                match spoke.config_maps.get::<ConfigMap>(ns, &res.name).await? {
+                    Some(c) => (Some(c.metadata.clone()), gpg_checksum(&c)),
                     None => (None, None),
                 }
             } else {

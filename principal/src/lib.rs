@@ -125,12 +125,14 @@ impl Principal {
         VersionServer::new(VersionService::new(self.hub.config.version.clone()))
     }
 
-    /// Runs the hub watchers (Applications, AppProjects) and the blocklist watcher until
+    /// Runs the hub watchers (Applications, AppProjects, repository secrets, GPG keys) and the blocklist watcher until
     /// `cancel` fires.
     pub async fn run_watchers(&self, cancel: CancellationToken) {
         tokio::join!(
             hub::watch::run_applications(self.hub.clone(), cancel.clone()),
             hub::watch::run_projects(self.hub.clone(), cancel.clone()),
+            hub::watch::run_repositories(self.hub.clone(), cancel.clone()),
+            hub::watch::run_gpg_keys(self.hub.clone(), cancel.clone()),
             self.blocklist.clone().run(self.hub.clone(), cancel),
         );
     }
@@ -181,12 +183,15 @@ impl Principal {
         self.hub.peers.get(agent).is_some_and(|s| s.is_connected())
     }
 
-    /// Whether the hub watchers (Applications, AppProjects) have listed the hub once: the
+    /// Whether the hub watchers (Applications, AppProjects, repository secrets, GPG keys) have listed the hub once: the
     /// principal's readiness (`/healthz`, `/readyz`).
     #[must_use]
     pub fn is_ready(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        self.hub.apps_synced.load(Relaxed) && self.hub.projects_synced.load(Relaxed)
+        self.hub.apps_synced.load(Relaxed)
+            && self.hub.projects_synced.load(Relaxed)
+            && self.hub.repos_synced.load(Relaxed)
+            && self.hub.gpg_synced.load(Relaxed)
     }
 
     /// The Prometheus exposition of [`metrics::global`], with this principal's outboxes.

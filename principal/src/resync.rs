@@ -5,7 +5,7 @@
 //! stream was down):
 //!
 //! * managed agent (hub = source of truth): the principal pushes every AppProject the agent
-//!   matches, then asks for `request-resource-resync`; the agent answers with a
+//!   matches, every repository secret of those projects and the GPG keys ConfigMap, then asks for `request-resource-resync`; the agent answers with a
 //!   `request-update` per resource it holds (the principal answers `delete` for what the hub
 //!   no longer has, `spec-update` where the spec checksum differs) and a
 //!   `request-synced-resource-list` (on checksum mismatch the principal lists what it has,
@@ -15,9 +15,10 @@
 
 use std::sync::atomic::Ordering;
 
-use protocol::argocd::{AppProject, Application, ObjectMeta};
+use protocol::argocd::{AppProject, Application, ConfigMap, ObjectMeta, Secret};
 use protocol::checksum::{
-    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
+    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY, ResourceKey,
+    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum,
 };
 use protocol::event::new_uuid;
 use protocol::kube_store::StoreError;
@@ -29,7 +30,7 @@ use crate::config::AgentMode;
 use crate::error::InboundError;
 use crate::hub::Hub;
 use crate::peer::AgentPeer;
-use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
+use crate::route::{autonomous, gpg, is_autonomous_copy, is_ignored, managed, project, repository};
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
@@ -109,6 +110,25 @@ async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, St
         .collect())
 }
 
+/// Before the repository watch has listed the hub once, the index learns the hub's
+/// repository secrets from a live list (after that, from the watch alone).
+async fn load_repos(hub: &Hub) -> Result<(), StoreError> {
+    if !hub.repos_synced.load(Ordering::Relaxed) {
+        let secrets = hub.secrets.list::<Secret>(&hub.config.namespace).await?;
+        hub.repos.preload(secrets.into_iter().filter(Secret::is_repository).collect());
+    }
+    Ok(())
+}
+
+/// As [`load_repos`], for the GPG keys ConfigMap.
+async fn load_gpg(hub: &Hub) -> Result<(), StoreError> {
+    if !hub.gpg_synced.load(Ordering::Relaxed) {
+        let found = hub.config_maps.get::<ConfigMap>(&hub.config.namespace, gpg::GPG_KEYS_CONFIG_MAP).await?;
+        hub.gpg.preload(found.into_iter().collect());
+    }
+    Ok(())
+}
+
 async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
     Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(is_autonomous_copy).collect())
 }
@@ -131,6 +151,14 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
             for p in matching_projects(hub, agent).await? {
                 push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
             }
+            load_repos(hub).await?;
+            hub.repos.resync(
+                agent,
+                |r| repository::belongs_on(hub, r, agent),
+                |a, ty, r| repository::send(hub, a, ty, r),
+            );
+            load_gpg(hub).await?;
+            hub.gpg.resync(agent, |_| true, |a, ty, c| gpg::send(hub, a, ty, c));
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
         }
         AgentMode::Autonomous => {
@@ -165,10 +193,17 @@ pub(crate) async fn handle(hub: &Hub, session: &AgentPeer, ev: &Event, payload: 
         (AgentMode::Managed, Payload::RequestSyncedResourceList(req)) => {
             let apps = managed_apps(hub, agent).await?;
             let projects = matching_projects(hub, agent).await?;
+            load_repos(hub).await?;
+            let repos: Vec<Secret> =
+                hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).collect();
+            load_gpg(hub).await?;
+            let gpg_keys = hub.gpg.all();
             let keys: Vec<ResourceKey> = apps
                 .iter()
                 .map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata))
                 .chain(projects.iter().map(|p| ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata)))
+                .chain(repos.iter().map(|r| ResourceKey::from_meta(RESYNC_KIND_REPOSITORY, &r.metadata)))
+                .chain(gpg_keys.iter().map(|c| ResourceKey::from_meta(RESYNC_KIND_GPG_KEY, &c.metadata)))
                 .collect();
             let ours = resource_set_checksum(&keys).map(|c| c.to_vec());
             if ours != req.checksum {
@@ -245,6 +280,30 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
                 push(session, hub.object_event(EventType::Delete, Target::AppProject, &stub.metadata, &stub));
             }
         }
+    } else if req.kind == RESYNC_KIND_REPOSITORY {
+        // Upstream answers a differing repository with an error and relies on the next
+        // connect's push; here it is sent again at once.
+        load_repos(hub).await?;
+        let stub = Secret { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
+        hub.repos.answer(
+            agent,
+            &req.name,
+            |r| repository::belongs_on(hub, r, agent),
+            |r| req.uid.is_empty() || secret_checksum(r).map(|c| c.to_vec()) != req.checksum,
+            &stub,
+            |a, ty, r| repository::send(hub, a, ty, r),
+        );
+    } else if req.kind == RESYNC_KIND_GPG_KEY {
+        load_gpg(hub).await?;
+        let stub = ConfigMap { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
+        hub.gpg.answer(
+            agent,
+            &req.name,
+            |_| true,
+            |c| req.uid.is_empty() || config_map_checksum(c).map(|c| c.to_vec()) != req.checksum,
+            &stub,
+            |a, ty, c| gpg::send(hub, a, ty, c),
+        );
     } else {
         tracing::debug!(%agent, kind = %req.kind, name = %req.name, "request-update for a kind not synced here");
     }

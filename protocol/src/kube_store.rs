@@ -103,8 +103,24 @@ impl ObjectStore {
         Self::argo(client, "AppProject", "appprojects")
     }
 
+    /// Secrets (`v1`): repository and repo-creds secrets.
+    #[must_use]
+    pub fn secrets(client: kube::Client) -> Self {
+        Self::of(client, "", "v1", "Secret", "secrets")
+    }
+
+    /// ConfigMaps (`v1`): the GPG keys ConfigMap.
+    #[must_use]
+    pub fn config_maps(client: kube::Client) -> Self {
+        Self::of(client, "", "v1", "ConfigMap", "configmaps")
+    }
+
     fn argo(client: kube::Client, kind: &'static str, plural: &str) -> Self {
-        let gvk = GroupVersionKind::gvk("argoproj.io", "v1alpha1", kind);
+        Self::of(client, "argoproj.io", "v1alpha1", kind, plural)
+    }
+
+    fn of(client: kube::Client, group: &str, version: &str, kind: &'static str, plural: &str) -> Self {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
         Self { client, resource: ApiResource::from_gvk_with_plural(&gvk, plural), kind }
     }
 
@@ -166,7 +182,7 @@ impl ObjectStore {
             |source| StoreError::Decode { kind: self.kind, namespace: ns.to_owned(), name: name.to_owned(), source };
         let mut value = serde_json::to_value(obj).map_err(err)?;
         if let Some(map) = value.as_object_mut() {
-            map.insert("apiVersion".into(), "argoproj.io/v1alpha1".into());
+            map.insert("apiVersion".into(), self.resource.api_version.clone().into());
             map.insert("kind".into(), self.kind.into());
         }
         serde_json::from_value(value).map_err(err)

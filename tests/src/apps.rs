@@ -53,6 +53,20 @@ pub async fn wait_object(
     r.map_err(|e| e.context(context()))
 }
 
+/// [`wait_object`] for a topology's sync: up to a minute, with its processes' logs on a timeout.
+///
+/// # Errors
+/// `check` did not hold in time.
+pub async fn converge(
+    t: &Topology,
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&Value>) -> bool,
+) -> anyhow::Result<()> {
+    wait_object(api, name, CONVERGE, what, check, || t.logs()).await
+}
+
 /// The object exists with `spec.source.path == expected`.
 pub fn path_is(expected: &'static str) -> impl Fn(Option<&Value>) -> bool {
     move |o| o.is_some_and(|o| o["spec"]["source"]["path"] == expected)

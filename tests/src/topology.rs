@@ -711,6 +711,14 @@ impl Topology {
             .unwrap_or_default()
     }
 
+    /// Whether the running principal's or any running agent's whole output (stdout and stderr)
+    /// contains `needle`.
+    #[must_use]
+    pub fn any_log_contains(&self, needle: &str) -> bool {
+        let shows = |p: &ChildProcess| p.stderr().contains(needle) || p.stdout().contains(needle);
+        self.principal.as_ref().is_some_and(shows) || self.agents.values().filter_map(|s| s.process.as_ref()).any(shows)
+    }
+
     /// How many times the principal has logged `agent connected` for `agent`.
     #[must_use]
     pub fn principal_connects(&self, agent: &str) -> usize {

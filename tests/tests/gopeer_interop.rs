@@ -586,6 +586,112 @@ async fn gopeer_upstream_agent_managed_against_our_principal() -> anyhow::Result
     Ok(())
 }
 
+/// Repository secrets and the GPG keys ConfigMap (upstream §4.5, §4.6) from our principal to an
+/// upstream managed agent: each arrives whole in its target (`repository`, `gpgkey`), and our
+/// answers to the agent's resync `request-update`s agree with the spec checksums Go computes
+/// over their `data`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_agent_managed_gets_repository_secrets_and_gpg_keys() -> anyhow::Result<()> {
+    let agent = "agent-gor";
+    let (topo, mut go) = start_go_agent(agent, Mode::Managed).await?;
+    received(&mut go, EventType::RequestResourceResync, Target::ResourceResync, |_| true).await?;
+    let hub_projects = Api::<DynamicObject>::namespaced_with(
+        topo.hub(),
+        ARGOCD_NS,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
+            "appprojects",
+        ),
+    );
+    hub_projects
+        .create(
+            &PostParams::default(),
+            &dynamic(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                "metadata": {"name": "team", "namespace": ARGOCD_NS},
+                "spec": {"sourceRepos": ["*"], "sourceNamespaces": [agent],
+                         "destinations": [{"name": agent, "namespace": "*", "server": "*"}]}}))?,
+        )
+        .await?;
+    let secrets = Api::<DynamicObject>::namespaced_with(
+        topo.hub(),
+        ARGOCD_NS,
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Secret"), "secrets"),
+    );
+    secrets
+        .create(
+            &PostParams::default(),
+            &dynamic(json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "repo", "namespace": ARGOCD_NS,
+                             "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+                "type": "Opaque",
+                "stringData": {"url": "https://git.example/r.git", "password": "pw", "project": "team"}}))?,
+        )
+        .await?;
+    let created =
+        received(&mut go, EventType::Create, Target::Repository, |r| r["data"]["metadata"]["name"] == "repo").await?;
+    let uid = created["data"]["metadata"]["uid"].as_str().context("uid")?.to_owned();
+    ensure!(created["resourceid"] == format!("repo_{uid}"), "{created}");
+    ensure!(created["data"]["data"]["password"] == "cHc=", "credentials travel in data, base64: {created}");
+    ensure!(created["subject"] == format!("{ARGOCD_NS}/repo"), "{created}");
+
+    // request-update with the checksum Go computes over the same data: nothing to send.
+    let repo_updates =
+        |go: &GoPeer| go.matching(|r| r["type"] == EventType::SpecUpdate.as_str() && r["target"] == "repository").len();
+    let request = |name: &str, data: Value| {
+        json!({"type": EventType::RequestUpdate.as_str(), "target": "resourceResync",
+               "data": {"name": name, "namespace": agent, "uid": uid, "kind": "Repository"},
+               "spec_checksum_of": {"kind": "Secret", "data": data}})
+    };
+    let before = repo_updates(&go);
+    send_acked(&mut go, "same", request("repo", created["data"]["data"].clone())).await?;
+    // A stale copy: the secret is sent again (upstream answers this one with an error).
+    send_acked(&mut go, "stale", request("repo", json!({"password": "b2xk"}))).await?;
+    go.wait("a spec-update answering the stale request-update", |r| {
+        r["type"] == EventType::SpecUpdate.as_str() && r["target"] == "repository"
+    })
+    .await?;
+    ensure!(repo_updates(&go) == before + 1, "only the stale copy is sent again");
+
+    // A copy the hub does not have: deleted.
+    send_acked(&mut go, "unknown", request("not-on-hub", json!({}))).await?;
+    received(&mut go, EventType::Delete, Target::Repository, |r| r["data"]["metadata"]["name"] == "not-on-hub").await?;
+
+    // Hub delete -> Go agent.
+    secrets.delete("repo", &Default::default()).await?;
+    received(&mut go, EventType::Delete, Target::Repository, |r| r["data"]["metadata"]["name"] == "repo").await?;
+
+    // The GPG keys ConfigMap (upstream §4.6), and a stale copy of it answered with the current one.
+    let config_maps = Api::<DynamicObject>::namespaced_with(
+        topo.hub(),
+        ARGOCD_NS,
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps"),
+    );
+    config_maps
+        .create(
+            &PostParams::default(),
+            &dynamic(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "argocd-gpg-keys-cm", "namespace": ARGOCD_NS},
+                "data": {"4AEE18F83AFDEB23": "key"}}))?,
+        )
+        .await?;
+    let gpg = received(&mut go, EventType::Create, Target::GpgKey, |r| r["data"]["data"]["4AEE18F83AFDEB23"] == "key")
+        .await?;
+    let gpg_uid = gpg["data"]["metadata"]["uid"].as_str().context("uid")?.to_owned();
+    send_acked(
+        &mut go,
+        "gpg-stale",
+        json!({"type": EventType::RequestUpdate.as_str(), "target": "resourceResync",
+               "data": {"name": "argocd-gpg-keys-cm", "namespace": agent, "uid": gpg_uid, "kind": "GPGKey"},
+               "spec_checksum_of": {"kind": "ConfigMap", "data": {"4AEE18F83AFDEB23": "old"}}}),
+    )
+    .await?;
+    received(&mut go, EventType::SpecUpdate, Target::GpgKey, |r| r["data"]["data"]["4AEE18F83AFDEB23"] == "key")
+        .await?;
+    let dropped = go.matching(|r| r["kind"] == "dropped");
+    ensure!(dropped.is_empty(), "the upstream agent dropped: {dropped:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gopeer_upstream_agent_autonomous_against_our_principal() -> anyhow::Result<()> {
     let agent = "agent-goa";

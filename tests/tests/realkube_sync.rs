@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
-use tests::apps::{apps, assert_quiet, gone, path_is, set_path, wait_object};
+use serde_json::json;
+use tests::apps::{apps, assert_quiet, converge as wait_app, gone, path_is, set_path};
 use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology};
 use tests::wait_until_async;
 
@@ -18,16 +18,6 @@ const CONVERGE: Duration = Duration::from_secs(60);
 
 fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
     tests::fixtures::app_with_path(name, ns, path)
-}
-
-async fn wait_app(
-    t: &Topology,
-    api: &Api<DynamicObject>,
-    name: &str,
-    what: &str,
-    check: impl Fn(Option<&Value>) -> bool,
-) -> Result<()> {
-    wait_object(api, name, CONVERGE, what, check, || t.logs()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tests::apps::{apps, assert_quiet, gone, path_is, projects, set_path, wait_object};
+use tests::apps::{apps, assert_quiet, converge as wait_app, gone, path_is, projects, set_path};
 use tests::fixtures::dynamic;
 use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
 use tests::wait_until_async;
@@ -16,17 +16,6 @@ const CONVERGE: Duration = Duration::from_secs(45);
 
 fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
     tests::fixtures::app_with_path(name, ns, path)
-}
-
-/// Wait until `check` holds for the object (`None` when it does not exist).
-async fn wait_app(
-    t: &Topology,
-    api: &Api<DynamicObject>,
-    name: &str,
-    what: &str,
-    check: impl Fn(Option<&Value>) -> bool,
-) -> Result<()> {
-    wait_object(api, name, CONVERGE, what, check, || t.logs()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

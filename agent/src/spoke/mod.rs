@@ -2,6 +2,7 @@
 //! watchers and inbound handlers keep.
 
 pub mod projects;
+pub mod shipped;
 pub mod watch;
 
 #[cfg(test)]
@@ -25,6 +26,8 @@ pub(crate) struct Spoke {
     pub(crate) config: AgentConfig,
     pub(crate) apps: ObjectStore,
     pub(crate) projects: ObjectStore,
+    pub(crate) secrets: ObjectStore,
+    pub(crate) config_maps: ObjectStore,
     pub(crate) mailbox: Mailbox,
     /// Managed: each Application as last received from the principal (spoke form), by name,
     /// the source for reverting local edits and deletions (rebuilt from the spoke at startup),
@@ -37,6 +40,11 @@ pub(crate) struct Spoke {
     /// Managed: each AppProject as last received from the principal, by name, and the
     /// deletions the principal asked for.
     pub(crate) managed_projects: Copies<String, protocol::argocd::AppProject>,
+    /// Managed: each repository secret as last received from the principal, by name, and
+    /// the deletions the principal asked for.
+    pub(crate) managed_repos: Copies<String, protocol::argocd::Secret>,
+    /// Managed: the GPG keys ConfigMap as last received from the principal.
+    pub(crate) managed_gpg: Copies<String, protocol::argocd::ConfigMap>,
     /// Autonomous: each AppProject as last sent up.
     pub(crate) sent_projects: Known<String, protocol::argocd::AppProject>,
     /// The principal UID seen on the latest event.
@@ -51,11 +59,15 @@ impl Spoke {
             mailbox: Mailbox::new(config.retry.clone()),
             config,
             apps: ObjectStore::applications(client.clone()),
-            projects: ObjectStore::app_projects(client),
+            projects: ObjectStore::app_projects(client.clone()),
+            secrets: ObjectStore::secrets(client.clone()),
+            config_maps: ObjectStore::config_maps(client),
             managed: Copies::default(),
             reported: Known::default(),
             sent: Known::default(),
             managed_projects: Copies::default(),
+            managed_repos: Copies::default(),
+            managed_gpg: Copies::default(),
             sent_projects: Known::default(),
             principal_uid: Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(false),

@@ -2,6 +2,7 @@
 //! watchers and routers keep.
 
 mod index;
+mod shipped;
 pub mod watch;
 
 #[cfg(test)]
@@ -17,6 +18,7 @@ use protocol::{Event, EventType, Target};
 use crate::config::PrincipalConfig;
 use crate::peer::Peers;
 pub(crate) use index::{AppIndex, StatusBase};
+pub(crate) use shipped::{GpgIndex, RepoIndex};
 
 /// `(namespace, name)` of an object on the hub.
 pub(crate) type Key = (String, String);
@@ -34,6 +36,8 @@ pub(crate) struct Hub {
     pub(crate) peers: Peers,
     pub(crate) apps: ObjectStore,
     pub(crate) projects: ObjectStore,
+    pub(crate) secrets: ObjectStore,
+    pub(crate) config_maps: ObjectStore,
     /// Hub Applications as the watch last showed them (to tell what changed), with the status
     /// bases of the principal's own writes.
     pub(crate) seen_apps: AppIndex,
@@ -43,10 +47,16 @@ pub(crate) struct Hub {
     /// edits and deletions made on the hub (rebuilt from the hub at startup), and the hub
     /// copies whose deletion the owning agent asked for.
     pub(crate) autonomous: Copies<Key, Application>,
-    /// Whether the Application and AppProject watchers have each listed the hub once
-    /// (readiness, `/healthz`).
+    /// Repository secrets of the principal namespace, and the agents each was sent to.
+    pub(crate) repos: RepoIndex,
+    /// The GPG keys ConfigMap of the principal namespace, and the agents it was sent to.
+    pub(crate) gpg: GpgIndex,
+    /// Whether the Application, AppProject, repository secret and GPG keys watchers have each
+    /// listed the hub once (readiness, `/healthz`).
     pub(crate) apps_synced: AtomicBool,
     pub(crate) projects_synced: AtomicBool,
+    pub(crate) repos_synced: AtomicBool,
+    pub(crate) gpg_synced: AtomicBool,
     /// Which path each status write took ([`crate::route::managed::status_update`]).
     pub(crate) status_paths: StatusPathCounters,
 }
@@ -93,12 +103,18 @@ impl Hub {
             config,
             principal_uid,
             apps: ObjectStore::applications(client.clone()),
-            projects: ObjectStore::app_projects(client),
+            projects: ObjectStore::app_projects(client.clone()),
+            secrets: ObjectStore::secrets(client.clone()),
+            config_maps: ObjectStore::config_maps(client),
             seen_apps: AppIndex::default(),
             seen_projects: Known::default(),
             autonomous: Copies::default(),
+            repos: RepoIndex::default(),
+            gpg: GpgIndex::default(),
             apps_synced: AtomicBool::new(false),
             projects_synced: AtomicBool::new(false),
+            repos_synced: AtomicBool::new(false),
+            gpg_synced: AtomicBool::new(false),
             status_paths: StatusPathCounters::default(),
         }
     }

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Hub;
-use super::watch::{Applications, Projects};
+use super::watch::{Applications, GpgKeys, Projects, Repositories};
 use crate::config::{AgentMode, PrincipalConfig};
 use crate::ident::StreamGrant;
 use crate::peer::{AgentPeer, StreamHandle};
@@ -63,6 +63,18 @@ async fn listed(hub: &Hub, apps: Vec<DynamicObject>, projects: Vec<DynamicObject
     };
     feed(&Applications(hub), initial(apps).collect()).await;
     feed(&Projects(hub), initial(projects).collect()).await;
+    feed(&Repositories(hub), initial(Vec::new()).collect()).await;
+    feed(&GpgKeys(hub), initial(Vec::new()).collect()).await;
+}
+
+fn repo_secret(name: &str, project: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}"), "resourceVersion": "1",
+                     "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+        "stringData": {"project": project},
+    }))
+    .expect("a Secret")
 }
 
 /// An agent with a live stream.
@@ -91,6 +103,7 @@ fn describe(ev: &Event) -> String {
     let name = match ev.payload() {
         Ok(Payload::Application(a)) => a.metadata.name.unwrap_or_default(),
         Ok(Payload::AppProject(p)) => p.metadata.name.unwrap_or_default(),
+        Ok(Payload::Repository(r)) => r.metadata.name.unwrap_or_default(),
         Ok(Payload::RequestUpdate(r)) => r.name,
         _ => ev.target.as_str().to_owned(),
     };
@@ -173,6 +186,26 @@ async fn a_managed_agent_connecting_gets_its_projects_and_is_asked_for_what_it_h
     let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
     crate::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
     assert_eq!(sent(&peer, &stream), ["spec-update p", "request-resource-resync resourceResync"]);
+}
+
+#[tokio::test]
+async fn repositories_follow_their_project_and_a_connecting_agent_gets_them_after_the_project() {
+    let hub = hub();
+    listed(&hub, vec![], vec![project("p", "agent-1"), project("q", "agent-2")]).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    feed(&Repositories(&hub), vec![WatchEvent::Apply(repo_secret("r", "p")), WatchEvent::Apply(repo_secret("s", "q"))])
+        .await;
+    assert_eq!(sent(&peer, &stream), ["create r"], "only the repository of the agent's project");
+
+    // The project moves to another agent: the repository leaves with it.
+    feed(&Projects(&hub), vec![WatchEvent::Apply(project("p", "agent-2"))]).await;
+    assert_eq!(sent(&peer, &stream), ["delete p", "delete r"]);
+    feed(&Projects(&hub), vec![WatchEvent::Apply(project("p", "agent-1"))]).await;
+    assert_eq!(sent(&peer, &stream), ["create p", "create r"], "the project first, then its repositories");
+
+    // A reconnect: the project, its repository, then the resync request.
+    crate::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
+    assert_eq!(sent(&peer, &stream), ["spec-update p", "spec-update r", "request-resource-resync resourceResync"]);
 }
 
 #[tokio::test]

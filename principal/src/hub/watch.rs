@@ -11,12 +11,12 @@ use std::sync::atomic::Ordering;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use link::watch::Index;
-use protocol::argocd::{AppProject, Application};
+use protocol::argocd::{AppProject, Application, ConfigMap, Secret};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Hub, Key, key_of};
-use crate::route::{autonomous, is_autonomous_copy, is_ignored, managed, project};
+use crate::route::{autonomous, gpg, is_autonomous_copy, is_ignored, managed, project, repository};
 
 /// Hub Applications in agent namespaces, as the routes see them.
 pub(crate) struct Applications<'a>(pub(crate) &'a Hub);
@@ -139,4 +139,88 @@ impl Index for Projects<'_> {
 pub(crate) async fn run_projects(hub: Arc<Hub>, cancel: CancellationToken) {
     let api = hub.projects.api(Some(&hub.config.namespace));
     link::watch::run(&Projects(&hub), api, watcher::Config::default(), &cancel).await;
+}
+
+/// Repository and repo-creds secrets in the principal namespace.
+pub(crate) struct Repositories<'a>(pub(crate) &'a Hub);
+
+impl Index for Repositories<'_> {
+    type Object = DynamicObject;
+    type Item = Secret;
+    type Key = String;
+
+    fn what(&self) -> &str {
+        "hub repository secret"
+    }
+    fn decode(&self, obj: &DynamicObject) -> Option<Secret> {
+        self.0.secrets.decode_or_skip::<Secret>(obj, self.what()).filter(Secret::is_repository)
+    }
+    fn key(s: &Secret) -> String {
+        s.metadata.name.clone().unwrap_or_default()
+    }
+    async fn apply(&self, s: Secret) {
+        let operation = if self.0.repos.get(&Self::key(&s)).is_some() { "update" } else { "create" };
+        let _span = crate::otel::hub_event_span("Repository", operation, &s.metadata).entered();
+        repository::hub_repo_changed(self.0, &s);
+    }
+    async fn delete(&self, s: Secret) {
+        let _span = crate::otel::hub_event_span("Repository", "delete", &s.metadata).entered();
+        repository::hub_repo_deleted(self.0, &s);
+    }
+    fn known(&self) -> Vec<Secret> {
+        self.0.repos.all()
+    }
+    fn synced(&self) {
+        self.0.repos_synced.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Watches repository secrets in the principal namespace until `cancel` fires.
+pub(crate) async fn run_repositories(hub: Arc<Hub>, cancel: CancellationToken) {
+    let api = hub.secrets.api(Some(&hub.config.namespace));
+    let config = watcher::Config::default().labels(&repository::selector());
+    link::watch::run(&Repositories(&hub), api, config, &cancel).await;
+}
+
+/// The GPG keys ConfigMap of the principal namespace.
+pub(crate) struct GpgKeys<'a>(pub(crate) &'a Hub);
+
+impl Index for GpgKeys<'_> {
+    type Object = DynamicObject;
+    type Item = ConfigMap;
+    type Key = String;
+
+    fn what(&self) -> &str {
+        "hub GPG keys ConfigMap"
+    }
+    fn decode(&self, obj: &DynamicObject) -> Option<ConfigMap> {
+        self.0
+            .config_maps
+            .decode_or_skip::<ConfigMap>(obj, self.what())
+            .filter(|c| c.metadata.name.as_deref() == Some(gpg::GPG_KEYS_CONFIG_MAP))
+    }
+    fn key(c: &ConfigMap) -> String {
+        c.metadata.name.clone().unwrap_or_default()
+    }
+    async fn apply(&self, c: ConfigMap) {
+        let _span = crate::otel::hub_event_span("GPGKey", "update", &c.metadata).entered();
+        gpg::hub_gpg_changed(self.0, &c);
+    }
+    async fn delete(&self, c: ConfigMap) {
+        let _span = crate::otel::hub_event_span("GPGKey", "delete", &c.metadata).entered();
+        gpg::hub_gpg_deleted(self.0, &c);
+    }
+    fn known(&self) -> Vec<ConfigMap> {
+        self.0.gpg.all()
+    }
+    fn synced(&self) {
+        self.0.gpg_synced.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Watches the GPG keys ConfigMap of the principal namespace until `cancel` fires.
+pub(crate) async fn run_gpg_keys(hub: Arc<Hub>, cancel: CancellationToken) {
+    let api = hub.config_maps.api(Some(&hub.config.namespace));
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", gpg::GPG_KEYS_CONFIG_MAP));
+    link::watch::run(&GpgKeys(&hub), api, config, &cancel).await;
 }

@@ -2,8 +2,10 @@
 //! event changes on the hub.
 
 pub mod autonomous;
+pub mod gpg;
 pub mod managed;
 pub mod project;
+pub mod repository;
 
 use protocol::argocd::Application;
 use protocol::argocd::annotations::{IGNORE_SYNC, LAST_UPDATED, NOTIFIED, REFRESH};

@@ -135,6 +135,23 @@ pub fn spec_checksum(object: &Value) -> Result<Checksum, ChecksumError> {
     Ok(Sha256::digest(go_json::marshal(&Value::Object(map))).into())
 }
 
+/// The spec checksum of a repository secret: of its `data`, as [`spec_checksum`] computes it for
+/// a `Secret` (whether or not the decoded object carries its `kind`, as Go's typed clients leave
+/// it out); `None` without data, as upstream's error there.
+#[must_use]
+pub fn secret_checksum(secret: &crate::argocd::Secret) -> Option<Checksum> {
+    let value = serde_json::json!({"kind": KIND_SECRET, "data": secret.data.as_ref()?});
+    spec_checksum(&value).ok()
+}
+
+/// The spec checksum of the GPG keys ConfigMap: of its `data` (`{}` when missing), as
+/// [`spec_checksum`] computes it for a `ConfigMap`.
+#[must_use]
+pub fn config_map_checksum(config_map: &crate::argocd::ConfigMap) -> Option<Checksum> {
+    let value = serde_json::json!({"kind": KIND_CONFIG_MAP, "data": config_map.data.clone().unwrap_or_default()});
+    spec_checksum(&value).ok()
+}
+
 /// Lower-case hex of a checksum, for logs.
 #[must_use]
 pub fn to_hex(checksum: &[u8]) -> String {

@@ -1,0 +1,39 @@
+//! The GPG keys ConfigMap in managed mode (upstream §4.6): `argocd-gpg-keys-cm` of the principal
+//! namespace goes to every managed agent; autonomous agents never get it. The decisions and their
+//! bookkeeping live in [`crate::hub::GpgIndex`].
+
+use std::collections::BTreeSet;
+
+use protocol::argocd::ConfigMap;
+use protocol::{EventType, Target};
+
+use crate::config::AgentMode;
+use crate::hub::Hub;
+
+/// The name of the GPG keys ConfigMap (Argo CD's).
+pub const GPG_KEYS_CONFIG_MAP: &str = "argocd-gpg-keys-cm";
+
+/// The connected-since-start managed agents.
+pub(crate) fn targets(hub: &Hub) -> BTreeSet<String> {
+    hub.peers.all().into_iter().filter(|s| s.mode() == AgentMode::Managed).map(|s| s.name().to_owned()).collect()
+}
+
+/// Queues `ty` of the ConfigMap for `agent` (if it still has a peer).
+pub(crate) fn send(hub: &Hub, agent: &str, ty: EventType, cm: &ConfigMap) {
+    let Some(peer) = hub.peers.get(agent) else { return };
+    let mut copy = cm.clone();
+    copy.metadata.extra.remove("managedFields");
+    if let Some(ev) = hub.object_event(ty, Target::GpgKey, &cm.metadata, &copy) {
+        peer.push(ev);
+    }
+}
+
+/// The watch shows the ConfigMap (new, changed, or listed again).
+pub(crate) fn hub_gpg_changed(hub: &Hub, cm: &ConfigMap) {
+    hub.gpg.observed(cm, &targets(hub), |agent, ty, c| send(hub, agent, ty, c));
+}
+
+/// The watch shows it deleted.
+pub(crate) fn hub_gpg_deleted(hub: &Hub, cm: &ConfigMap) {
+    hub.gpg.deleted(cm, &targets(hub), |agent, ty, c| send(hub, agent, ty, c));
+}

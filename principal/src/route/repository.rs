@@ -1,0 +1,74 @@
+//! Repository and repo-creds secrets in managed mode (upstream §4.5): a secret of the principal
+//! namespace labelled `argocd.argoproj.io/secret-type: repository|repo-creds` with a non-empty
+//! `data.project` goes, credentials included, to every managed agent that project matches;
+//! project changes and changes of the secret's own project move it; autonomous agents never
+//! get one. The decisions and their bookkeeping live in [`crate::hub::RepoIndex`].
+
+use std::collections::BTreeSet;
+
+use protocol::argocd::Secret;
+use protocol::argocd::annotations::SECRET_TYPE_LABEL;
+use protocol::argocd::core::REPOSITORY_SECRET_TYPES;
+use protocol::{EventType, Target};
+
+use crate::config::AgentMode;
+use crate::hub::Hub;
+use crate::route::project::matches_agent;
+
+/// The label selector of the secret watch.
+#[must_use]
+pub fn selector() -> String {
+    format!("{SECRET_TYPE_LABEL} in ({})", REPOSITORY_SECRET_TYPES.join(","))
+}
+
+/// Whether `repo` belongs on `agent`: it names a project, the hub has that project, and the
+/// project matches the agent (the same rule as for the project itself).
+pub(crate) fn belongs_on(hub: &Hub, repo: &Secret, agent: &str) -> bool {
+    repo.project().and_then(|p| hub.seen_projects.get(&p)).is_some_and(|p| matches_agent(&p, agent))
+}
+
+/// The connected-since-start managed agents `repo` belongs on.
+pub(crate) fn targets(hub: &Hub, repo: &Secret) -> BTreeSet<String> {
+    let Some(project) = repo.project().and_then(|p| hub.seen_projects.get(&p)) else { return BTreeSet::new() };
+    hub.peers
+        .all()
+        .into_iter()
+        .filter(|s| s.mode() == AgentMode::Managed && matches_agent(&project, s.name()))
+        .map(|s| s.name().to_owned())
+        .collect()
+}
+
+/// Queues `ty` of `repo` for `agent` (if it still has a peer).
+pub(crate) fn send(hub: &Hub, agent: &str, ty: EventType, repo: &Secret) {
+    let Some(peer) = hub.peers.get(agent) else { return };
+    let mut copy = repo.clone();
+    copy.metadata.extra.remove("managedFields");
+    tracing::debug!(%agent, repository = ?repo.metadata.name, event = ty.as_str(), "repository secret queued");
+    if let Some(ev) = hub.object_event(ty, Target::Repository, &repo.metadata, &copy) {
+        peer.push(ev);
+    }
+}
+
+/// The watch shows a repository secret (new, changed, or listed again).
+pub(crate) fn hub_repo_changed(hub: &Hub, repo: &Secret) {
+    if repo.project().is_none() {
+        // Not scoped to a project (any more): not distributed; copies sent earlier go.
+        hub_repo_deleted(hub, repo);
+        return;
+    }
+    hub.repos.observed(repo, &targets(hub, repo), |agent, ty, r| send(hub, agent, ty, r));
+}
+
+/// The watch shows a repository secret deleted.
+pub(crate) fn hub_repo_deleted(hub: &Hub, repo: &Secret) {
+    hub.repos.deleted(repo, &targets(hub, repo), |agent, ty, r| send(hub, agent, ty, r));
+}
+
+/// A hub AppProject changed or was deleted: its repositories follow its matching agents.
+pub(crate) fn project_changed(hub: &Hub, project: &str) {
+    hub.repos.retarget(
+        |r| r.project().as_deref() == Some(project),
+        |r| targets(hub, r),
+        |agent, ty, r| send(hub, agent, ty, r),
+    );
+}
