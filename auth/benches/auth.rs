@@ -29,7 +29,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use auth::tls::{MinTlsVersion, ServerTlsSettings, TlsIncoming};
+use auth::tls::{ServerTlsSettings, TlsIncoming};
+use auth::tls_policy::{TlsPolicy, TlsVersion};
 use auth::{
     AgentIdentity, AgentMode, AgentName, AgentSession, AuthLayer, AuthMethodSpec, AuthMethods, AuthService,
     AuthServiceConfig, Binding, SessionIssuer, Sessions, SigningKey, TokenKind, VersionCheck,
@@ -234,7 +235,7 @@ impl Pki {
             cert_chain: vec![server_cert.der().clone()],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
             client_ca: Some(vec![CertificateDer::from(ca_der.to_vec())]),
-            min_version: MinTlsVersion::Tls13,
+            policy: TlsPolicy { min: Some(TlsVersion::Tls13), ..TlsPolicy::default() },
         })?;
         Ok(Self { ca_pem: cert.pem(), server_config, issuer })
     }

@@ -31,6 +31,7 @@ pub mod method;
 pub mod service;
 pub mod session;
 pub mod tls;
+pub mod tls_policy;
 pub mod version;
 
 pub use client::{AccessTokenInterceptor, AuthParams, CallMetadata, ClientError, Credentials, PrincipalInfo};

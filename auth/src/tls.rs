@@ -31,16 +31,6 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepted connections waiting for tonic.
 const ACCEPTED_BACKLOG: usize = 64;
 
-/// The lowest TLS version the server accepts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MinTlsVersion {
-    /// TLS 1.2 and 1.3.
-    Tls12,
-    /// TLS 1.3 only (upstream principal default, `--tls-min-version tls1.3`).
-    #[default]
-    Tls13,
-}
-
 /// What the principal's TLS server needs.
 #[derive(Debug)]
 pub struct ServerTlsSettings {
@@ -51,8 +41,8 @@ pub struct ServerTlsSettings {
     /// CA certificates that issue agent client certificates; `None` requests no client
     /// certificate (no `mtls` authentication possible then).
     pub client_ca: Option<Vec<CertificateDer<'static>>>,
-    /// The lowest TLS version accepted.
-    pub min_version: MinTlsVersion,
+    /// TLS versions and cipher suites (upstream's principal default: TLS 1.3 only).
+    pub policy: crate::tls_policy::TlsPolicy,
 }
 
 /// Why a TLS configuration could not be built.
@@ -76,6 +66,9 @@ pub enum TlsError {
     /// The client verifier could not be built.
     #[error("cannot build the client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// The versions or cipher suites cannot be used.
+    #[error(transparent)]
+    Policy(#[from] crate::tls_policy::TlsPolicyError),
     /// The server certificate or key was refused.
     #[error("server certificate or key refused: {0}")]
     ServerCertificate(#[source] rustls::Error),
@@ -89,13 +82,10 @@ pub enum TlsError {
 ///
 /// [`TlsError`] for unusable CA certificates, server certificate or key.
 pub fn server_config(settings: ServerTlsSettings) -> Result<Arc<ServerConfig>, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&rustls::SupportedProtocolVersion] = match settings.min_version {
-        MinTlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
-        MinTlsVersion::Tls13 => &[&rustls::version::TLS13],
-    };
+    let provider = settings.policy.provider()?;
+    let versions = settings.policy.versions()?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(versions)
+        .with_protocol_versions(&versions)
         .map_err(TlsError::ServerCertificate)?;
     let builder = match settings.client_ca {
         None => builder.with_no_client_auth(),

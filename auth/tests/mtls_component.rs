@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use auth::session::ManualClock;
-use auth::tls::{MinTlsVersion, ServerTlsSettings, TlsIncoming};
+use auth::tls::{ServerTlsSettings, TlsIncoming};
+use auth::tls_policy::{TlsPolicy, TlsVersion};
 use auth::{
     AgentIdentity, AgentMode, AgentName, AuthMethodSpec, AuthParams, Binding, Credentials, SessionIssuer, SigningKey,
 };
@@ -105,7 +106,7 @@ impl Principal {
             cert_chain: vec![CertificateDer::from(server_leaf.der.clone())],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_leaf.key_der.clone())),
             client_ca: Some(vec![ca.der.clone()]),
-            min_version: MinTlsVersion::Tls13,
+            policy: TlsPolicy { min: Some(TlsVersion::Tls13), ..TlsPolicy::default() },
         })
         .expect("tls config");
 

@@ -103,19 +103,21 @@ pub struct Args {
     #[arg(long, env = "ARGOCD_AGENT_NAME")]
     pub agent_name: Option<String>,
 
+    /// Lowest TLS version to the principal (tls1.1, tls1.2 or tls1.3; TLS 1.2 is the lowest
+    /// ever negotiated).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_MIN_VERSION")]
+    pub tls_min_version: Option<String>,
+    /// Highest TLS version to the principal (tls1.2 or tls1.3).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_MAX_VERSION")]
+    pub tls_max_version: Option<String>,
+    /// Cipher suites offered, by Go's names (comma-separated); `list` prints them and exits.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CIPHERSUITES", value_delimiter = ',')]
+    pub tls_ciphersuites: Vec<String>,
+
     // --- accepted for compatibility, not supported yet ---
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL", hide = true)]
     pub full_detail: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_TLS_MIN_VERSION", hide = true)]
-    pub tls_min_version: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_TLS_MAX_VERSION", hide = true)]
-    pub tls_max_version: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_TLS_CIPHERSUITES", hide = true, value_delimiter = ',')]
-    pub tls_ciphersuites: Vec<String>,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", hide = true)]
     pub enable_websocket: Option<bool>,
@@ -160,9 +162,6 @@ impl Args {
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
         u.check_opt("--full-detail", &self.full_detail)
-            .check_opt("--tls-min-version", &self.tls_min_version)
-            .check_opt("--tls-max-version", &self.tls_max_version)
-            .check_list("--tls-ciphersuites", &self.tls_ciphersuites)
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check("--enable-compression", self.enable_compression == Some(true))
             .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
@@ -173,10 +172,26 @@ impl Args {
             .check_opt("--redis-addr", &self.redis_addr)
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         u.finish("argocd-agent agent")?;
+        self.tls_policy()?;
         if self.server_address.is_empty() {
             anyhow::bail!("argocd-agent agent: --server-address (ARGOCD_AGENT_REMOTE_SERVER) is required");
         }
         Ok(())
+    }
+}
+
+impl Args {
+    /// `--tls-min-version`, `--tls-max-version` and `--tls-ciphersuites`.
+    ///
+    /// # Errors
+    /// A version or suite name is unknown, or nothing is left to negotiate.
+    pub fn tls_policy(&self) -> anyhow::Result<auth::tls_policy::TlsPolicy> {
+        auth::tls_policy::TlsPolicy::parse(
+            self.tls_min_version.as_deref().unwrap_or_default(),
+            self.tls_max_version.as_deref().unwrap_or_default(),
+            &self.tls_ciphersuites,
+        )
+        .context("--tls-min-version, --tls-max-version or --tls-ciphersuites")
     }
 }
 
@@ -235,6 +250,9 @@ pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
 /// # Errors
 /// Flags, key material or the spoke cannot be used.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if crate::tls::wants_cipher_list(&args.tls_ciphersuites) {
+        return Ok(());
+    }
     args.check_supported()?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     // Inside the runtime (the exporter's channel runs on it); dropped, and so flushed, first.
@@ -310,9 +328,8 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
         "--root-ca-secret-name",
     )
     .await?;
-    let mut cfg = tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
-        .domain_name(args.server_address.clone());
+    let policy = args.tls_policy()?;
+    let mut identity = None;
     // A JWT-SVID is the credential; TLS only authenticates the principal.
     if !matches!(creds, Creds::SpiffeJwt { .. }) {
         let cert = pem_from(
@@ -334,9 +351,22 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
         )
         .await?;
         out.cert_name = Some(common_name(&cert)?);
-        cfg = cfg.identity(tonic::transport::Identity::from_pem(&cert, &key));
+        identity = Some((cert, key));
     }
-    out.tls = Some(cfg.into());
+    if policy.is_default() {
+        let mut cfg = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
+            .domain_name(args.server_address.clone());
+        if let Some((cert, key)) = &identity {
+            cfg = cfg.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        out.tls = Some(cfg.into());
+    } else {
+        let id = identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
+        let config =
+            crate::tls::client_config(&policy, &ca, id).context("cannot build the TLS client configuration")?;
+        out.tls = Some(agent::AgentTls::Rustls { config, server_name: args.server_address.clone() });
+    }
     Ok(out)
 }
 

@@ -13,6 +13,7 @@ mod otel;
 mod principal_cmd;
 mod quickstart;
 mod signals;
+mod tls;
 mod unsupported;
 
 use std::process::ExitCode;

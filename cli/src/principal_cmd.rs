@@ -67,9 +67,15 @@ pub struct Args {
     /// Require the client certificate subject to match the agent name.
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CLIENT_CERT_MATCH_SUBJECT", default_value_t = false)]
     pub client_cert_subject_match: bool,
-    /// Lowest TLS version (tls1.2 or tls1.3).
+    /// Lowest TLS version (tls1.1, tls1.2 or tls1.3; TLS 1.2 is the lowest ever negotiated).
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_MIN_VERSION", default_value = "tls1.3")]
     pub tls_min_version: String,
+    /// Highest TLS version (tls1.2 or tls1.3; default: the highest offered).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_MAX_VERSION")]
+    pub tls_max_version: Option<String>,
+    /// Cipher suites allowed, by Go's names (comma-separated); `list` prints them and exits.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CIPHERSUITES", value_delimiter = ',')]
+    pub tls_ciphersuites: Vec<String>,
     /// Version handshake on Authenticate: `compatible` (our agents and upstream agent releases
     /// from --min-agent-version on), `exact` (upstream's rule: equal to ours) or `skip`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_VERSION_CHECK", default_value = "compatible")]
@@ -130,12 +136,6 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS", hide = true, value_delimiter = ',')]
     pub namespace_create_labels: Vec<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_MAX_VERSION", hide = true)]
-    pub tls_max_version: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CIPHERSUITES", hide = true, value_delimiter = ',')]
-    pub tls_ciphersuites: Vec<String>,
     /// Not supported yet (the resource proxy comes with live resources).
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", hide = true)]
     pub enable_resource_proxy: Option<bool>,
@@ -174,6 +174,21 @@ pub struct Args {
     pub event_processors: Option<u32>,
 }
 
+impl Args {
+    /// `--tls-min-version`, `--tls-max-version` and `--tls-ciphersuites`.
+    ///
+    /// # Errors
+    /// A version or suite name is unknown, or nothing is left to negotiate.
+    pub fn tls_policy(&self) -> anyhow::Result<auth::tls_policy::TlsPolicy> {
+        auth::tls_policy::TlsPolicy::parse(
+            &self.tls_min_version,
+            self.tls_max_version.as_deref().unwrap_or_default(),
+            &self.tls_ciphersuites,
+        )
+        .context("--tls-min-version, --tls-max-version or --tls-ciphersuites")
+    }
+}
+
 /// `--agent-version-check` and `--min-agent-version`.
 fn version_check(args: &Args) -> anyhow::Result<auth::VersionCheck> {
     Ok(match args.agent_version_check.as_str() {
@@ -197,8 +212,6 @@ impl Args {
             .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
             .check_opt("--namespace-create-pattern", &self.namespace_create_pattern)
             .check_list("--namespace-create-labels", &self.namespace_create_labels)
-            .check_opt("--tls-max-version", &self.tls_max_version)
-            .check_list("--tls-ciphersuites", &self.tls_ciphersuites)
             .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
@@ -212,6 +225,7 @@ impl Args {
             .check("--require-client-certs", self.require_client_certs)
             .check("--client-cert-subject-match", self.client_cert_subject_match);
         u.finish("argocd-agent principal")?;
+        self.tls_policy()?;
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
         }
@@ -230,6 +244,9 @@ impl Args {
 /// # Errors
 /// Flags, key material or the hub cannot be used, or the server fails.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if crate::tls::wants_cipher_list(&args.tls_ciphersuites) {
+        return Ok(());
+    }
     args.check_supported()?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     // Inside the runtime (the exporter's channel runs on it); dropped, and so flushed, first.
@@ -266,14 +283,6 @@ async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::Signing
             args.namespace,
             args.jwt_secret_name
         ),
-    }
-}
-
-fn min_tls(v: &str) -> anyhow::Result<auth::tls::MinTlsVersion> {
-    match v {
-        "tls1.3" => Ok(auth::tls::MinTlsVersion::Tls13),
-        "tls1.2" => Ok(auth::tls::MinTlsVersion::Tls12),
-        other => anyhow::bail!("--tls-min-version {other:?}: use tls1.2 or tls1.3 (older versions are not offered)"),
     }
 }
 
@@ -318,7 +327,7 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
         key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
             .context("the server key is not a PEM private key")?,
         client_ca: Some(parse_certs(&ca, "the CA certificate")?),
-        min_version: min_tls(&args.tls_min_version)?,
+        policy: args.tls_policy()?,
     };
     auth::tls::server_config(settings).context("cannot build the TLS server configuration")
 }

@@ -221,7 +221,7 @@ fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
         ),
         (PRINCIPAL_CHART, json!({"replicaCount": 2}), "replicaCount"),
         (AGENT_CHART, json!({"server": "p", "enableResourceProxy": true}), "enableResourceProxy"),
-        (AGENT_CHART, json!({"server": "p", "tlsMinVersion": "tls1.2"}), "tlsMinVersion"),
+        (AGENT_CHART, json!({"server": "p", "enableWebSocket": true}), "enableWebSocket"),
         (AGENT_CHART, json!({"server": "p", "redisAddress": "redis.other:6379"}), "redisAddress"),
         (AGENT_CHART, json!({"server": "p", "allowedNamespaces": "team-*"}), "allowedNamespaces"),
         (AGENT_CHART, json!({}), "server"),

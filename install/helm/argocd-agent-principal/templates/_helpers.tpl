@@ -99,8 +99,6 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- if $p.namespaceCreate.labels }}{{ $bad = append $bad "principal.namespaceCreate.labels" }}{{ end -}}
 {{- if $p.tls.clientCert.require }}{{ $bad = append $bad "principal.tls.clientCert.require" }}{{ end -}}
 {{- if $p.tls.clientCert.matchSubject }}{{ $bad = append $bad "principal.tls.clientCert.matchSubject" }}{{ end -}}
-{{- if $p.tls.maxVersion }}{{ $bad = append $bad "principal.tls.maxVersion" }}{{ end -}}
-{{- if $p.tls.ciphersuites }}{{ $bad = append $bad "principal.tls.ciphersuites" }}{{ end -}}
 {{- if $p.redisProxy.enabled }}{{ $bad = append $bad "principal.redisProxy.enabled" }}{{ end -}}
 {{- if $p.resourceProxy.enabled }}{{ $bad = append $bad "principal.resourceProxy.enabled" }}{{ end -}}
 {{- if $p.websocket.enable }}{{ $bad = append $bad "principal.websocket.enable" }}{{ end -}}

@@ -1,0 +1,91 @@
+//! Upstream's TLS knobs (`--tls-min-version`, `--tls-max-version`, `--tls-ciphersuites`) on the
+//! spawned principal and agent: what the principal's listener accepts is checked with OpenSSL as
+//! a foreign client, and an agent restricted the same way syncs while one that insists on
+//! another version cannot connect.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, ensure};
+use kube::api::PostParams;
+use tests::apps::{apps, converge, path_is};
+use tests::topology::{ARGOCD_NS, Mode, StartOptions, Topology};
+
+const SUITE: &str = "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384";
+
+/// An OpenSSL handshake with the principal (no client certificate: the principal's TLS lets such
+/// clients reach its auth layer); `Ok(output)` if it completed.
+fn s_client(addr: SocketAddr, args: &[&str]) -> Result<std::result::Result<String, String>> {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), "-servername", "localhost", "-alpn", "h2"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("openssl s_client")?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok(if out.status.success() { Ok(text) } else { Err(text) })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_versions_and_cipher_suites_are_enforced_as_configured() -> Result<()> {
+    let agent = "mt1";
+    let principal_args = ["--tls-min-version", "tls1.2", "--tls-max-version", "tls1.2", "--tls-ciphersuites", SUITE];
+    let options = StartOptions {
+        start_agents: false,
+        principal_args: principal_args.iter().map(|s| (*s).to_owned()).collect(),
+        ..StartOptions::default()
+    };
+    let mut t = Topology::start_with_options(&[(agent, Mode::Managed)], options).await?;
+    let addr = t.principal_addr().context("principal address")?;
+
+    let tls13 = s_client(addr, &["-tls1_3"])?;
+    ensure!(tls13.is_err(), "TLS 1.3 must be refused above --tls-max-version tls1.2: {tls13:?}");
+    let other = s_client(addr, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"])?;
+    ensure!(other.is_err(), "a suite not in --tls-ciphersuites must be refused: {other:?}");
+    let good = s_client(addr, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384"])?;
+    let text = good.map_err(|e| anyhow::anyhow!("the configured version and suite must be accepted: {e}"))?;
+    ensure!(text.contains("ECDHE-ECDSA-AES256-GCM-SHA384"), "negotiated another suite: {text}");
+
+    // An agent that insists on TLS 1.3 cannot reach this principal...
+    t.set_agent_args(&["--tls-min-version", "tls1.3"]);
+    t.start_agent(agent).await?;
+    tests::wait_until_async(std::time::Duration::from_secs(30), "the refused handshake", || async {
+        !t.principal_log_lines("TLS handshake failed").is_empty()
+    })
+    .await
+    .with_context(|| t.logs())?;
+    ensure!(!t.principal_log_lines("agent connected").iter().any(|l| l.contains(agent)), "{}", t.logs());
+    t.kill_agent(agent)?;
+
+    // ...one restricted as the principal is syncs.
+    t.set_agent_args(&["--tls-max-version", "tls1.2", "--tls-ciphersuites", SUITE]);
+    t.start_agent(agent).await?;
+    let hub = apps(&t.hub(), agent);
+    let spoke = apps(&t.spoke(agent)?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &tests::fixtures::app_with_path("tls", agent, "v1")?).await?;
+    converge(&t, &spoke, "tls", "an Application over TLS 1.2 with the one suite allowed", path_is("v1")).await?;
+    Ok(())
+}
+
+#[test]
+fn cipher_suite_list_prints_gos_names_and_unknown_ones_are_refused_by_name() -> Result<()> {
+    let bin = tests::bin_path::workspace_binary("argocd-agent")?;
+    for role in ["principal", "agent"] {
+        let out = Command::new(&bin).args([role, "--tls-ciphersuites", "list"]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success() && text.contains(SUITE) && text.contains("TLS_AES_128_GCM_SHA256"),
+            "{role}: {text}"
+        );
+    }
+    let out = Command::new(&bin)
+        .args(["principal", "--namespace", "argocd", "--auth", "mtls:subject:CN=([^,]+)"])
+        .args(["--tls-ciphersuites", "TLS_RSA_WITH_RC4_128_SHA"])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && err.contains("TLS_RSA_WITH_RC4_128_SHA") && err.contains("--tls-ciphersuites"),
+        "{err}"
+    );
+    Ok(())
+}
