@@ -61,6 +61,9 @@ pub struct AgentConfig {
     /// The session the agent keeps with the principal while it runs (see
     /// [`Self::with_session`]); `None` when the caller supplies [`Self::credentials`] itself.
     pub session: Option<std::sync::Arc<crate::session::Session>>,
+    /// Autonomous: only Applications and AppProjects whose labels match go to the principal
+    /// (`--label-selector`); one that stops matching is deleted there.
+    pub label_selector: Option<protocol::selector::LabelSelector>,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -98,6 +101,7 @@ impl AgentConfig {
             max_message_bytes: protocol::pb::MAX_MESSAGE_BYTES,
             renew_session: None,
             session: None,
+            label_selector: None,
         }
     }
 

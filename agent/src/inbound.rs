@@ -48,12 +48,16 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
             // Events of different resources are not ordered: a delete of an older hub
             // incarnation (other UID) must not remove the copy of a newer one.
             let incoming_uid = app.metadata.uid.as_deref().filter(|u| !u.is_empty());
-            if let Some(local) = spoke.apps.get::<Application>(spoke.ns(), &name).await?
-                && let (Some(local_uid), Some(uid)) = (local.metadata.source_uid(), incoming_uid)
-                && local_uid != uid
-            {
-                tracing::info!(app = %name, "delete for an older incarnation of this Application; ignored");
-                return Ok(());
+            if let Some(local) = spoke.apps.get::<Application>(spoke.ns(), &name).await? {
+                let Some(local_uid) = local.metadata.source_uid() else {
+                    // Made here, not by the principal (hybrid setups keep such Applications).
+                    tracing::info!(app = %name, "delete for an Application the principal does not own here; ignored");
+                    return Ok(());
+                };
+                if incoming_uid.is_some_and(|uid| uid != local_uid) {
+                    tracing::info!(app = %name, "delete for an older incarnation of this Application; ignored");
+                    return Ok(());
+                }
             }
             spoke.managed.expect_delete(name.clone());
             if !spoke.apps.delete(spoke.ns(), &name).await? {

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use crate::config::AgentMode;
 use crate::error::InboundError;
-use crate::spoke::{Spoke, is_ignored, shipped};
+use crate::spoke::{Spoke, shipped};
 
 fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
     let value = serde_json::to_value(obj).ok()?;
@@ -155,8 +155,13 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             Ok(())
         }
         (AgentMode::Autonomous, Payload::RequestSyncedResourceList(req)) => {
-            let apps: Vec<Application> =
-                spoke.apps.list::<Application>(ns).await?.into_iter().filter(|a| !is_ignored(&a.metadata)).collect();
+            let apps: Vec<Application> = spoke
+                .apps
+                .list::<Application>(ns)
+                .await?
+                .into_iter()
+                .filter(|a| !spoke.excluded(&a.metadata))
+                .collect();
             let keys: Vec<ResourceKey> =
                 apps.iter().map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata)).collect();
             if resource_set_checksum(&keys).map(|c| c.to_vec()) != req.checksum {
@@ -171,7 +176,7 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
                 return Ok(());
             }
             match spoke.apps.get::<Application>(ns, &req.name).await? {
-                Some(app) if !is_ignored(&app.metadata) => {
+                Some(app) if !spoke.excluded(&app.metadata) => {
                     // A pending deletion does not change the checksum; send it anyway.
                     if checksum_of(&app) != req.checksum || req.uid.is_empty() || app.is_being_deleted() {
                         spoke.send_object(EventType::SpecUpdate, Target::Application, &app.metadata, &app);

@@ -24,7 +24,7 @@ mod private_file;
 pub mod protobuf;
 pub mod resource;
 pub mod schema;
-pub mod selector;
+pub use protocol::selector;
 mod server;
 pub mod store;
 pub mod strategic_merge;

@@ -137,9 +137,14 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE", hide = true)]
     pub create_namespace: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR", hide = true)]
+    /// Autonomous: only Applications and AppProjects with matching labels go to the principal
+    /// (Kubernetes selector syntax, e.g. `team=a,tier!=test`).
+    #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR")]
     pub label_selector: Option<String>,
+    /// Managed: leave Applications without the principal's `source-uid` alone (what this
+    /// agent always does); refused in autonomous mode, where it would sync nothing.
+    #[arg(long, env = "ARGOCD_AGENT_IGNORE_UNMANAGED_APPS")]
+    pub ignore_unmanaged_apps: Option<bool>,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_REDIS_ADDR", hide = true)]
     pub redis_addr: Option<String>,
@@ -168,11 +173,16 @@ impl Args {
             .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
             .check("--create-namespace", self.create_namespace == Some(true))
-            .check_opt("--label-selector", &self.label_selector)
             .check_opt("--redis-addr", &self.redis_addr)
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         u.finish("argocd-agent agent")?;
         self.tls_policy()?;
+        label_selector(self.label_selector.as_deref(), "--label-selector")?;
+        if self.ignore_unmanaged_apps == Some(true) && self.agent_mode == "autonomous" {
+            anyhow::bail!(
+                "argocd-agent agent: --ignore-unmanaged-apps applies to managed agents (an autonomous agent's Applications never carry the principal's source-uid, so it would sync nothing)"
+            );
+        }
         if self.server_address.is_empty() {
             anyhow::bail!("argocd-agent agent: --server-address (ARGOCD_AGENT_REMOTE_SERVER) is required");
         }
@@ -192,6 +202,17 @@ impl Args {
             &self.tls_ciphersuites,
         )
         .context("--tls-min-version, --tls-max-version or --tls-ciphersuites")
+    }
+}
+
+/// A `--label-selector` value (empty: none).
+///
+/// # Errors
+/// The text is not a Kubernetes label selector.
+pub fn label_selector(text: Option<&str>, flag: &str) -> anyhow::Result<Option<protocol::selector::LabelSelector>> {
+    match text.map(str::trim).filter(|t| !t.is_empty()) {
+        None => Ok(None),
+        Some(t) => protocol::selector::LabelSelector::parse(t).map(Some).with_context(|| format!("{flag} {t:?}")),
     }
 }
 
@@ -458,6 +479,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.keepalive = keepalive;
     config.max_message_bytes = args.grpc_max_message_size;
     config.namespace = args.namespace.clone();
+    config.label_selector = label_selector(args.label_selector.as_deref(), "--label-selector")?;
+    if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
+        tracing::info!(
+            "--label-selector applies to what an autonomous agent sends; a managed agent holds what the principal sends"
+        );
+    }
     let heartbeat = heartbeat_interval(&args)?;
     if let Some(h) = heartbeat {
         tracing::info!(interval = ?h, "application heartbeats on");

@@ -160,8 +160,9 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", hide = true)]
     pub destination_based_mapping: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR", hide = true)]
+    /// Only hub Applications, AppProjects, repository secrets and the GPG keys ConfigMap with
+    /// matching labels go to managed agents (Kubernetes selector syntax, e.g. `team=a`).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR")]
     pub label_selector: Option<String>,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", hide = true)]
@@ -217,7 +218,6 @@ impl Args {
             .check_opt("--redis-server-address", &self.redis_server_address)
             .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
             .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
-            .check_opt("--label-selector", &self.label_selector)
             .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
             .check_opt("--keepalive-min-interval", &self.keepalive_min_interval)
             .check_opt("--event-processors", &self.event_processors)
@@ -226,6 +226,7 @@ impl Args {
             .check("--client-cert-subject-match", self.client_cert_subject_match);
         u.finish("argocd-agent principal")?;
         self.tls_policy()?;
+        crate::agent_cmd::label_selector(self.label_selector.as_deref(), "--label-selector")?;
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
         }
@@ -417,6 +418,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut config = principal::PrincipalConfig::new(&args.namespace);
     config.allowed_namespaces = args.allowed_namespaces.clone();
     config.namespace_create_enable = args.namespace_create_enable;
+    config.label_selector = crate::agent_cmd::label_selector(args.label_selector.as_deref(), "--label-selector")?;
     if config.allowed_namespaces.is_empty() {
         // Upstream's semantics: no pattern admits no agent. Say so, since it is rarely intended.
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");

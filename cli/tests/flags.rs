@@ -22,9 +22,21 @@ fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
         err.contains("not supported yet") && err.contains("--enable-resource-proxy") && err.contains("--pprof-port"),
         "{err}"
     );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_LABEL_SELECTOR", "app=x")]);
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", "true")]);
     assert!(!ok);
-    assert!(err.contains("--label-selector"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--destination-based-mapping"), "{err}");
+}
+
+#[test]
+fn a_label_selector_that_does_not_parse_is_refused_naming_the_flag() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_LABEL_SELECTOR", "team in (a")]);
+    assert!(!ok && err.contains("--label-selector") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) = run(&["agent", "--server-address", "p", "--label-selector", "=x"], &[]);
+    assert!(!ok && err.contains("--label-selector") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) =
+        run(&["agent", "--server-address", "p", "--agent-mode", "autonomous", "--ignore-unmanaged-apps"], &[]);
+    assert!(!ok && err.contains("--ignore-unmanaged-apps"), "{err}");
 }
 
 #[test]

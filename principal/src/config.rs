@@ -36,6 +36,10 @@ pub struct PrincipalConfig {
     /// stream (`OutOfRange`); an event for an agent that would encode larger is never sent
     /// but given up on at once (docs/reliability.md).
     pub max_message_bytes: usize,
+    /// Only hub objects whose labels match are distributed to managed agents
+    /// (`--label-selector`): Applications, AppProjects, repository secrets, the GPG keys
+    /// ConfigMap. Autonomous agents' hub copies are always kept.
+    pub label_selector: Option<protocol::selector::LabelSelector>,
 }
 
 impl PrincipalConfig {
@@ -50,6 +54,7 @@ impl PrincipalConfig {
             version: DEFAULT_VERSION.to_owned(),
             retry: RetryPolicy::default(),
             max_message_bytes: MAX_MESSAGE_BYTES,
+            label_selector: None,
         }
     }
 

@@ -30,7 +30,7 @@ use crate::config::AgentMode;
 use crate::error::InboundError;
 use crate::hub::Hub;
 use crate::peer::AgentPeer;
-use crate::route::{autonomous, gpg, is_autonomous_copy, is_ignored, managed, project, repository};
+use crate::route::{autonomous, gpg, is_autonomous_copy, managed, project, repository};
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
@@ -94,19 +94,28 @@ async fn principal_project(hub: &Hub, name: &str) -> Result<Option<AppProject>, 
 }
 
 async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    Ok(agent_apps(hub, agent).await?.into_iter().filter(|a| !is_autonomous_copy(a) && !is_ignored(a)).collect())
+    Ok(agent_apps(hub, agent)
+        .await?
+        .into_iter()
+        .filter(|a| !is_autonomous_copy(a) && !hub.excluded(&a.metadata))
+        .collect())
 }
 
 async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, StoreError> {
     if hub.projects_synced.load(Ordering::Relaxed) {
-        return Ok(hub.seen_projects.values().into_iter().filter(|p| project::matches_agent(p, agent)).collect());
+        return Ok(hub
+            .seen_projects
+            .values()
+            .into_iter()
+            .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent))
+            .collect());
     }
     Ok(hub
         .projects
         .list::<AppProject>(&hub.config.namespace)
         .await?
         .into_iter()
-        .filter(|p| project::matches_agent(p, agent))
+        .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent))
         .collect())
 }
 
@@ -158,7 +167,7 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
                 |a, ty, r| repository::send(hub, a, ty, r),
             );
             load_gpg(hub).await?;
-            hub.gpg.resync(agent, |_| true, |a, ty, c| gpg::send(hub, a, ty, c));
+            hub.gpg.resync(agent, |c| !hub.excluded(&c.metadata), |a, ty, c| gpg::send(hub, a, ty, c));
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
         }
         AgentMode::Autonomous => {
@@ -197,7 +206,7 @@ pub(crate) async fn handle(hub: &Hub, session: &AgentPeer, ev: &Event, payload: 
             let repos: Vec<Secret> =
                 hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).collect();
             load_gpg(hub).await?;
-            let gpg_keys = hub.gpg.all();
+            let gpg_keys: Vec<ConfigMap> = hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).collect();
             let keys: Vec<ResourceKey> = apps
                 .iter()
                 .map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata))
@@ -256,7 +265,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
     if req.kind == RESYNC_KIND_APPLICATION {
         match agent_app(hub, agent, &req.name).await? {
             Some(app) if is_autonomous_copy(&app) => {}
-            Some(app) if !is_ignored(&app) => {
+            Some(app) if !hub.excluded(&app.metadata) => {
                 // A deletion pending on the hub does not change the spec checksum; send it
                 // anyway, or a hub deletion made while the agent was away would wait forever.
                 if checksum_of(&app) != req.checksum || req.uid.is_empty() || app.is_being_deleted() {
@@ -270,7 +279,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
         }
     } else if req.kind == RESYNC_KIND_APP_PROJECT {
         match principal_project(hub, &req.name).await? {
-            Some(p) if project::matches_agent(&p, agent) => {
+            Some(p) if !hub.excluded(&p.metadata) && project::matches_agent(&p, agent) => {
                 if checksum_of(&project::agent_copy(&p, agent)) != req.checksum || req.uid.is_empty() {
                     push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
                 }
@@ -299,7 +308,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
         hub.gpg.answer(
             agent,
             &req.name,
-            |_| true,
+            |c| !hub.excluded(&c.metadata),
             |c| req.uid.is_empty() || config_map_checksum(c).map(|c| c.to_vec()) != req.checksum,
             &stub,
             |a, ty, c| gpg::send(hub, a, ty, c),

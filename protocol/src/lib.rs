@@ -29,6 +29,7 @@ pub mod otel;
 pub mod outbox;
 pub mod payload;
 pub mod pb;
+pub mod selector;
 pub mod trace;
 
 pub use event::{Event, EventError, EventType, Target};

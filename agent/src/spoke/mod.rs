@@ -110,8 +110,12 @@ pub(crate) fn clear_server_fields(meta: &mut protocol::argocd::ObjectMeta) {
     meta.extra.remove("deletionGracePeriodSeconds");
 }
 
-/// Whether an object is excluded from synchronisation (label
-/// `argocd-agent.argoproj-labs.io/ignore-sync=true`, upstream §4.10).
-pub(crate) fn is_ignored(meta: &protocol::argocd::ObjectMeta) -> bool {
-    meta.label(protocol::argocd::annotations::IGNORE_SYNC) == Some("true")
+impl Spoke {
+    /// Whether an object this agent owns (autonomous) is left out of synchronisation: labelled
+    /// `argocd-agent.argoproj-labs.io/ignore-sync=true` (upstream §4.10) or not matching
+    /// `--label-selector`. Leaving out one the principal holds deletes it there.
+    pub(crate) fn excluded(&self, meta: &protocol::argocd::ObjectMeta) -> bool {
+        meta.label(protocol::argocd::annotations::IGNORE_SYNC) == Some("true")
+            || self.config.label_selector.as_ref().is_some_and(|s| !meta.selected_by(s))
+    }
 }

@@ -65,6 +65,12 @@ pub(crate) async fn run_projects(spoke: Arc<Spoke>, cancel: CancellationToken) {
 async fn applied(spoke: &Spoke, project: AppProject) {
     let name = project.metadata.name.clone().unwrap_or_default();
     if spoke.config.mode == AgentMode::Autonomous {
+        if spoke.excluded(&project.metadata) {
+            if spoke.sent_projects.remove(&name).is_some() {
+                spoke.send_object(EventType::Delete, Target::AppProject, &project.metadata, &project);
+            }
+            return;
+        }
         let mut bare = project.clone();
         bare.metadata.resource_version = None;
         bare.metadata.extra.remove("managedFields");
@@ -101,8 +107,9 @@ async fn applied(spoke: &Spoke, project: AppProject) {
 async fn deleted(spoke: &Spoke, project: AppProject) {
     let name = project.metadata.name.clone().unwrap_or_default();
     if spoke.config.mode == AgentMode::Autonomous {
-        spoke.sent_projects.remove(&name);
-        spoke.send_object(EventType::Delete, Target::AppProject, &project.metadata, &project);
+        if spoke.sent_projects.remove(&name).is_some() || !spoke.excluded(&project.metadata) {
+            spoke.send_object(EventType::Delete, Target::AppProject, &project.metadata, &project);
+        }
         return;
     }
     let Gone::Restore(mut src) = spoke.managed_projects.deleted(&name) else { return };

@@ -19,7 +19,7 @@ use protocol::{EventType, Target};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::{Spoke, clear_server_fields, is_ignored};
+use super::{Spoke, clear_server_fields};
 use crate::config::AgentMode;
 
 /// The spoke's Applications, by name.
@@ -83,7 +83,7 @@ async fn applied_in_span(spoke: &Spoke, app: Application) {
             managed_applied(spoke, &name, app).await;
         }
         AgentMode::Autonomous => {
-            if is_ignored(&app.metadata) {
+            if spoke.excluded(&app.metadata) {
                 let prev = spoke.sent.remove(&name);
                 if prev.is_some() {
                     spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
@@ -169,8 +169,9 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             }
         }
         AgentMode::Autonomous => {
-            spoke.sent.remove(&name);
-            spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+            if spoke.sent.remove(&name).is_some() || !spoke.excluded(&app.metadata) {
+                spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+            }
         }
     }
 }

@@ -127,6 +127,14 @@ impl Hub {
         Self::new(config, "principal-uid".into(), link::testing::offline_client("default"))
     }
 
+    /// Whether a hub object the principal distributes is left out: labelled
+    /// `argocd-agent.argoproj-labs.io/ignore-sync=true`, or not matching `--label-selector`.
+    /// Leaving out an object the agents hold deletes it there.
+    pub(crate) fn excluded(&self, meta: &ObjectMeta) -> bool {
+        meta.label(protocol::argocd::annotations::IGNORE_SYNC) == Some("true")
+            || self.config.label_selector.as_ref().is_some_and(|s| !meta.selected_by(s))
+    }
+
     /// An Application event for an agent, stamped with the principal UID.
     pub(crate) fn app_event(&self, ty: EventType, app: &Application) -> Option<Event> {
         self.object_event(ty, Target::Application, &app.metadata, app)

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Hub, Key, key_of};
-use crate::route::{autonomous, gpg, is_autonomous_copy, is_ignored, managed, project, repository};
+use crate::route::{autonomous, gpg, is_autonomous_copy, managed, project, repository};
 
 /// Hub Applications in agent namespaces, as the routes see them.
 pub(crate) struct Applications<'a>(pub(crate) &'a Hub);
@@ -65,7 +65,7 @@ async fn app_applied(hub: &Hub, app: Application) {
 
 async fn app_applied_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
-    if !is_autonomous_copy(&app) && is_ignored(&app) {
+    if !is_autonomous_copy(&app) && hub.excluded(&app.metadata) {
         if let Some(prev) = hub.seen_apps.forget(&key) {
             managed::hub_app_deleted(hub, &prev);
         }
@@ -89,7 +89,10 @@ async fn app_deleted(hub: &Hub, app: Application) {
 
 async fn app_deleted_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
-    hub.seen_apps.forget(&key);
+    let seen = hub.seen_apps.forget(&key);
+    if seen.is_none() && !is_autonomous_copy(&app) && hub.excluded(&app.metadata) {
+        return; // never distributed: nothing to delete anywhere
+    }
     if is_autonomous_copy(&app) {
         if let Err(e) = autonomous::hub_copy_deleted(hub, &app).await {
             tracing::warn!(agent = %key.0, app = %key.1, error = %e, "cannot recreate a deleted hub copy");
@@ -117,13 +120,23 @@ impl Index for Projects<'_> {
         p.metadata.name.clone().unwrap_or_default()
     }
     async fn apply(&self, p: AppProject) {
+        if self.0.excluded(&p.metadata) {
+            // Left out (now): agents that had it lose it, as if it were deleted.
+            if let Some(prev) = self.0.seen_projects.remove(&Self::key(&p)) {
+                let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
+                project::hub_project_deleted(self.0, &prev);
+            }
+            return;
+        }
         let prev = self.0.seen_projects.insert(Self::key(&p), p.clone());
         let operation = if prev.is_some() { "update" } else { "create" };
         let _span = crate::otel::hub_event_span("AppProject", operation, &p.metadata).entered();
         project::hub_project_changed(self.0, prev.as_ref(), &p);
     }
     async fn delete(&self, p: AppProject) {
-        self.0.seen_projects.remove(&Self::key(&p));
+        if self.0.seen_projects.remove(&Self::key(&p)).is_none() && self.0.excluded(&p.metadata) {
+            return;
+        }
         let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
         project::hub_project_deleted(self.0, &p);
     }

@@ -15,6 +15,7 @@ pub const GPG_KEYS_CONFIG_MAP: &str = "argocd-gpg-keys-cm";
 
 /// The connected-since-start managed agents.
 pub(crate) fn targets(hub: &Hub) -> BTreeSet<String> {
+    // (Whether the ConfigMap itself is left out is decided by its callers.)
     hub.peers.all().into_iter().filter(|s| s.mode() == AgentMode::Managed).map(|s| s.name().to_owned()).collect()
 }
 
@@ -30,6 +31,10 @@ pub(crate) fn send(hub: &Hub, agent: &str, ty: EventType, cm: &ConfigMap) {
 
 /// The watch shows the ConfigMap (new, changed, or listed again).
 pub(crate) fn hub_gpg_changed(hub: &Hub, cm: &ConfigMap) {
+    if hub.excluded(&cm.metadata) {
+        hub_gpg_deleted(hub, cm);
+        return;
+    }
     hub.gpg.observed(cm, &targets(hub), |agent, ty, c| send(hub, agent, ty, c));
 }
 

@@ -8,7 +8,7 @@ pub mod project;
 pub mod repository;
 
 use protocol::argocd::Application;
-use protocol::argocd::annotations::{IGNORE_SYNC, LAST_UPDATED, NOTIFIED, REFRESH};
+use protocol::argocd::annotations::{LAST_UPDATED, NOTIFIED, REFRESH};
 
 /// Whether a hub Application is the copy of an autonomous agent's Application (it carries the
 /// `source-uid` annotation the principal stamps on such copies).
@@ -59,11 +59,4 @@ pub(crate) fn clear_server_fields(m: &mut protocol::argocd::ObjectMeta) {
 /// request the hub's user or Argo CD makes, forwarded to the agent.
 pub(crate) fn refresh_requested(prev: Option<&Application>, cur: &Application) -> bool {
     cur.metadata.annotation(REFRESH).is_some() && prev.is_none_or(|p| p.metadata.annotation(REFRESH).is_none())
-}
-
-/// Whether an Application is excluded from synchronisation (label
-/// `argocd-agent.argoproj-labs.io/ignore-sync=true`, upstream §4.10); setting it later makes
-/// the object count as deleted for the other side.
-pub(crate) fn is_ignored(app: &Application) -> bool {
-    app.metadata.label(IGNORE_SYNC) == Some("true")
 }

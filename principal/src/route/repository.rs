@@ -24,11 +24,15 @@ pub fn selector() -> String {
 /// Whether `repo` belongs on `agent`: it names a project, the hub has that project, and the
 /// project matches the agent (the same rule as for the project itself).
 pub(crate) fn belongs_on(hub: &Hub, repo: &Secret, agent: &str) -> bool {
-    repo.project().and_then(|p| hub.seen_projects.get(&p)).is_some_and(|p| matches_agent(&p, agent))
+    !hub.excluded(&repo.metadata)
+        && repo.project().and_then(|p| hub.seen_projects.get(&p)).is_some_and(|p| matches_agent(&p, agent))
 }
 
 /// The connected-since-start managed agents `repo` belongs on.
 pub(crate) fn targets(hub: &Hub, repo: &Secret) -> BTreeSet<String> {
+    if hub.excluded(&repo.metadata) {
+        return BTreeSet::new();
+    }
     let Some(project) = repo.project().and_then(|p| hub.seen_projects.get(&p)) else { return BTreeSet::new() };
     hub.peers
         .all()
@@ -51,8 +55,9 @@ pub(crate) fn send(hub: &Hub, agent: &str, ty: EventType, repo: &Secret) {
 
 /// The watch shows a repository secret (new, changed, or listed again).
 pub(crate) fn hub_repo_changed(hub: &Hub, repo: &Secret) {
-    if repo.project().is_none() {
-        // Not scoped to a project (any more): not distributed; copies sent earlier go.
+    if repo.project().is_none() || hub.excluded(&repo.metadata) {
+        // Not scoped to a project (any more), or left out: not distributed; copies sent
+        // earlier go.
         hub_repo_deleted(hub, repo);
         return;
     }

@@ -73,6 +73,14 @@ impl ObjectMeta {
         self.labels.as_ref()?.get(key).map(String::as_str)
     }
 
+    /// Whether the labels satisfy `selector`.
+    #[must_use]
+    pub fn selected_by(&self, selector: &crate::selector::LabelSelector) -> bool {
+        let labels: serde_json::Map<String, serde_json::Value> =
+            self.labels.iter().flatten().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+        selector.matches(self.labels.as_ref().map(|_| &labels))
+    }
+
     /// The `argocd.argoproj.io/source-uid` annotation, present even if empty.
     #[must_use]
     pub fn source_uid(&self) -> Option<&str> {

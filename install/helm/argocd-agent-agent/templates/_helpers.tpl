@@ -36,7 +36,8 @@ The argocd-agent-params keys (upstream's names) and the environment variable of
 (optional: true) as upstream's manifests do. Two differ from upstream's manifests on purpose:
 agent.log.format sets ARGOCD_AGENT_LOG_FORMAT (upstream's manifest sets the principal's variable),
 and agent.redis.address and agent.app-label-selector set the variables this binary reads for
---redis-addr and --label-selector, so that a value there stops startup instead of being ignored.
+--redis-addr and --label-selector, so that a value there takes effect (or, for the Redis
+address, stops startup) instead of being ignored.
 */}}
 {{- define "argocd-agent-agent.paramsEnv" -}}
 agent.server.address=ARGOCD_AGENT_REMOTE_SERVER
@@ -85,7 +86,6 @@ agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
 {{- if $v.allowedNamespaces }}{{ $bad = append $bad "allowedNamespaces" }}{{ end -}}
 {{- if $v.destinationBasedMapping }}{{ $bad = append $bad "destinationBasedMapping" }}{{ end -}}
 {{- if $v.createNamespace }}{{ $bad = append $bad "createNamespace" }}{{ end -}}
-{{- if $v.appLabelSelector }}{{ $bad = append $bad "appLabelSelector" }}{{ end -}}
 {{- if not (has (toString $v.redisAddress) (list "" "argocd-redis:6379")) }}{{ $bad = append $bad "redisAddress" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $v.auth) }}{{ $bad = append $bad "auth userpass:" }}{{ end -}}
 {{- if $bad -}}

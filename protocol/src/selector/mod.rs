@@ -8,7 +8,7 @@
 //! what was expected instead.
 //!
 //! ```
-//! use apiserver::selector::{FieldSelector, LabelSelector};
+//! use protocol::selector::{FieldSelector, LabelSelector};
 //! use serde_json::json;
 //!
 //! let labels = LabelSelector::parse("app in (web, api), tier != db, !canary").unwrap();
