@@ -132,7 +132,10 @@ async fn load_repos(hub: &Hub) -> Result<(), StoreError> {
 /// As [`load_repos`], for the GPG keys ConfigMap.
 async fn load_gpg(hub: &Hub) -> Result<(), StoreError> {
     if !hub.gpg_synced.load(Ordering::Relaxed) {
-        let found = hub.config_maps.get::<ConfigMap>(&hub.config.namespace, gpg::GPG_KEYS_CONFIG_MAP).await?;
+        let found = hub
+            .config_maps
+            .get::<ConfigMap>(&hub.config.namespace, protocol::argocd::core::GPG_KEYS_CONFIG_MAP)
+            .await?;
         hub.gpg.preload(found.into_iter().collect());
     }
     Ok(())

@@ -115,7 +115,6 @@ impl Spoke {
     /// `argocd-agent.argoproj-labs.io/ignore-sync=true` (upstream §4.10) or not matching
     /// `--label-selector`. Leaving out one the principal holds deletes it there.
     pub(crate) fn excluded(&self, meta: &protocol::argocd::ObjectMeta) -> bool {
-        meta.label(protocol::argocd::annotations::IGNORE_SYNC) == Some("true")
-            || self.config.label_selector.as_ref().is_some_and(|s| !meta.selected_by(s))
+        meta.left_out(self.config.label_selector.as_ref())
     }
 }

@@ -15,8 +15,8 @@ use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use link::watch::Index;
 use link::{Copies, Gone};
-use protocol::argocd::annotations::{LAST_APPLIED_CONFIGURATION, SECRET_TYPE_LABEL, SOURCE_UID};
-use protocol::argocd::core::REPOSITORY_SECRET_TYPES;
+use protocol::argocd::annotations::{LAST_APPLIED_CONFIGURATION, SOURCE_UID};
+use protocol::argocd::core::{GPG_KEYS_CONFIG_MAP, gpg_keys_selector, repository_selector};
 use protocol::argocd::{ConfigMap, ObjectMeta, Secret};
 use protocol::kube_store::ObjectStore;
 use serde::Serialize;
@@ -25,9 +25,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Spoke, clear_server_fields};
 use crate::error::InboundError;
-
-/// The name of the GPG keys ConfigMap (Argo CD's, upstream's only GPG object).
-pub const GPG_KEYS_CONFIG_MAP: &str = "argocd-gpg-keys-cm";
 
 /// A kind of core object the principal ships.
 pub(crate) trait Shipped: Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static {
@@ -66,7 +63,7 @@ impl Shipped for Secret {
         (&spoke.secrets, &spoke.managed_repos)
     }
     fn watch_config() -> watcher::Config {
-        watcher::Config::default().labels(&format!("{SECRET_TYPE_LABEL} in ({})", REPOSITORY_SECRET_TYPES.join(",")))
+        watcher::Config::default().labels(&repository_selector())
     }
     fn owned_differ(&self, other: &Self) -> bool {
         self.data != other.data || self.type_ != other.type_ || self.metadata.labels != other.metadata.labels
@@ -96,7 +93,7 @@ impl Shipped for ConfigMap {
         (&spoke.config_maps, &spoke.managed_gpg)
     }
     fn watch_config() -> watcher::Config {
-        watcher::Config::default().fields(&format!("metadata.name={GPG_KEYS_CONFIG_MAP}"))
+        watcher::Config::default().fields(&gpg_keys_selector())
     }
     fn owned_differ(&self, other: &Self) -> bool {
         self.data != other.data

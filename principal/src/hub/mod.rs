@@ -131,8 +131,7 @@ impl Hub {
     /// `argocd-agent.argoproj-labs.io/ignore-sync=true`, or not matching `--label-selector`.
     /// Leaving out an object the agents hold deletes it there.
     pub(crate) fn excluded(&self, meta: &ObjectMeta) -> bool {
-        meta.label(protocol::argocd::annotations::IGNORE_SYNC) == Some("true")
-            || self.config.label_selector.as_ref().is_some_and(|s| !meta.selected_by(s))
+        meta.left_out(self.config.label_selector.as_ref())
     }
 
     /// An Application event for an agent, stamped with the principal UID.

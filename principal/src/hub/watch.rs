@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use link::watch::Index;
+use protocol::argocd::core::{GPG_KEYS_CONFIG_MAP, gpg_keys_selector, repository_selector};
 use protocol::argocd::{AppProject, Application, ConfigMap, Secret};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -191,7 +192,7 @@ impl Index for Repositories<'_> {
 /// Watches repository secrets in the principal namespace until `cancel` fires.
 pub(crate) async fn run_repositories(hub: Arc<Hub>, cancel: CancellationToken) {
     let api = hub.secrets.api(Some(&hub.config.namespace));
-    let config = watcher::Config::default().labels(&repository::selector());
+    let config = watcher::Config::default().labels(&repository_selector());
     link::watch::run(&Repositories(&hub), api, config, &cancel).await;
 }
 
@@ -210,7 +211,7 @@ impl Index for GpgKeys<'_> {
         self.0
             .config_maps
             .decode_or_skip::<ConfigMap>(obj, self.what())
-            .filter(|c| c.metadata.name.as_deref() == Some(gpg::GPG_KEYS_CONFIG_MAP))
+            .filter(|c| c.metadata.name.as_deref() == Some(GPG_KEYS_CONFIG_MAP))
     }
     fn key(c: &ConfigMap) -> String {
         c.metadata.name.clone().unwrap_or_default()
@@ -234,6 +235,6 @@ impl Index for GpgKeys<'_> {
 /// Watches the GPG keys ConfigMap of the principal namespace until `cancel` fires.
 pub(crate) async fn run_gpg_keys(hub: Arc<Hub>, cancel: CancellationToken) {
     let api = hub.config_maps.api(Some(&hub.config.namespace));
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", gpg::GPG_KEYS_CONFIG_MAP));
+    let config = watcher::Config::default().fields(&gpg_keys_selector());
     link::watch::run(&GpgKeys(&hub), api, config, &cancel).await;
 }

@@ -10,9 +10,6 @@ use protocol::{EventType, Target};
 use crate::config::AgentMode;
 use crate::hub::Hub;
 
-/// The name of the GPG keys ConfigMap (Argo CD's).
-pub const GPG_KEYS_CONFIG_MAP: &str = "argocd-gpg-keys-cm";
-
 /// The connected-since-start managed agents.
 pub(crate) fn targets(hub: &Hub) -> BTreeSet<String> {
     // (Whether the ConfigMap itself is left out is decided by its callers.)

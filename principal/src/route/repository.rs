@@ -7,19 +7,11 @@
 use std::collections::BTreeSet;
 
 use protocol::argocd::Secret;
-use protocol::argocd::annotations::SECRET_TYPE_LABEL;
-use protocol::argocd::core::REPOSITORY_SECRET_TYPES;
 use protocol::{EventType, Target};
 
 use crate::config::AgentMode;
 use crate::hub::Hub;
 use crate::route::project::matches_agent;
-
-/// The label selector of the secret watch.
-#[must_use]
-pub fn selector() -> String {
-    format!("{SECRET_TYPE_LABEL} in ({})", REPOSITORY_SECRET_TYPES.join(","))
-}
 
 /// Whether `repo` belongs on `agent`: it names a project, the hub has that project, and the
 /// project matches the agent (the same rule as for the project itself).

@@ -54,6 +54,21 @@ impl fmt::Debug for Secret {
 /// The values of `argocd.argoproj.io/secret-type` that make a Secret a repository secret.
 pub const REPOSITORY_SECRET_TYPES: [&str; 2] = ["repository", "repo-creds"];
 
+/// The name of Argo CD's GPG keys ConfigMap, the only GPG object argocd-agent ships.
+pub const GPG_KEYS_CONFIG_MAP: &str = "argocd-gpg-keys-cm";
+
+/// The label selector that lists repository and repo-creds secrets (for a watch).
+#[must_use]
+pub fn repository_selector() -> String {
+    format!("{} in ({})", super::annotations::SECRET_TYPE_LABEL, REPOSITORY_SECRET_TYPES.join(","))
+}
+
+/// The field selector that lists the GPG keys ConfigMap alone (for a watch).
+#[must_use]
+pub fn gpg_keys_selector() -> String {
+    format!("metadata.name={GPG_KEYS_CONFIG_MAP}")
+}
+
 impl Secret {
     /// Whether it is labelled as a repository or repo-creds secret.
     #[must_use]

@@ -81,6 +81,14 @@ impl ObjectMeta {
         selector.matches(self.labels.as_ref().map(|_| &labels))
     }
 
+    /// Whether the object is left out of synchronisation (upstream §4.10): labelled
+    /// `argocd-agent.argoproj-labs.io/ignore-sync=true`, or not matching `selector` (a side's
+    /// `--label-selector`).
+    #[must_use]
+    pub fn left_out(&self, selector: Option<&crate::selector::LabelSelector>) -> bool {
+        self.label(super::annotations::IGNORE_SYNC) == Some("true") || selector.is_some_and(|s| !self.selected_by(s))
+    }
+
     /// The `argocd.argoproj.io/source-uid` annotation, present even if empty.
     #[must_use]
     pub fn source_uid(&self) -> Option<&str> {
@@ -103,5 +111,26 @@ impl ObjectMeta {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ObjectMeta;
+    use crate::selector::LabelSelector;
+
+    #[test]
+    fn left_out_by_ignore_sync_or_by_the_selector() {
+        let meta = |labels: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(serde_json::json!({"labels": labels})).expect("metadata")
+        };
+        let team_a = LabelSelector::parse("team=a").expect("selector");
+        assert!(!meta(serde_json::json!({"team": "a"})).left_out(Some(&team_a)));
+        assert!(meta(serde_json::json!({"team": "b"})).left_out(Some(&team_a)));
+        assert!(!meta(serde_json::json!({})).left_out(None));
+        let ignored = meta(serde_json::json!({"team": "a", "argocd-agent.argoproj-labs.io/ignore-sync": "true"}));
+        assert!(ignored.left_out(Some(&team_a)) && ignored.left_out(None));
+        let no_labels = ObjectMeta::default();
+        assert!(no_labels.left_out(Some(&team_a)) && !no_labels.left_out(None));
     }
 }
