@@ -30,7 +30,7 @@ use crate::config::AgentMode;
 use crate::error::InboundError;
 use crate::hub::Hub;
 use crate::peer::AgentPeer;
-use crate::route::{autonomous, gpg, is_autonomous_copy, managed, project, repository};
+use crate::route::{autonomous, is_autonomous_copy, managed, project, repository};
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
@@ -129,6 +129,16 @@ async fn load_repos(hub: &Hub) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// As [`load_repos`] for one repository secret (a `request-update` about it): one GET, not a
+/// LIST per request while the watch has not listed the hub yet.
+async fn load_repo(hub: &Hub, name: &str) -> Result<(), StoreError> {
+    if !hub.repos_synced.load(Ordering::Relaxed) {
+        let found = hub.secrets.get::<Secret>(&hub.config.namespace, name).await?;
+        hub.repos.preload(found.into_iter().filter(Secret::is_repository).collect());
+    }
+    Ok(())
+}
+
 /// As [`load_repos`], for the GPG keys ConfigMap.
 async fn load_gpg(hub: &Hub) -> Result<(), StoreError> {
     if !hub.gpg_synced.load(Ordering::Relaxed) {
@@ -164,13 +174,9 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
                 push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
             }
             load_repos(hub).await?;
-            hub.repos.resync(
-                agent,
-                |r| repository::belongs_on(hub, r, agent),
-                |a, ty, r| repository::send(hub, a, ty, r),
-            );
+            hub.repos.resync(agent, |r| repository::belongs_on(hub, r, agent), |a, ty, r| hub.ship(a, ty, r));
             load_gpg(hub).await?;
-            hub.gpg.resync(agent, |c| !hub.excluded(&c.metadata), |a, ty, c| gpg::send(hub, a, ty, c));
+            hub.gpg.resync(agent, |c| !hub.excluded(&c.metadata), |a, ty, c| hub.ship(a, ty, c));
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
         }
         AgentMode::Autonomous => {
@@ -295,7 +301,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
     } else if req.kind == RESYNC_KIND_REPOSITORY {
         // Upstream answers a differing repository with an error and relies on the next
         // connect's push; here it is sent again at once.
-        load_repos(hub).await?;
+        load_repo(hub, &req.name).await?;
         let stub = Secret { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
         hub.repos.answer(
             agent,
@@ -303,7 +309,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
             |r| repository::belongs_on(hub, r, agent),
             |r| req.uid.is_empty() || secret_checksum(r).map(|c| c.to_vec()) != req.checksum,
             &stub,
-            |a, ty, r| repository::send(hub, a, ty, r),
+            |a, ty, r| hub.ship(a, ty, r),
         );
     } else if req.kind == RESYNC_KIND_GPG_KEY {
         load_gpg(hub).await?;
@@ -314,7 +320,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
             |c| !hub.excluded(&c.metadata),
             |c| req.uid.is_empty() || config_map_checksum(c).map(|c| c.to_vec()) != req.checksum,
             &stub,
-            |a, ty, c| gpg::send(hub, a, ty, c),
+            |a, ty, c| hub.ship(a, ty, c),
         );
     } else {
         tracing::debug!(%agent, kind = %req.kind, name = %req.name, "request-update for a kind not synced here");

@@ -180,7 +180,7 @@ async fn repositories_follow_their_project(managed: &str, autonomous: &str, clus
 
     // Credentials never appear in any process's log (all at debug level), neither in clear nor
     // as the base64 the events carry.
-    anyhow::ensure!(t.any_log_contains("repository secret queued"), "the principal logs at debug level");
+    anyhow::ensure!(t.any_log_contains("shipped object queued"), "the principal logs at debug level");
     for secret in ["s3cret", "rotated", "tampered"] {
         anyhow::ensure!(
             !t.any_log_contains(secret) && !t.any_log_contains(&b64(secret)),

@@ -18,7 +18,7 @@ use protocol::{Event, EventType, Target};
 use crate::config::PrincipalConfig;
 use crate::peer::Peers;
 pub(crate) use index::{AppIndex, StatusBase};
-pub(crate) use shipped::{GpgIndex, RepoIndex};
+pub(crate) use shipped::{GpgIndex, RepoIndex, Shipped};
 
 /// `(namespace, name)` of an object on the hub.
 pub(crate) type Key = (String, String);
@@ -132,6 +132,18 @@ impl Hub {
     /// Leaving out an object the agents hold deletes it there.
     pub(crate) fn excluded(&self, meta: &ObjectMeta) -> bool {
         meta.left_out(self.config.label_selector.as_ref())
+    }
+
+    /// Queues `ty` of a shipped object (repository secret, GPG keys) for `agent`, if it still has
+    /// a peer: the object as the hub has it, credentials included, without `managedFields`.
+    pub(crate) fn ship<T: Shipped>(&self, agent: &str, ty: EventType, obj: &T) {
+        let Some(peer) = self.peers.get(agent) else { return };
+        let mut copy = obj.clone();
+        copy.meta_mut().extra.remove("managedFields");
+        tracing::debug!(%agent, name = ?obj.meta().name, target = %T::TARGET, event = ty.as_str(), "shipped object queued");
+        if let Some(ev) = self.object_event(ty, T::TARGET, obj.meta(), &copy) {
+            peer.push(ev);
+        }
     }
 
     /// An Application event for an agent, stamped with the principal UID.

@@ -10,19 +10,30 @@ use protocol::EventType;
 use protocol::argocd::{ConfigMap, ObjectMeta, Secret};
 
 /// A kind of object the principal ships.
-pub(crate) trait Shipped: Clone + PartialEq {
+pub(crate) trait Shipped: Clone + PartialEq + serde::Serialize {
+    /// Its event target.
+    const TARGET: protocol::Target;
     fn meta(&self) -> &ObjectMeta;
+    fn meta_mut(&mut self) -> &mut ObjectMeta;
 }
 
 impl Shipped for Secret {
+    const TARGET: protocol::Target = protocol::Target::Repository;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
 impl Shipped for ConfigMap {
+    const TARGET: protocol::Target = protocol::Target::GpgKey;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 

@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 
 use protocol::argocd::ConfigMap;
-use protocol::{EventType, Target};
 
 use crate::config::AgentMode;
 use crate::hub::Hub;
@@ -16,26 +15,16 @@ pub(crate) fn targets(hub: &Hub) -> BTreeSet<String> {
     hub.peers.all().into_iter().filter(|s| s.mode() == AgentMode::Managed).map(|s| s.name().to_owned()).collect()
 }
 
-/// Queues `ty` of the ConfigMap for `agent` (if it still has a peer).
-pub(crate) fn send(hub: &Hub, agent: &str, ty: EventType, cm: &ConfigMap) {
-    let Some(peer) = hub.peers.get(agent) else { return };
-    let mut copy = cm.clone();
-    copy.metadata.extra.remove("managedFields");
-    if let Some(ev) = hub.object_event(ty, Target::GpgKey, &cm.metadata, &copy) {
-        peer.push(ev);
-    }
-}
-
 /// The watch shows the ConfigMap (new, changed, or listed again).
 pub(crate) fn hub_gpg_changed(hub: &Hub, cm: &ConfigMap) {
     if hub.excluded(&cm.metadata) {
         hub_gpg_deleted(hub, cm);
         return;
     }
-    hub.gpg.observed(cm, &targets(hub), |agent, ty, c| send(hub, agent, ty, c));
+    hub.gpg.observed(cm, &targets(hub), |agent, ty, c| hub.ship(agent, ty, c));
 }
 
 /// The watch shows it deleted.
 pub(crate) fn hub_gpg_deleted(hub: &Hub, cm: &ConfigMap) {
-    hub.gpg.deleted(cm, &targets(hub), |agent, ty, c| send(hub, agent, ty, c));
+    hub.gpg.deleted(cm, &targets(hub), |agent, ty, c| hub.ship(agent, ty, c));
 }

@@ -6,43 +6,35 @@
 
 use std::collections::BTreeSet;
 
-use protocol::argocd::Secret;
-use protocol::{EventType, Target};
+use protocol::argocd::{AppProject, Secret};
 
 use crate::config::AgentMode;
 use crate::hub::Hub;
 use crate::route::project::matches_agent;
 
+/// The hub AppProject that decides where `repo` goes: the one it names, unless `repo` is left out.
+fn project_of(hub: &Hub, repo: &Secret) -> Option<AppProject> {
+    if hub.excluded(&repo.metadata) {
+        return None;
+    }
+    repo.project().and_then(|p| hub.seen_projects.get(&p))
+}
+
 /// Whether `repo` belongs on `agent`: it names a project, the hub has that project, and the
 /// project matches the agent (the same rule as for the project itself).
 pub(crate) fn belongs_on(hub: &Hub, repo: &Secret, agent: &str) -> bool {
-    !hub.excluded(&repo.metadata)
-        && repo.project().and_then(|p| hub.seen_projects.get(&p)).is_some_and(|p| matches_agent(&p, agent))
+    project_of(hub, repo).is_some_and(|p| matches_agent(&p, agent))
 }
 
 /// The connected-since-start managed agents `repo` belongs on.
 pub(crate) fn targets(hub: &Hub, repo: &Secret) -> BTreeSet<String> {
-    if hub.excluded(&repo.metadata) {
-        return BTreeSet::new();
-    }
-    let Some(project) = repo.project().and_then(|p| hub.seen_projects.get(&p)) else { return BTreeSet::new() };
+    let Some(project) = project_of(hub, repo) else { return BTreeSet::new() };
     hub.peers
         .all()
         .into_iter()
         .filter(|s| s.mode() == AgentMode::Managed && matches_agent(&project, s.name()))
         .map(|s| s.name().to_owned())
         .collect()
-}
-
-/// Queues `ty` of `repo` for `agent` (if it still has a peer).
-pub(crate) fn send(hub: &Hub, agent: &str, ty: EventType, repo: &Secret) {
-    let Some(peer) = hub.peers.get(agent) else { return };
-    let mut copy = repo.clone();
-    copy.metadata.extra.remove("managedFields");
-    tracing::debug!(%agent, repository = ?repo.metadata.name, event = ty.as_str(), "repository secret queued");
-    if let Some(ev) = hub.object_event(ty, Target::Repository, &repo.metadata, &copy) {
-        peer.push(ev);
-    }
 }
 
 /// The watch shows a repository secret (new, changed, or listed again).
@@ -53,12 +45,12 @@ pub(crate) fn hub_repo_changed(hub: &Hub, repo: &Secret) {
         hub_repo_deleted(hub, repo);
         return;
     }
-    hub.repos.observed(repo, &targets(hub, repo), |agent, ty, r| send(hub, agent, ty, r));
+    hub.repos.observed(repo, &targets(hub, repo), |agent, ty, r| hub.ship(agent, ty, r));
 }
 
 /// The watch shows a repository secret deleted.
 pub(crate) fn hub_repo_deleted(hub: &Hub, repo: &Secret) {
-    hub.repos.deleted(repo, &targets(hub, repo), |agent, ty, r| send(hub, agent, ty, r));
+    hub.repos.deleted(repo, &targets(hub, repo), |agent, ty, r| hub.ship(agent, ty, r));
 }
 
 /// A hub AppProject changed or was deleted: its repositories follow its matching agents.
@@ -66,6 +58,6 @@ pub(crate) fn project_changed(hub: &Hub, project: &str) {
     hub.repos.retarget(
         |r| r.project().as_deref() == Some(project),
         |r| targets(hub, r),
-        |agent, ty, r| send(hub, agent, ty, r),
+        |agent, ty, r| hub.ship(agent, ty, r),
     );
 }
