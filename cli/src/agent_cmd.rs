@@ -177,7 +177,7 @@ impl Args {
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         u.finish("argocd-agent agent")?;
         self.tls_policy()?;
-        label_selector(self.label_selector.as_deref(), "--label-selector")?;
+        crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.ignore_unmanaged_apps == Some(true) && self.agent_mode == "autonomous" {
             anyhow::bail!(
                 "argocd-agent agent: --ignore-unmanaged-apps applies to managed agents (an autonomous agent's Applications never carry the principal's source-uid, so it would sync nothing)"
@@ -196,23 +196,11 @@ impl Args {
     /// # Errors
     /// A version or suite name is unknown, or nothing is left to negotiate.
     pub fn tls_policy(&self) -> anyhow::Result<auth::tls_policy::TlsPolicy> {
-        auth::tls_policy::TlsPolicy::parse(
+        crate::tls::policy(
             self.tls_min_version.as_deref().unwrap_or_default(),
-            self.tls_max_version.as_deref().unwrap_or_default(),
+            self.tls_max_version.as_deref(),
             &self.tls_ciphersuites,
         )
-        .context("--tls-min-version, --tls-max-version or --tls-ciphersuites")
-    }
-}
-
-/// A `--label-selector` value (empty: none).
-///
-/// # Errors
-/// The text is not a Kubernetes label selector.
-pub fn label_selector(text: Option<&str>, flag: &str) -> anyhow::Result<Option<protocol::selector::LabelSelector>> {
-    match text.map(str::trim).filter(|t| !t.is_empty()) {
-        None => Ok(None),
-        Some(t) => protocol::selector::LabelSelector::parse(t).map(Some).with_context(|| format!("{flag} {t:?}")),
     }
 }
 
@@ -479,7 +467,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.keepalive = keepalive;
     config.max_message_bytes = args.grpc_max_message_size;
     config.namespace = args.namespace.clone();
-    config.label_selector = label_selector(args.label_selector.as_deref(), "--label-selector")?;
+    config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
         tracing::info!(
             "--label-selector applies to what an autonomous agent sends; a managed agent holds what the principal sends"

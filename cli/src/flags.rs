@@ -43,6 +43,20 @@ fn unset_if_empty(arg: Arg) -> Arg {
     }
 }
 
+/// The `--label-selector` value of either binary (empty: none).
+///
+/// # Errors
+/// The text is not a Kubernetes label selector; the error names the flag.
+pub fn label_selector(text: Option<&str>) -> anyhow::Result<Option<protocol::selector::LabelSelector>> {
+    use anyhow::Context as _;
+    match text.map(str::trim).filter(|t| !t.is_empty()) {
+        None => Ok(None),
+        Some(t) => {
+            protocol::selector::LabelSelector::parse(t).map(Some).with_context(|| format!("--label-selector {t:?}"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, FromArgMatches, Parser};

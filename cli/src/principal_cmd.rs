@@ -181,12 +181,7 @@ impl Args {
     /// # Errors
     /// A version or suite name is unknown, or nothing is left to negotiate.
     pub fn tls_policy(&self) -> anyhow::Result<auth::tls_policy::TlsPolicy> {
-        auth::tls_policy::TlsPolicy::parse(
-            &self.tls_min_version,
-            self.tls_max_version.as_deref().unwrap_or_default(),
-            &self.tls_ciphersuites,
-        )
-        .context("--tls-min-version, --tls-max-version or --tls-ciphersuites")
+        crate::tls::policy(&self.tls_min_version, self.tls_max_version.as_deref(), &self.tls_ciphersuites)
     }
 }
 
@@ -226,7 +221,7 @@ impl Args {
             .check("--client-cert-subject-match", self.client_cert_subject_match);
         u.finish("argocd-agent principal")?;
         self.tls_policy()?;
-        crate::agent_cmd::label_selector(self.label_selector.as_deref(), "--label-selector")?;
+        crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
         }
@@ -418,7 +413,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut config = principal::PrincipalConfig::new(&args.namespace);
     config.allowed_namespaces = args.allowed_namespaces.clone();
     config.namespace_create_enable = args.namespace_create_enable;
-    config.label_selector = crate::agent_cmd::label_selector(args.label_selector.as_deref(), "--label-selector")?;
+    config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.allowed_namespaces.is_empty() {
         // Upstream's semantics: no pattern admits no agent. Say so, since it is rarely intended.
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");

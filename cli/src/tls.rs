@@ -18,6 +18,15 @@ pub fn wants_cipher_list(suites: &[String]) -> bool {
     false
 }
 
+/// `--tls-min-version`, `--tls-max-version` and `--tls-ciphersuites` (an empty text is unset).
+///
+/// # Errors
+/// A version or suite name is unknown, or nothing is left to negotiate.
+pub fn policy(min: &str, max: Option<&str>, suites: &[String]) -> anyhow::Result<auth::tls_policy::TlsPolicy> {
+    auth::tls_policy::TlsPolicy::parse(min, max.unwrap_or_default(), suites)
+        .context("--tls-min-version, --tls-max-version or --tls-ciphersuites")
+}
+
 /// A rustls client configuration trusting `ca_pem`, presenting `identity` (certificate and key
 /// PEM) when given, with the versions and suites of `policy`.
 ///
