@@ -64,6 +64,9 @@ pub struct AgentConfig {
     /// Autonomous: only Applications and AppProjects whose labels match go to the principal
     /// (`--label-selector`); one that stops matching is deleted there.
     pub label_selector: Option<protocol::selector::LabelSelector>,
+    /// gzip on the event stream (`--enable-compression`): the agent compresses what it sends
+    /// and the principal answers in kind (see [`crate::compression`]).
+    pub compression: bool,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -78,6 +81,7 @@ impl fmt::Debug for AgentConfig {
             .field("backoff", &self.backoff)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("keepalive", &self.keepalive)
+            .field("compression", &self.compression)
             .finish_non_exhaustive()
     }
 }
@@ -102,6 +106,7 @@ impl AgentConfig {
             renew_session: None,
             session: None,
             label_selector: None,
+            compression: false,
         }
     }
 

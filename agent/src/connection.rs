@@ -25,7 +25,6 @@ use link::recv::{Inbound, Next};
 use link::send::{SendHooks, SendOptions};
 use protocol::outbox::Parked;
 use protocol::pb::eventstreamapi::Event as WireEvent;
-use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use protocol::{Event, EventType, Target};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -172,7 +171,7 @@ async fn connect(
     let cfg = &spoke.config;
     let addr = cfg.principal_addr.clone();
     let channel = crate::transport::connect(&addr, cfg.tls.as_ref(), cfg.keepalive).await?;
-    let mut client = EventStreamClient::new(channel)
+    let mut client = crate::compression::event_stream_client(channel, cfg.compression)
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);

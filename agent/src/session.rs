@@ -24,6 +24,8 @@ pub struct Session {
     params: auth::AuthParams,
     /// Notified by the connection when the principal refuses the stream's session.
     renew: Arc<Notify>,
+    /// gzip on the `Authentication` calls (`--enable-compression`, as upstream's agent).
+    compression: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -37,13 +39,25 @@ impl Session {
     /// of the principal), holding its tokens in `credentials`.
     #[must_use]
     pub fn new(channel: Channel, credentials: auth::Credentials, params: auth::AuthParams) -> Self {
-        Self { channel, credentials: Arc::new(credentials), params, renew: Arc::new(Notify::new()) }
+        Self { channel, credentials: Arc::new(credentials), params, renew: Arc::new(Notify::new()), compression: false }
+    }
+
+    /// The same session with its `Authentication` calls gzip-compressed when `on`
+    /// (`--enable-compression`: upstream's agent compresses every call).
+    #[must_use]
+    pub fn with_compression(mut self, on: bool) -> Self {
+        self.compression = on;
+        self
+    }
+
+    fn client(&self) -> AuthenticationClient<Channel> {
+        crate::compression::auth_client(self.channel.clone(), self.compression)
     }
 
     /// Authenticates, retrying with backoff until it succeeds. Errors that retrying cannot fix
     /// (a refused certificate, a version mismatch) are logged each time with what to change.
     pub async fn authenticate(&self) -> auth::PrincipalInfo {
-        authenticate(&mut AuthenticationClient::new(self.channel.clone()), &self.credentials, &self.params).await
+        authenticate(&mut self.client(), &self.credentials, &self.params).await
     }
 
     /// What every stream request carries: the current access token, then `extra` (e.g. a
@@ -69,7 +83,7 @@ impl Session {
     /// Keeps the session fresh until dropped; when it ends (refresh refused, the principal
     /// restarted with another key), authenticates again.
     pub(crate) async fn keep(&self) {
-        let mut client = AuthenticationClient::new(self.channel.clone());
+        let mut client = self.client();
         loop {
             let e = tokio::select! {
                 e = self.credentials.keep_fresh(&mut client) => e,

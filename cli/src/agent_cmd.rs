@@ -121,9 +121,10 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", hide = true)]
     pub enable_websocket: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", hide = true)]
-    pub enable_compression: Option<bool>,
+    /// gzip-compress every call to the principal; it answers compressed (upstream's name and
+    /// behaviour; both principals decompress it).
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", default_value_t = false)]
+    pub enable_compression: bool,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT", hide = true)]
     pub pprof_port: Option<u16>,
@@ -168,7 +169,6 @@ impl Args {
         let mut u = Unsupported::default();
         u.check_opt("--full-detail", &self.full_detail)
             .check("--enable-websocket", self.enable_websocket == Some(true))
-            .check("--enable-compression", self.enable_compression == Some(true))
             .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
             .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
@@ -445,7 +445,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         version: VERSION.to_string(),
         agent_namespace: args.namespace.clone(),
     };
-    let session = Arc::new(agent::session::Session::new(channel, creds, params));
+    let session =
+        Arc::new(agent::session::Session::new(channel, creds, params).with_compression(args.enable_compression));
     // The stream needs a token: authenticate before dialling it (or stop on a signal).
     let info = tokio::select! {
         info = session.authenticate() => info,
@@ -466,6 +467,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.tls = transport.tls.clone();
     config.keepalive = keepalive;
     config.max_message_bytes = args.grpc_max_message_size;
+    config.compression = args.enable_compression;
     config.namespace = args.namespace.clone();
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {

@@ -14,6 +14,7 @@
 
 pub mod authz;
 pub mod blocklist;
+pub mod compression;
 pub mod config;
 pub mod error;
 pub mod hub;
@@ -115,7 +116,9 @@ impl Principal {
     pub fn event_stream_service(&self) -> authz::Authorize<EventStreamServer<EventStreamService>> {
         let service = EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.authorizer.clone()))
             .max_decoding_message_size(self.hub.config.max_message_bytes)
-            .max_encoding_message_size(self.hub.config.max_message_bytes);
+            .max_encoding_message_size(self.hub.config.max_message_bytes)
+            .accept_compressed(compression::GZIP)
+            .send_compressed(compression::GZIP);
         tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
     }
 
@@ -123,6 +126,8 @@ impl Principal {
     #[must_use]
     pub fn version_service(&self) -> VersionServer<VersionService> {
         VersionServer::new(VersionService::new(self.hub.config.version.clone()))
+            .accept_compressed(compression::GZIP)
+            .send_compressed(compression::GZIP)
     }
 
     /// Runs the hub watchers (Applications, AppProjects, repository secrets, GPG keys) and the blocklist watcher until
@@ -247,7 +252,8 @@ impl Principal {
                 this.disconnect_all();
             }
         };
-        let mut server = tonic::transport::Server::builder();
+        // gzip answered in kind, as upstream's principal answers it (see [`compression`]).
+        let mut server = tonic::transport::Server::builder().layer(compression::mirror_layer());
         let served = match auth {
             None => {
                 server
@@ -261,7 +267,9 @@ impl Principal {
                     || auth::AuthObserver::new(|method, reason| metrics::global().auth_failed(method, reason));
                 let authentication = AuthenticationServer::new(
                     auth::AuthService::new(sessions.clone(), config, self.session_hook()).with_observer(observer()),
-                );
+                )
+                .accept_compressed(compression::GZIP)
+                .send_compressed(compression::GZIP);
                 server
                     .layer(auth::AuthLayer::new(sessions).with_observer(observer()))
                     .add_service(authentication)

@@ -132,9 +132,24 @@ impl GoPeer {
         mode: &str,
         version: &str,
     ) -> anyhow::Result<Self> {
+        Self::agent_with(pki, name, server, mode, version, &[])
+    }
+
+    /// [`Self::agent`] with more flags of the Go agent (e.g. `--compress`).
+    ///
+    /// # Errors
+    /// As [`Self::spawn`].
+    pub fn agent_with(
+        pki: &Pki,
+        name: &str,
+        server: std::net::SocketAddr,
+        mode: &str,
+        version: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let server = server.to_string();
         let (ca, cert, key) = (pki.ca(), pki.cert(name), pki.key(name));
-        let args: Vec<&std::ffi::OsStr> = vec![
+        let mut args: Vec<&std::ffi::OsStr> = vec![
             "agent".as_ref(),
             "--server".as_ref(),
             server.as_ref(),
@@ -149,6 +164,7 @@ impl GoPeer {
             "--version".as_ref(),
             version.as_ref(),
         ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
         Self::spawn(&format!("agent-{name}"), &args)
     }
 

@@ -80,7 +80,6 @@ agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
 {{- if gt (int $v.replicaCount) 1 }}{{ $bad = append $bad "replicaCount > 1" }}{{ end -}}
 {{- if ne (toString $v.tlsClientInSecure) "false" }}{{ $bad = append $bad "tlsClientInSecure" }}{{ end -}}
 {{- if $v.enableWebSocket }}{{ $bad = append $bad "enableWebSocket" }}{{ end -}}
-{{- if $v.enableCompression }}{{ $bad = append $bad "enableCompression" }}{{ end -}}
 {{- if not (has (toString $v.pprofPort) (list "" "0")) }}{{ $bad = append $bad "pprofPort" }}{{ end -}}
 {{- if $v.enableResourceProxy }}{{ $bad = append $bad "enableResourceProxy" }}{{ end -}}
 {{- if $v.allowedNamespaces }}{{ $bad = append $bad "allowedNamespaces" }}{{ end -}}

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -50,6 +51,7 @@ func runAgent(args []string) error {
 	mode := fs.String("mode", "managed", "managed or autonomous")
 	version := fs.String("version", "", "AuthRequest.version (empty: an agent from before the handshake)")
 	namespace := fs.String("namespace", "argocd", "AuthRequest.agentNamespace")
+	compress := fs.Bool("compress", false, "gzip every call, as upstream's --enable-compression (pkg/client/remote.go)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,9 +60,14 @@ func runAgent(args []string) error {
 		return err
 	}
 	tlsConfig := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
-	conn, err := grpc.NewClient(*server,
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),
-		grpc.WithUserAgent("argocd-agent/v0.0.1"))
+		grpc.WithUserAgent("argocd-agent/v0.0.1"),
+	}
+	if *compress {
+		opts = append(opts, grpc.WithDefaultCallOptions(grpc.UseCompressor(gzip.Name)))
+	}
+	conn, err := grpc.NewClient(*server, opts...)
 	if err != nil {
 		return err
 	}

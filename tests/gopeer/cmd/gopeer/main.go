@@ -4,7 +4,7 @@
 // (tests/tests/gopeer_interop.rs) over JSON lines: commands on stdin, reports on stdout, logs on
 // stderr.
 //
-//	argocd-gopeer agent --server 127.0.0.1:PORT --ca ca.crt --cert a.crt --key a.key --mode managed --version V
+//	argocd-gopeer agent --server 127.0.0.1:PORT --ca ca.crt --cert a.crt --key a.key --mode managed --version V [--compress]
 //	argocd-gopeer principal --cert p.crt --key p.key --ca ca.crt --version V
 //	argocd-gopeer codec
 //	argocd-gopeer check-protos protocol/proto
