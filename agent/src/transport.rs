@@ -1,7 +1,9 @@
 //! How the agent reaches the principal: plaintext h2c (behind a mesh sidecar on loopback), TLS
 //! configured by tonic (a CA file and a client certificate), or TLS from a rustls configuration
 //! supplied by the caller (e.g. X.509-SVIDs from the SPIFFE Workload API, whose resolver presents
-//! the current SVID on every handshake, so a rotation reaches the next connection).
+//! the current SVID on every handshake, so a rotation reaches the next connection), or from a
+//! configuration the caller replaces as certificates are reissued ([`AgentTls::Reloading`]: each
+//! new connection uses the latest one).
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// TLS towards the principal.
@@ -27,6 +30,14 @@ pub enum AgentTls {
         /// The server name for SNI.
         server_name: String,
     },
+    /// As [`Self::Rustls`], with the configuration the watch holds when a connection is made:
+    /// the owner of the sender replaces it when the client certificate or CA is reissued.
+    Reloading {
+        /// The current client configuration.
+        config: watch::Receiver<Arc<rustls::ClientConfig>>,
+        /// The server name for SNI.
+        server_name: String,
+    },
 }
 
 impl fmt::Debug for AgentTls {
@@ -35,6 +46,9 @@ impl fmt::Debug for AgentTls {
             Self::Tonic(_) => f.write_str("AgentTls::Tonic"),
             Self::Rustls { server_name, .. } => {
                 f.debug_struct("AgentTls::Rustls").field("server_name", server_name).finish_non_exhaustive()
+            }
+            Self::Reloading { server_name, .. } => {
+                f.debug_struct("AgentTls::Reloading").field("server_name", server_name).finish_non_exhaustive()
             }
         }
     }
@@ -77,7 +91,7 @@ pub enum TransportError {
 fn endpoint(addr: &str, tls: Option<&AgentTls>, keepalive: Option<Duration>) -> Result<Endpoint, TransportError> {
     let bad = |source| TransportError::BadAddress { addr: addr.to_owned(), source };
     let uri = match (tls, addr.strip_prefix("https://")) {
-        (Some(AgentTls::Rustls { .. }), Some(rest)) => format!("http://{rest}"),
+        (Some(AgentTls::Rustls { .. } | AgentTls::Reloading { .. }), Some(rest)) => format!("http://{rest}"),
         _ => addr.to_owned(),
     };
     let endpoint = Endpoint::from_shared(uri)
@@ -98,25 +112,38 @@ fn endpoint(addr: &str, tls: Option<&AgentTls>, keepalive: Option<Duration>) -> 
 /// How long an HTTP/2 PING may go unanswered before the connection is considered dead.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// What a connector needs for [`AgentTls::Rustls`].
+/// What a connector needs for [`AgentTls::Rustls`] and [`AgentTls::Reloading`].
 #[derive(Clone)]
 struct RustlsConnector {
-    connector: tokio_rustls::TlsConnector,
+    config: watch::Receiver<Arc<rustls::ClientConfig>>,
     server_name: ServerName<'static>,
 }
 
 impl RustlsConnector {
-    fn new(config: &Arc<rustls::ClientConfig>, server_name: &str) -> Result<Self, TransportError> {
-        let server_name = ServerName::try_from(server_name.to_owned())
-            .map_err(|_| TransportError::BadServerName(server_name.to_owned()))?;
+    fn new(tls: &AgentTls) -> Result<Option<Self>, TransportError> {
+        let (config, server_name) = match tls {
+            AgentTls::Tonic(_) => return Ok(None),
+            // The sender goes at once; the receiver keeps the one value.
+            AgentTls::Rustls { config, server_name } => (watch::channel(config.clone()).1, server_name),
+            AgentTls::Reloading { config, server_name } => (config.clone(), server_name),
+        };
+        let server_name = ServerName::try_from(server_name.clone())
+            .map_err(|_| TransportError::BadServerName(server_name.clone()))?;
+        Ok(Some(Self { config, server_name }))
+    }
+
+    /// The connector for a new connection: the current configuration, with ALPN `h2` added
+    /// when it has none.
+    fn connector(&self) -> tokio_rustls::TlsConnector {
+        let config = self.config.borrow().clone();
         let config = if config.alpn_protocols.is_empty() {
-            let mut with_alpn = (**config).clone();
+            let mut with_alpn = (*config).clone();
             with_alpn.alpn_protocols = vec![b"h2".to_vec()];
             Arc::new(with_alpn)
         } else {
-            config.clone()
+            config
         };
-        Ok(Self { connector: tokio_rustls::TlsConnector::from(config), server_name })
+        tokio_rustls::TlsConnector::from(config)
     }
 
     fn service(
@@ -137,7 +164,7 @@ impl RustlsConnector {
                 let port = uri.port_u16().unwrap_or(443);
                 let tcp = TcpStream::connect((host, port)).await?;
                 tcp.set_nodelay(true)?;
-                let tls = this.connector.connect(this.server_name, tcp).await?;
+                let tls = this.connector().connect(this.server_name, tcp).await?;
                 Ok(TokioIo::new(tls))
             }
         })
@@ -162,9 +189,10 @@ pub fn lazy_channel(
             .tls_config(config.clone())
             .map_err(|source| TransportError::BadAddress { addr: addr.to_owned(), source })?
             .connect_lazy()),
-        Some(AgentTls::Rustls { config, server_name }) => {
-            Ok(endpoint.connect_with_connector_lazy(RustlsConnector::new(config, server_name)?.service()))
-        }
+        Some(tls) => match RustlsConnector::new(tls)? {
+            Some(connector) => Ok(endpoint.connect_with_connector_lazy(connector.service())),
+            None => Ok(endpoint.connect_lazy()),
+        },
     }
 }
 
@@ -188,8 +216,9 @@ pub async fn connect(
             .connect()
             .await
             .map_err(dial),
-        Some(AgentTls::Rustls { config, server_name }) => {
-            endpoint.connect_with_connector(RustlsConnector::new(config, server_name)?.service()).await.map_err(dial)
-        }
+        Some(tls) => match RustlsConnector::new(tls)? {
+            Some(connector) => endpoint.connect_with_connector(connector.service()).await.map_err(dial),
+            None => endpoint.connect().await.map_err(dial),
+        },
     }
 }

@@ -6,7 +6,9 @@
 //! `Unauthenticated` with "no client certificate" instead of a bare TLS alert.
 //!
 //! [`TlsIncoming`] accepts TCP connections and runs handshakes concurrently, each with a timeout,
-//! for tonic's `serve_with_incoming`; tonic then puts the peer certificates into every request's
+//! for tonic's `serve_with_incoming`. Each handshake uses the configuration current when its
+//! connection was accepted ([`TlsIncoming::reloading`]), so a reloaded certificate or CA reaches
+//! the next connection while established ones (and their streams) carry on; tonic then puts the peer certificates into every request's
 //! extensions (`TlsConnectInfo`), where [`crate::TransportIdentity::from_extensions`] reads them.
 
 use std::io;
@@ -19,7 +21,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -129,8 +131,24 @@ impl TlsIncoming {
     /// Serves `config` on `listener`, giving each handshake `timeout`.
     #[must_use]
     pub fn with_handshake_timeout(listener: TcpListener, config: Arc<ServerConfig>, timeout: Duration) -> Self {
+        // The sender goes at once; the receiver keeps the one value.
+        Self::reloading_with_timeout(listener, watch::channel(config).1, timeout)
+    }
+
+    /// Serves on `listener` whatever configuration `config` holds when a connection is
+    /// accepted, with [`DEFAULT_HANDSHAKE_TIMEOUT`].
+    #[must_use]
+    pub fn reloading(listener: TcpListener, config: watch::Receiver<Arc<ServerConfig>>) -> Self {
+        Self::reloading_with_timeout(listener, config, DEFAULT_HANDSHAKE_TIMEOUT)
+    }
+
+    fn reloading_with_timeout(
+        listener: TcpListener,
+        config: watch::Receiver<Arc<ServerConfig>>,
+        timeout: Duration,
+    ) -> Self {
         let (tx, accepted) = mpsc::channel(ACCEPTED_BACKLOG);
-        let acceptor = tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), timeout, tx));
+        let acceptor = tokio::spawn(accept_loop(listener, config, timeout, tx));
         Self { accepted, acceptor }
     }
 }
@@ -151,7 +169,7 @@ impl Drop for TlsIncoming {
 
 async fn accept_loop(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    config: watch::Receiver<Arc<ServerConfig>>,
     timeout: Duration,
     tx: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
 ) {
@@ -164,7 +182,7 @@ async fn accept_loop(
                     if let Err(error) = tcp.set_nodelay(true) {
                         tracing::debug!(%remote, %error, "cannot set TCP_NODELAY");
                     }
-                    let acceptor = acceptor.clone();
+                    let acceptor = TlsAcceptor::from(config.borrow().clone());
                     let tx = tx.clone();
                     handshakes.spawn(async move {
                         match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {

@@ -113,6 +113,10 @@ pub struct Args {
     /// Cipher suites offered, by Go's names (comma-separated); `list` prints them and exits.
     #[arg(long, env = "ARGOCD_AGENT_TLS_CIPHERSUITES", value_delimiter = ',')]
     pub tls_ciphersuites: Vec<String>,
+    /// How often the client certificate, key and the principal's CA (files or Secrets) are read
+    /// again; a change is used from the next connection, without a restart (0: read once).
+    #[arg(long, env = "ARGOCD_AGENT_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
+    pub tls_reload_interval: String,
 
     // --- accepted for compatibility, not supported yet ---
     /// Not supported yet.
@@ -177,6 +181,7 @@ impl Args {
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         u.finish("argocd-agent agent")?;
         self.tls_policy()?;
+        crate::reload::interval(&self.tls_reload_interval)?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.ignore_unmanaged_apps == Some(true) && self.agent_mode == "autonomous" {
             anyhow::bail!(
@@ -328,6 +333,42 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
     if args.insecure_plaintext {
         return Ok(out);
     }
+    // A JWT-SVID is the credential; TLS only authenticates the principal.
+    let with_identity = !matches!(creds, Creds::SpiffeJwt { .. });
+    let material = client_material(args, secrets, with_identity).await?;
+    if let Some(cert) = material.get(1) {
+        out.cert_name = Some(common_name(cert)?);
+    }
+    let policy = args.tls_policy()?;
+    let initial = client_tls(&policy, &material)?;
+    let load = {
+        let (args, secrets) = (args.clone(), secrets.clone());
+        move || {
+            let (args, secrets) = (args.clone(), secrets.clone());
+            async move { client_material(&args, &secrets, with_identity).await }
+        }
+    };
+    let named = out.cert_name.clone();
+    let build = move |m: &[String]| {
+        let config = client_tls(&policy, m)?;
+        if let Some(cert) = m.get(1)
+            && let Ok(name) = common_name(cert)
+            && named.as_ref().is_some_and(|n| *n != name)
+        {
+            tracing::warn!(was = ?named, now = %name, "the reloaded client certificate names another agent; the principal will know this agent by the new name on the next connection");
+        }
+        Ok(config)
+    };
+    let every = crate::reload::interval(&args.tls_reload_interval)?;
+    // Lives as long as the connection's configuration does (the process).
+    let config = crate::reload::spawn("agent TLS", every, material, initial, load, build, CancellationToken::new());
+    out.tls = Some(agent::AgentTls::Reloading { config, server_name: args.server_address.clone() });
+    Ok(out)
+}
+
+/// The principal's CA and, `with_identity`, this agent's client certificate and key, as PEM,
+/// from the files or Secrets the flags name.
+async fn client_material(args: &Args, secrets: &Secrets, with_identity: bool) -> anyhow::Result<Vec<String>> {
     let ca = pem_from(
         args.root_ca_path.as_deref(),
         "--root-ca-path",
@@ -337,46 +378,38 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
         "--root-ca-secret-name",
     )
     .await?;
-    let policy = args.tls_policy()?;
-    let mut identity = None;
-    // A JWT-SVID is the credential; TLS only authenticates the principal.
-    if !matches!(creds, Creds::SpiffeJwt { .. }) {
-        let cert = pem_from(
-            args.tls_client_cert.as_deref(),
-            "--tls-client-cert",
-            secrets,
-            &args.tls_secret_name,
-            &["tls.crt"],
-            "--tls-secret-name",
-        )
-        .await?;
-        let key = pem_from(
-            args.tls_client_key.as_deref(),
-            "--tls-client-key",
-            secrets,
-            &args.tls_secret_name,
-            &["tls.key"],
-            "--tls-secret-name",
-        )
-        .await?;
-        out.cert_name = Some(common_name(&cert)?);
-        identity = Some((cert, key));
+    if !with_identity {
+        return Ok(vec![ca]);
     }
-    if policy.is_default() {
-        let mut cfg = tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
-            .domain_name(args.server_address.clone());
-        if let Some((cert, key)) = &identity {
-            cfg = cfg.identity(tonic::transport::Identity::from_pem(cert, key));
-        }
-        out.tls = Some(cfg.into());
-    } else {
-        let id = identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
-        let config =
-            crate::tls::client_config(&policy, &ca, id).context("cannot build the TLS client configuration")?;
-        out.tls = Some(agent::AgentTls::Rustls { config, server_name: args.server_address.clone() });
-    }
-    Ok(out)
+    let cert = pem_from(
+        args.tls_client_cert.as_deref(),
+        "--tls-client-cert",
+        secrets,
+        &args.tls_secret_name,
+        &["tls.crt"],
+        "--tls-secret-name",
+    )
+    .await?;
+    let key = pem_from(
+        args.tls_client_key.as_deref(),
+        "--tls-client-key",
+        secrets,
+        &args.tls_secret_name,
+        &["tls.key"],
+        "--tls-secret-name",
+    )
+    .await?;
+    Ok(vec![ca, cert, key])
+}
+
+/// The TLS client configuration of [`client_material`].
+fn client_tls(policy: &auth::tls_policy::TlsPolicy, material: &[String]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let (ca, identity) = match material {
+        [ca] => (ca, None),
+        [ca, cert, key] => (ca, Some((cert.as_str(), key.as_str()))),
+        _ => anyhow::bail!("a CA, and a certificate with its key, expected"),
+    };
+    crate::tls::client_config(policy, ca, identity).context("cannot build the TLS client configuration")
 }
 
 /// Starts `/metrics` and `/healthz` before anything else, so scrapes answer (authentication
@@ -445,8 +478,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         version: VERSION.to_string(),
         agent_namespace: args.namespace.clone(),
     };
-    let session =
-        Arc::new(agent::session::Session::new(channel, creds, params).with_compression(args.enable_compression));
+    let mut session = agent::session::Session::new(channel, creds, params).with_compression(args.enable_compression);
+    if let Some(tls) = &transport.tls {
+        session = session.redialing(&addr, tls, keepalive);
+    }
+    let session = Arc::new(session);
     // The stream needs a token: authenticate before dialling it (or stop on a signal).
     let info = tokio::select! {
         info = session.authenticate() => info,

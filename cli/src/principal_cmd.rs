@@ -76,6 +76,10 @@ pub struct Args {
     /// Cipher suites allowed, by Go's names (comma-separated); `list` prints them and exits.
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CIPHERSUITES", value_delimiter = ',')]
     pub tls_ciphersuites: Vec<String>,
+    /// How often the server certificate, key and CA (files or Secrets) are read again; a change
+    /// reaches new connections without a restart, live streams stay (0: read once, at start).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
+    pub tls_reload_interval: String,
     /// Version handshake on Authenticate: `compatible` (our agents and upstream agent releases
     /// from --min-agent-version on), `exact` (upstream's rule: equal to ours) or `skip`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_VERSION_CHECK", default_value = "compatible")]
@@ -221,6 +225,7 @@ impl Args {
             .check("--client-cert-subject-match", self.client_cert_subject_match);
         u.finish("argocd-agent principal")?;
         self.tls_policy()?;
+        crate::reload::interval(&self.tls_reload_interval)?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
@@ -282,8 +287,8 @@ async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::Signing
     }
 }
 
-async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
-    use rustls_pki_types::pem::PemObject as _;
+/// The server certificate, its key and the CA, as PEM, from the files or Secrets the flags name.
+async fn server_material(args: &Args, secrets: &Secrets) -> anyhow::Result<Vec<String>> {
     let cert = pem_from(
         args.tls_cert.as_deref(),
         "--tls-cert",
@@ -311,6 +316,13 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
         "--tls-ca-secret-name",
     )
     .await?;
+    Ok(vec![cert, key, ca])
+}
+
+/// The TLS server configuration of [`server_material`].
+fn server_tls(policy: &auth::tls_policy::TlsPolicy, material: &[String]) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::pem::PemObject as _;
+    let [cert, key, ca] = material else { anyhow::bail!("certificate, key and CA expected") };
     let parse_certs = |pem: &str, what: &str| -> anyhow::Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
         let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
@@ -319,13 +331,35 @@ async fn server_tls(args: &Args, secrets: &Secrets) -> anyhow::Result<std::sync:
         Ok(certs)
     };
     let settings = auth::tls::ServerTlsSettings {
-        cert_chain: parse_certs(&cert, "the server certificate")?,
+        cert_chain: parse_certs(cert, "the server certificate")?,
         key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
             .context("the server key is not a PEM private key")?,
-        client_ca: Some(parse_certs(&ca, "the CA certificate")?),
-        policy: args.tls_policy()?,
+        client_ca: Some(parse_certs(ca, "the CA certificate")?),
+        policy: policy.clone(),
     };
     auth::tls::server_config(settings).context("cannot build the TLS server configuration")
+}
+
+/// The TLS server configuration, and from then on the one rebuilt whenever the certificate, key
+/// or CA changes ([`crate::reload`]).
+async fn reloading_server_tls(
+    args: &Args,
+    secrets: &Secrets,
+    cancel: &CancellationToken,
+) -> anyhow::Result<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>> {
+    let policy = args.tls_policy()?;
+    let material = server_material(args, secrets).await?;
+    let initial = server_tls(&policy, &material)?;
+    let load = {
+        let (args, secrets) = (args.clone(), secrets.clone());
+        move || {
+            let (args, secrets) = (args.clone(), secrets.clone());
+            async move { server_material(&args, &secrets).await }
+        }
+    };
+    let every = crate::reload::interval(&args.tls_reload_interval)?;
+    let build = move |m: &[String]| server_tls(&policy, m);
+    Ok(crate::reload::spawn("principal TLS", every, material, initial, load, build, cancel.clone()))
 }
 
 /// Waits this long for the first SVID or JWT bundles from the SPIFFE Workload API.
@@ -458,11 +492,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         principal.serve_agents(Some(auth), incoming, cancel).await
     } else {
         // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
-        let tls = match &workload_tls {
-            Some((_identity, tls)) => tls.clone(),
-            None => server_tls(&args, &secrets).await?,
+        let incoming = match &workload_tls {
+            Some((_identity, tls)) => auth::tls::TlsIncoming::new(listener, tls.clone()),
+            None => auth::tls::TlsIncoming::reloading(listener, reloading_server_tls(&args, &secrets, &cancel).await?),
         };
-        principal.serve_agents(Some(auth), auth::tls::TlsIncoming::new(listener, tls), cancel).await
+        principal.serve_agents(Some(auth), incoming, cancel).await
     };
     served.context("the gRPC server failed")
 }

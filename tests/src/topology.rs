@@ -429,7 +429,12 @@ impl Topology {
         self.dir.path().join("process-kubeconfig")
     }
 
-    fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+    /// Runs `argocd-agentctl` as cluster admin with the principal context `hub` (`--agent-context
+    /// <name>` picks an agent's cluster), as an operator would.
+    ///
+    /// # Errors
+    /// It fails; the error holds its stderr.
+    pub fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
         let out = Command::new(workspace_binary("argocd-agentctl")?)
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
@@ -540,7 +545,10 @@ impl Topology {
         self.start_agent(name).await
     }
 
-    fn pki_dir(&self) -> PathBuf {
+    /// Where `argocd-agentctl pki ... --out-dir` wrote the CA and every certificate and key
+    /// (`ca.crt`, `principal.crt`, `<agent>.crt`, `<agent>.key`).
+    #[must_use]
+    pub fn pki_dir(&self) -> PathBuf {
         self.dir.path().join("pki")
     }
 
@@ -707,6 +715,16 @@ impl Topology {
     pub fn principal_log_lines(&self, needle: &str) -> Vec<String> {
         self.principal
             .as_ref()
+            .map(|p| p.stderr().lines().filter(|l| l.contains(needle)).map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// Agent `name`'s log lines (stderr) containing `needle`, while it runs.
+    #[must_use]
+    pub fn agent_log_lines(&self, name: &str, needle: &str) -> Vec<String> {
+        self.agents
+            .get(name)
+            .and_then(|s| s.process.as_ref())
             .map(|p| p.stderr().lines().filter(|l| l.contains(needle)).map(str::to_string).collect())
             .unwrap_or_default()
     }
