@@ -67,6 +67,9 @@ pub struct AgentConfig {
     /// gzip on the event stream (`--enable-compression`): the agent compresses what it sends
     /// and the principal answers in kind (see [`crate::compression`]).
     pub compression: bool,
+    /// Periodic resync interval (`--resync-interval`; `None` = off, the default): see
+    /// [`crate::resync`].
+    pub resync_interval: Option<Duration>,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -107,6 +110,7 @@ impl AgentConfig {
             session: None,
             label_selector: None,
             compression: false,
+            resync_interval: None,
         }
     }
 

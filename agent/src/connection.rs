@@ -206,8 +206,11 @@ async fn connect(
     }
 }
 
-async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
+async fn serve(spoke: &Arc<Spoke>, stream: Stream, cancel: &CancellationToken) {
     let Stream { mut inbound, sender } = stream;
+    // Ends with the stream: the next one starts its own.
+    let _periodic =
+        spoke.config.resync_interval.map(|every| AbortOnDrop(tokio::spawn(crate::resync::every(spoke.clone(), every))));
     let silence_limit = spoke.config.stream_silence_limit();
     loop {
         match link::recv::next(&mut inbound, cancel, silence_limit).await {
@@ -236,6 +239,15 @@ async fn serve(spoke: &Spoke, stream: Stream, cancel: &CancellationToken) {
         }
     }
     sender.stop(spoke).await;
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The principal refused the session (expired, revoked, blocklisted): tell whoever holds the

@@ -12,15 +12,21 @@
 //! * autonomous (agent = source of truth): the agent sends `request-resource-resync`; the
 //!   principal then sends `request-update`s and a `request-synced-resource-list`, which the
 //!   agent answers with `spec-update`s, `delete`s and `response-synced-resource`s.
+//!
+//! Periodically too, with `--resync-interval` (ours; off by default, as upstream has none): one
+//! `request-synced-resource-list` carrying the [`spec_digest`] of what the agent holds. Our
+//! principal answers nothing when its digest agrees and runs the resync above when it does not
+//! (upstream's principal takes it for a resource-set checksum that never matches, and lists its
+//! resources: correct, not cheap).
 
 use protocol::argocd::{AppProject, Application, ConfigMap, ObjectMeta, Secret};
 use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY, ResourceKey,
-    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum,
+    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum, spec_digest,
 };
 use protocol::event::new_uuid;
 use protocol::kube_store::StoreError;
-use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
+use protocol::payload::{DIGEST_SPEC, RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use protocol::{Event, EventType, Payload, Target};
 use serde::Serialize;
 
@@ -68,28 +74,65 @@ async fn managed_resources(spoke: &Spoke) -> Result<(Vec<Application>, Vec<AppPr
     ))
 }
 
-async fn send_request_updates(spoke: &Spoke) -> Result<Vec<ResourceKey>, StoreError> {
+/// What a managed agent holds of the principal's: kind, metadata and spec checksum of each.
+async fn managed_held(spoke: &Spoke) -> Result<Vec<(&'static str, ObjectMeta, Option<Vec<u8>>)>, StoreError> {
     let (apps, projects) = managed_resources(spoke).await?;
     let repos = shipped::held::<Secret>(spoke).await?;
     let gpg = shipped::held::<ConfigMap>(spoke).await?;
+    let mut held = Vec::new();
+    held.extend(apps.into_iter().map(|a| (RESYNC_KIND_APPLICATION, a.metadata.clone(), checksum_of(&a))));
+    held.extend(projects.into_iter().map(|p| (RESYNC_KIND_APP_PROJECT, p.metadata.clone(), checksum_of(&p))));
+    held.extend(repos.into_iter().map(|r| (RESYNC_KIND_REPOSITORY, r.metadata.clone(), repo_checksum(&r))));
+    held.extend(gpg.into_iter().map(|c| (RESYNC_KIND_GPG_KEY, c.metadata.clone(), gpg_checksum(&c))));
+    Ok(held)
+}
+
+async fn send_request_updates(spoke: &Spoke) -> Result<Vec<ResourceKey>, StoreError> {
     let mut keys = Vec::new();
-    for a in &apps {
-        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_APPLICATION, &a.metadata, checksum_of(a)));
-        keys.push(ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata));
-    }
-    for p in &projects {
-        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_APP_PROJECT, &p.metadata, checksum_of(p)));
-        keys.push(ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata));
-    }
-    for r in &repos {
-        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_REPOSITORY, &r.metadata, repo_checksum(r)));
-        keys.push(ResourceKey::from_meta(RESYNC_KIND_REPOSITORY, &r.metadata));
-    }
-    for c in &gpg {
-        send(spoke, EventType::RequestUpdate, &request_update(RESYNC_KIND_GPG_KEY, &c.metadata, gpg_checksum(c)));
-        keys.push(ResourceKey::from_meta(RESYNC_KIND_GPG_KEY, &c.metadata));
+    for (kind, meta, checksum) in managed_held(spoke).await? {
+        send(spoke, EventType::RequestUpdate, &request_update(kind, &meta, checksum));
+        keys.push(ResourceKey::from_meta(kind, &meta));
     }
     Ok(keys)
+}
+
+/// One periodic resync request (see the module docs).
+async fn periodic(spoke: &Spoke) -> Result<(), StoreError> {
+    let held: Vec<(ResourceKey, Option<Vec<u8>>)> = match spoke.config.mode {
+        AgentMode::Managed => managed_held(spoke)
+            .await?
+            .into_iter()
+            .map(|(kind, meta, checksum)| (ResourceKey::from_meta(kind, &meta), checksum))
+            .collect(),
+        AgentMode::Autonomous => spoke
+            .apps
+            .list::<Application>(spoke.ns())
+            .await?
+            .into_iter()
+            .filter(|a| !spoke.excluded(&a.metadata))
+            .map(|a| (ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata), checksum_of(&a)))
+            .collect(),
+    };
+    let digest = spec_digest(held.iter().map(|(k, c)| (k, c.as_deref()))).map(|d| d.to_vec());
+    let request = RequestSyncedResourceList { checksum: digest, digest: Some(DIGEST_SPEC.to_owned()) };
+    send(spoke, EventType::RequestSyncedResourceList, &request);
+    Ok(())
+}
+
+/// Sends a periodic resync request every `every` (the first after a random share of it, so
+/// agents that connected together do not tick together) while the stream lasts.
+pub(crate) async fn every(spoke: std::sync::Arc<Spoke>, every: std::time::Duration) {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let first = every.mul_f64((random % 1000) as f64 / 1000.0);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(e) = periodic(&spoke).await {
+            tracing::warn!(error = %e, "cannot read the spoke for the periodic resync; trying again at the next");
+        }
+    }
 }
 
 /// Starts the resync after a (re)connect.
@@ -105,7 +148,7 @@ async fn start(spoke: &Spoke) -> Result<(), StoreError> {
         AgentMode::Managed => {
             let keys = send_request_updates(spoke).await?;
             let checksum = resource_set_checksum(&keys).map(|c| c.to_vec());
-            send(spoke, EventType::RequestSyncedResourceList, &RequestSyncedResourceList { checksum });
+            send(spoke, EventType::RequestSyncedResourceList, &RequestSyncedResourceList::of_set(checksum));
         }
         AgentMode::Autonomous => send(spoke, EventType::RequestResourceResync, &RequestResourceResync {}),
     }

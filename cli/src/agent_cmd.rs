@@ -113,6 +113,10 @@ pub struct Args {
     /// Cipher suites offered, by Go's names (comma-separated); `list` prints them and exits.
     #[arg(long, env = "ARGOCD_AGENT_TLS_CIPHERSUITES", value_delimiter = ',')]
     pub tls_ciphersuites: Vec<String>,
+    /// Periodic resync: every interval (e.g. 5m; 0 = off, the default) the agent sends one digest
+    /// of what it holds, specs included; the principal answers only when something differs.
+    #[arg(long, env = "ARGOCD_AGENT_RESYNC_INTERVAL", default_value = "0")]
+    pub resync_interval: String,
     /// How often the client certificate, key and the principal's CA (files or Secrets) are read
     /// again; a change is used from the next connection, without a restart (0: read once).
     #[arg(long, env = "ARGOCD_AGENT_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
@@ -151,7 +155,7 @@ pub struct Args {
     #[arg(long, env = "ARGOCD_AGENT_IGNORE_UNMANAGED_APPS")]
     pub ignore_unmanaged_apps: Option<bool>,
     /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_ADDR", hide = true)]
+    #[arg(long, env = "REDIS_ADDR", hide = true)]
     pub redis_addr: Option<String>,
     /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
     #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS")]
@@ -162,6 +166,10 @@ pub struct Args {
     /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
     #[arg(long, env = "ARGOCD_AGENT_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
     pub otlp_sampling_ratio: f64,
+    /// Upstream's flags of features not here yet (Redis, adoption policies, ...) and knobs of
+    /// upstream internals without a counterpart.
+    #[command(flatten)]
+    pub upstream: crate::upstream_only::AgentOnly,
 }
 
 impl Args {
@@ -179,9 +187,13 @@ impl Args {
             .check("--create-namespace", self.create_namespace == Some(true))
             .check_opt("--redis-addr", &self.redis_addr)
             .check("--creds userpass", self.creds.starts_with("userpass:"));
+        self.upstream.check(&mut u);
         u.finish("argocd-agent agent")?;
+        self.upstream.notes()?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
+        parse_duration(&self.resync_interval)
+            .with_context(|| format!("--resync-interval {:?}", self.resync_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.ignore_unmanaged_apps == Some(true) && self.agent_mode == "autonomous" {
             anyhow::bail!(
@@ -449,6 +461,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
     observe(&args, &observed, &observing).await?;
+    for note in args.upstream.notes()? {
+        tracing::warn!("{note}");
+    }
     let mode: agent::AgentMode =
         args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
     let creds_kind = Creds::parse(&args.creds)?;
@@ -504,6 +519,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.keepalive = keepalive;
     config.max_message_bytes = args.grpc_max_message_size;
     config.compression = args.enable_compression;
+    config.resync_interval =
+        Some(parse_duration(&args.resync_interval).context("--resync-interval")?).filter(|d| !d.is_zero());
     config.namespace = args.namespace.clone();
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {

@@ -139,4 +139,67 @@ mod tests {
             }
         }
     }
+
+    /// A value of upstream's type that our parser must take (a few flags check their values).
+    fn sample(flag: &str, ty: &str) -> &'static str {
+        match (flag, ty) {
+            ("log-format", _) => "json",
+            ("agent-mode", _) => "managed",
+            (_, "bool") => "false",
+            (_, "int") => "0",
+            (_, "duration") => "1s",
+            (_, "stringSlice") => "a,b",
+            _ => "x",
+        }
+    }
+
+    /// Every flag of upstream's principal and agent (`cli/tests/upstream_flags.tsv`, read from
+    /// upstream's source) exists here with its name, short name and environment variable, and
+    /// takes a value of upstream's type on the command line (booleans also bare), as pflag does.
+    #[test]
+    fn every_upstream_flag_and_environment_variable_is_ours_too() {
+        let table = include_str!("../tests/upstream_flags.tsv");
+        let cmd = upstream_style(crate::Cli::command());
+        let mut problems = Vec::new();
+        let mut rows = 0;
+        for line in table.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+            let cols: Vec<&str> = line.split('\t').collect();
+            let [role, flag, short, ty, env] = cols[..] else {
+                problems.push(format!("malformed row {line:?}"));
+                continue;
+            };
+            rows += 1;
+            let Some(sub) = cmd.find_subcommand(role) else {
+                problems.push(format!("no command {role}"));
+                continue;
+            };
+            let Some(arg) = sub.get_arguments().find(|a| a.get_long() == Some(flag)) else {
+                problems.push(format!("{role} --{flag}: missing"));
+                continue;
+            };
+            let ours = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            let theirs = (env != "-").then(|| env.to_owned());
+            if ours != theirs {
+                problems.push(format!("{role} --{flag}: environment variable {ours:?}, upstream {theirs:?}"));
+            }
+            let short_ours = arg.get_short().map(String::from);
+            let short_theirs = (short != "-").then(|| short.to_owned());
+            if short_ours != short_theirs {
+                problems.push(format!("{role} --{flag}: short name {short_ours:?}, upstream {short_theirs:?}"));
+            }
+            let mut forms = vec![format!("--{flag}={}", sample(flag, ty))];
+            if ty == "bool" {
+                forms.push(format!("--{flag}"));
+            }
+            for form in forms {
+                if let Err(e) = cmd.clone().try_get_matches_from(["argocd-agent", role, form.as_str()])
+                    && e.kind() != clap::error::ErrorKind::MissingRequiredArgument
+                {
+                    problems.push(format!("{role} {form}: {e}"));
+                }
+            }
+        }
+        assert!(rows > 100, "the table has every upstream flag ({rows} rows)");
+        assert!(problems.is_empty(), "{} differences from upstream:\n{}", problems.len(), problems.join("\n"));
+    }
 }

@@ -16,6 +16,7 @@ mod reload;
 mod signals;
 mod tls;
 mod unsupported;
+mod upstream_only;
 
 use std::process::ExitCode;
 

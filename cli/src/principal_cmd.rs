@@ -76,6 +76,10 @@ pub struct Args {
     /// Cipher suites allowed, by Go's names (comma-separated); `list` prints them and exits.
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CIPHERSUITES", value_delimiter = ',')]
     pub tls_ciphersuites: Vec<String>,
+    /// Periodic resyncs of one agent (its --resync-interval) closer together than this are not
+    /// answered (e.g. 30s; 0: every one is).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESYNC_MIN_INTERVAL", default_value = "30s")]
+    pub resync_min_interval: String,
     /// How often the server certificate, key and CA (files or Secrets) are read again; a change
     /// reaches new connections without a restart, live streams stay (0: read once, at start).
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
@@ -177,6 +181,9 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS", hide = true)]
     pub event_processors: Option<u32>,
+    /// Upstream's flags of features not here yet (resource proxy, Redis, HA, ...).
+    #[command(flatten)]
+    pub upstream: crate::upstream_only::PrincipalOnly,
 }
 
 impl Args {
@@ -223,9 +230,12 @@ impl Args {
             // TLS client-cert knobs come with later work; refuse non-defaults.
             .check("--require-client-certs", self.require_client_certs)
             .check("--client-cert-subject-match", self.client_cert_subject_match);
+        self.upstream.check(&mut u);
         u.finish("argocd-agent principal")?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
+        crate::agent_cmd::parse_duration(&self.resync_min_interval)
+            .with_context(|| format!("--resync-min-interval {:?}", self.resync_min_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.namespace.is_empty() {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
@@ -448,6 +458,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.allowed_namespaces = args.allowed_namespaces.clone();
     config.namespace_create_enable = args.namespace_create_enable;
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
+    config.resync_min_interval =
+        crate::agent_cmd::parse_duration(&args.resync_min_interval).context("--resync-min-interval")?;
     if config.allowed_namespaces.is_empty() {
         // Upstream's semantics: no pattern admits no agent. Say so, since it is rarely intended.
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");

@@ -57,6 +57,29 @@ fn unsupported_agent_flags_are_refused_by_name() {
     assert!(err.contains("not supported yet") && err.contains("--redis-addr"), "{err}");
 }
 
+/// Upstream's flags of features not here (Redis, HA, resource proxy, adoption policies) stop
+/// startup naming each, from the command line or upstream's environment variables; a knob of
+/// upstream internals is accepted with a warning saying why it does nothing; a bad duration in
+/// one is refused by name.
+#[test]
+fn upstream_only_flags_are_refused_or_explained_by_name() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
+    let (ok, err) =
+        run(&[&base[..], &["--ha-enabled", "--resource-proxy-address", "p:9090"]].concat(), &[("REDIS_PASSWORD", "s")]);
+    assert!(!ok && err.contains("not supported yet"), "{err}");
+    for flag in ["--ha-enabled", "--resource-proxy-address", "--redis-password (REDIS_PASSWORD)"] {
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+    let agent =
+        ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
+    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_ADOPTION_POLICY", "never"), ("REDIS_ADDR", "r:6379")]);
+    assert!(!ok && err.contains("--adoption-policy") && err.contains("--redis-addr"), "{err}");
+    let (ok, err) = run(&[&agent[..], &["--informer-sync-timeout", "soon"]].concat(), &[]);
+    assert!(!ok && err.contains("--informer-sync-timeout") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) = run(&[&agent[..], &["--informer-sync-timeout", "5s"]].concat(), &[]);
+    assert!(!ok && err.contains("--informer-sync-timeout has no effect here"), "{err}");
+}
+
 #[test]
 fn required_settings_are_named() {
     let (ok, err) = run(&["principal", "--auth", "mtls:subject:CN=([^,]+)"], &[]);

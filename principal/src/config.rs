@@ -40,7 +40,14 @@ pub struct PrincipalConfig {
     /// (`--label-selector`): Applications, AppProjects, repository secrets, the GPG keys
     /// ConfigMap. Autonomous agents' hub copies are always kept.
     pub label_selector: Option<protocol::selector::LabelSelector>,
+    /// Periodic resyncs of one agent closer together than this are not answered
+    /// (`--resync-min-interval`): a misconfigured or looping agent cannot make the principal
+    /// hash its resources more often.
+    pub resync_min_interval: std::time::Duration,
 }
+
+/// `--resync-min-interval` unless given.
+pub const DEFAULT_RESYNC_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl PrincipalConfig {
     /// A configuration for principal namespace `namespace` with upstream defaults.
@@ -55,6 +62,7 @@ impl PrincipalConfig {
             retry: RetryPolicy::default(),
             max_message_bytes: MAX_MESSAGE_BYTES,
             label_selector: None,
+            resync_min_interval: DEFAULT_RESYNC_MIN_INTERVAL,
         }
     }
 

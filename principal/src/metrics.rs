@@ -130,7 +130,7 @@ impl PrincipalMetrics {
             ),
             resyncs: CounterVec::new(
                 "argocd_principal_resyncs_total",
-                "The total number of resyncs started for agents on connect, by result.",
+                "The total number of resyncs of agents, on connect (started, failed) and periodic (in_sync, repaired, skipped), by result.",
                 &["agent_name", "result"],
             ),
             resync_duration: HistogramVec::new(
@@ -223,6 +223,13 @@ impl PrincipalMetrics {
     pub fn resync(&self, agent: &str, mode: AgentMode, elapsed: Duration, ok: bool) {
         self.resyncs.inc(&[agent, if ok { "started" } else { "failed" }]);
         self.resync_duration.observe(&[&mode.to_string()], elapsed.as_secs_f64());
+    }
+
+    /// A periodic resync request of `agent` (`--resync-interval` on the agent) was answered:
+    /// `in_sync` (digests equal, nothing sent), `repaired` (they differed: the resync ran) or
+    /// `skipped` (sooner than `--resync-min-interval` after the last).
+    pub fn periodic_resync(&self, agent: &str, outcome: &str) {
+        self.resyncs.inc(&[agent, outcome]);
     }
 
     /// An authentication or call was refused: `method` (`mtls`, `xfcc`, ..., `access_token`,

@@ -118,6 +118,8 @@ pub struct AgentPeer {
     current: Mutex<Option<Attached>>,
     /// Held while one of the agent's events is applied, and while a resync starts.
     applying: tokio::sync::Mutex<()>,
+    /// When the agent's last periodic resync was answered (`--resync-min-interval`).
+    last_periodic: Mutex<Option<std::time::Instant>>,
 }
 
 impl AgentPeer {
@@ -128,7 +130,20 @@ impl AgentPeer {
             mailbox: Mailbox::new(retry),
             current: Mutex::new(None),
             applying: tokio::sync::Mutex::new(()),
+            last_periodic: Mutex::new(None),
         }
+    }
+
+    /// Whether a periodic resync of this agent may run now, at least `min` after the last one
+    /// that did; if so, now counts as the last.
+    pub(crate) fn periodic_due(&self, min: std::time::Duration) -> bool {
+        let now = std::time::Instant::now();
+        let mut last = lock(&self.last_periodic);
+        if last.is_some_and(|t| now.duration_since(t) < min) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// The agent's name.
@@ -323,6 +338,14 @@ mod tests {
 
     fn grant(id: &str, ttl: Duration) -> StreamGrant {
         StreamGrant { token_id: Some(id.to_owned()), expires_at: Some(SystemTime::now() + ttl), binding: None }
+    }
+
+    #[test]
+    fn periodic_resyncs_closer_than_the_minimum_are_not_answered() {
+        let peer = AgentPeer::new("a", AgentMode::Managed, RetryPolicy::default());
+        assert!(peer.periodic_due(std::time::Duration::from_secs(3600)), "the first is answered");
+        assert!(!peer.periodic_due(std::time::Duration::from_secs(3600)), "the next within the minimum is not");
+        assert!(peer.periodic_due(std::time::Duration::ZERO), "with no minimum every one is");
     }
 
     #[test]

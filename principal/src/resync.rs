@@ -12,13 +12,20 @@
 //!   and the agent asks for what it is missing);
 //! * autonomous agent (agent = source of truth): the principal sends a `request-update` per
 //!   hub copy it holds and a `request-synced-resource-list`; the agent answers the same way.
+//!
+//! Periodic resync (ours; `--resync-interval` on the agent, `--resync-min-interval` here): the
+//! agent sends one `request-synced-resource-list` whose checksum is the
+//! [`protocol::checksum::spec_digest`] of what it holds, spec checksums included. The principal
+//! computes the same digest of what the agent should hold; equal, it sends nothing (one message
+//! per agent per interval, and hashing from the watch caches, no hub request); different, it runs
+//! the resync above for that agent, which sends only what differs.
 
 use std::sync::atomic::Ordering;
 
 use protocol::argocd::{AppProject, Application, ConfigMap, ObjectMeta, Secret};
 use protocol::checksum::{
     RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY, ResourceKey,
-    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum,
+    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum, spec_digest,
 };
 use protocol::event::new_uuid;
 use protocol::kube_store::StoreError;
@@ -187,7 +194,10 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
             let keys: Vec<ResourceKey> =
                 copies.iter().map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata)).collect();
             let checksum = resource_set_checksum(&keys).map(|c| c.to_vec());
-            push(session, resync_event(EventType::RequestSyncedResourceList, &RequestSyncedResourceList { checksum }));
+            push(
+                session,
+                resync_event(EventType::RequestSyncedResourceList, &RequestSyncedResourceList::of_set(checksum)),
+            );
         }
     }
     tracing::info!(%agent, mode = %session.mode(), "resync started");
@@ -208,21 +218,12 @@ fn autonomous_request_update(agent: &str, app: &Application) -> RequestUpdate {
 pub(crate) async fn handle(hub: &Hub, session: &AgentPeer, ev: &Event, payload: Payload) -> Result<(), InboundError> {
     let agent = session.name();
     match (session.mode(), payload) {
+        (mode, Payload::RequestSyncedResourceList(req)) if req.is_spec_digest() => {
+            periodic(hub, session, mode, req.checksum.as_deref()).await?;
+            Ok(())
+        }
         (AgentMode::Managed, Payload::RequestSyncedResourceList(req)) => {
-            let apps = managed_apps(hub, agent).await?;
-            let projects = matching_projects(hub, agent).await?;
-            load_repos(hub).await?;
-            let repos: Vec<Secret> =
-                hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).collect();
-            load_gpg(hub).await?;
-            let gpg_keys: Vec<ConfigMap> = hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).collect();
-            let keys: Vec<ResourceKey> = apps
-                .iter()
-                .map(|a| ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata))
-                .chain(projects.iter().map(|p| ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata)))
-                .chain(repos.iter().map(|r| ResourceKey::from_meta(RESYNC_KIND_REPOSITORY, &r.metadata)))
-                .chain(gpg_keys.iter().map(|c| ResourceKey::from_meta(RESYNC_KIND_GPG_KEY, &c.metadata)))
-                .collect();
+            let keys = managed_keys(hub, agent).await?;
             let ours = resource_set_checksum(&keys).map(|c| c.to_vec());
             if ours != req.checksum {
                 tracing::info!(%agent, resources = keys.len(), "resource sets differ; listing the hub's resources");
@@ -258,6 +259,88 @@ pub(crate) async fn handle(hub: &Hub, session: &AgentPeer, ev: &Event, payload: 
             Err(InboundError::WrongMode { event_type: ev.event_type.clone(), target: ev.target.clone(), mode })
         }
     }
+}
+
+/// Answers a periodic resync request (see the module docs): nothing when the agent's digest
+/// equals ours, the full resync of its mode when not.
+async fn periodic(hub: &Hub, session: &AgentPeer, mode: AgentMode, theirs: Option<&[u8]>) -> Result<(), StoreError> {
+    let agent = session.name();
+    if !session.periodic_due(hub.config.resync_min_interval) {
+        tracing::debug!(%agent, min = ?hub.config.resync_min_interval, "periodic resync sooner than --resync-min-interval; not answered");
+        crate::metrics::global().periodic_resync(agent, "skipped");
+        return Ok(());
+    }
+    let ours = match mode {
+        AgentMode::Managed => managed_digest(hub, agent).await?,
+        AgentMode::Autonomous => autonomous_digest(hub, agent).await?,
+    };
+    if ours.as_ref().map(|d| &d[..]) == theirs {
+        crate::metrics::global().periodic_resync(agent, "in_sync");
+        return Ok(());
+    }
+    tracing::info!(%agent, %mode, "periodic resync: the agent's resources differ from the hub's; resyncing");
+    crate::metrics::global().periodic_resync(agent, "repaired");
+    match mode {
+        AgentMode::Managed => {
+            // What the agent lacks: it asks for each listed resource it does not hold.
+            let keys = managed_keys(hub, agent).await?;
+            for k in &keys {
+                push(session, resync_event(EventType::ResponseSyncedResource, &SyncedResource::from(k)));
+            }
+            // What differs or is gone from the hub: the agent's request-updates.
+            push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
+        }
+        AgentMode::Autonomous => start(hub, session).await?,
+    }
+    Ok(())
+}
+
+/// What a managed agent should hold, each with the spec checksum its copy has when in sync.
+async fn managed_entries(hub: &Hub, agent: &str) -> Result<Vec<(ResourceKey, Option<Vec<u8>>)>, StoreError> {
+    let apps = managed_apps(hub, agent).await?;
+    let projects = matching_projects(hub, agent).await?;
+    load_repos(hub).await?;
+    load_gpg(hub).await?;
+    let mut entries: Vec<(ResourceKey, Option<Vec<u8>>)> = Vec::new();
+    entries.extend(apps.iter().map(|a| (ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata), checksum_of(a))));
+    entries.extend(projects.iter().map(|p| {
+        (ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata), checksum_of(&project::agent_copy(p, agent)))
+    }));
+    entries.extend(hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).map(|r| {
+        (ResourceKey::from_meta(RESYNC_KIND_REPOSITORY, &r.metadata), secret_checksum(&r).map(|c| c.to_vec()))
+    }));
+    entries.extend(hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).map(|c| {
+        (ResourceKey::from_meta(RESYNC_KIND_GPG_KEY, &c.metadata), config_map_checksum(&c).map(|c| c.to_vec()))
+    }));
+    Ok(entries)
+}
+
+async fn managed_keys(hub: &Hub, agent: &str) -> Result<Vec<ResourceKey>, StoreError> {
+    Ok(managed_entries(hub, agent).await?.into_iter().map(|(k, _)| k).collect())
+}
+
+async fn managed_digest(hub: &Hub, agent: &str) -> Result<Option<protocol::checksum::Checksum>, StoreError> {
+    let entries = managed_entries(hub, agent).await?;
+    Ok(spec_digest(entries.iter().map(|(k, c)| (k, c.as_deref()))))
+}
+
+/// The digest of an autonomous agent's hub copies, from the watch cache once it has listed the
+/// hub (a copy it has not shown yet makes the digests differ, and the resync that follows
+/// lists the hub).
+async fn autonomous_digest(hub: &Hub, agent: &str) -> Result<Option<protocol::checksum::Checksum>, StoreError> {
+    let copies: Vec<Application> = if hub.apps_synced.load(Ordering::Relaxed) {
+        hub.seen_apps.of_agent(agent).into_iter().filter(is_autonomous_copy).collect()
+    } else {
+        autonomous_copies(hub, agent).await?
+    };
+    let entries: Vec<(ResourceKey, Option<Vec<u8>>)> = copies
+        .iter()
+        .map(|a| {
+            let key = ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata);
+            (key, checksum_of(&autonomous::agent_side_spec(agent, a)))
+        })
+        .collect();
+    Ok(spec_digest(entries.iter().map(|(k, c)| (k, c.as_deref()))))
 }
 
 fn stub_meta(name: &str, namespace: &str, uid: &str) -> ObjectMeta {

@@ -32,8 +32,13 @@
 //!   (the principal's own bound on hub requests) merge-patching
 //!   the same Applications (same run).
 //!
+//! - periodic resync: a fresh principal, `BENCH_PERIODIC_AGENTS` (1000) managed agents holding
+//!   one AppProject; principal CPU over an idle window without periodic resync (baseline), then
+//!   with a digest from every agent every `BENCH_PERIODIC_INTERVAL` (10) seconds, and how the
+//!   principal answered them (`in_sync`: nothing sent; `repaired`: a resync ran).
+//!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (phases:
-//! BENCH_STORM_PHASES=idle,storm,latency,status; sizes:
+//! BENCH_STORM_PHASES=idle,storm,latency,status,periodic; sizes:
 //! BENCH_STATUS_AGENTS=1000, BENCH_STATUS_INTERVAL_MS=500,200, BENCH_STORM_AGENTS=5000, BENCH_LATENCY_AGENTS=1000, BENCH_LATENCY_RATE=50, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
 //! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows). Each agent holds
 //! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
@@ -81,8 +86,13 @@ struct Principal {
 
 impl Principal {
     fn start(hub: &Hub, key: &Path, port: u16, start: Instant) -> Res<(Self, Duration)> {
+        Self::start_with(hub, key, port, start, &[])
+    }
+
+    fn start_with(hub: &Hub, key: &Path, port: u16, start: Instant, extra: &[&str]) -> Res<(Self, Duration)> {
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
         cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", NS, "--auth", "xfcc:"])
+            .args(extra)
             .args(["--insecure-plaintext", "--listen-host", "127.0.0.1", "--listen-port", &port.to_string()])
             .args(["--log-level", "info", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
             .arg("--kubeconfig")
@@ -118,6 +128,23 @@ impl Principal {
         let resync = log.lines().filter(|l| l.contains("cannot start resync")).count();
         let errors = log.lines().filter(|l| l.contains(" ERROR ")).count();
         format!("{resync} \"cannot start resync\" warnings, {errors} ERROR lines")
+    }
+
+    /// The sum of `argocd_principal_resyncs_total` over agents with this `result`.
+    async fn resyncs(&self, result: &str) -> Res<f64> {
+        let metrics = self
+            .process
+            .stdout()
+            .lines()
+            .find_map(|l| l.strip_prefix("principal metrics listening on ").map(|a| a.trim().to_owned()))
+            .context("the principal's metrics address")?;
+        let (_, text) = tests::http::get(metrics.parse()?, "/metrics").await?;
+        let label = format!("result=\"{result}\"");
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("argocd_principal_resyncs_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
     }
 
     /// How many times it logged `agent connected`.
@@ -614,6 +641,47 @@ async fn hub() -> Res<Hub> {
     Ok(Hub { api, keys, _dir: dir })
 }
 
+/// Periodic resync: a fresh principal (`--resync-min-interval 0`) and `agents` managed agents,
+/// each holding the fan-out AppProject; an idle window with no periodic resync (the baseline),
+/// then the same agents reconnected sending a digest every `every`: the principal's CPU both
+/// ways, and how it answered the digests.
+async fn periodic_report(hub: &Hub, agents: usize, every: Duration, window: Duration, timeout: Duration) -> Res<()> {
+    if projects(hub).get_opt(FANOUT_PROJECT).await?.is_none() {
+        projects(hub).create(&kube::api::PostParams::default(), &fanout_project("periodic resync")?).await?;
+    }
+    let (principal, _) = Principal::start_with(hub, &hub.keys[0], 0, Instant::now(), &["--resync-min-interval", "0"])?;
+    let started = Instant::now();
+    let plain = LoadGen::start(config(principal.addr(), agents, 1));
+    plain.wait_all_resynced(started, timeout, progress("periodic: baseline", agents)).await?;
+    let base = idle_window(&principal, std::slice::from_ref(&plain), window).await?;
+    plain.stop().await;
+
+    let mut with = config(principal.addr(), agents, 1);
+    with.periodic_resync = Some(every);
+    let started = Instant::now();
+    let load = LoadGen::start(with);
+    load.wait_all_resynced(started, timeout, progress("periodic: with digests", agents)).await?;
+    let (in_sync0, repaired0) = (principal.resyncs("in_sync").await?, principal.resyncs("repaired").await?);
+    let sent0 = load.snapshot().digests_sent;
+    let w = idle_window(&principal, std::slice::from_ref(&load), window).await?;
+    let sent = load.snapshot().digests_sent - sent0;
+    let in_sync = principal.resyncs("in_sync").await? - in_sync0;
+    let repaired = principal.resyncs("repaired").await? - repaired0;
+    load.stop().await;
+    drop(principal);
+    println!("periodic resync ({agents} managed agents, each holding one AppProject, a digest every {every:?}):");
+    println!("  | | principal CPU | digests sent | answered in_sync | repaired |");
+    println!("  | baseline, no periodic resync | {:.2}% | 0 | 0 | 0 |", base.principal_pct);
+    println!("  | a digest every {every:?} | {:.2}% | {sent} | {in_sync} | {repaired} |", w.principal_pct);
+    println!(
+        "  cost of the periodic resync: {:+.2}% of one core ({:.0} digests/s; {:.1} microseconds of principal CPU each)",
+        w.principal_pct - base.principal_pct,
+        sent as f64 / w.secs,
+        if sent > 0 { (w.principal_pct - base.principal_pct) / 100.0 * w.secs / sent as f64 * 1e6 } else { 0.0 }
+    );
+    Ok(())
+}
+
 fn print_window(label: &str, w: &Window) {
     println!(
         "  {label}: principal CPU {:.2}% of one core, load generator {:.1}%, over {:.0} s: {} heartbeats, {} token refreshes, {} authentications, {} streams ended",
@@ -652,7 +720,8 @@ async fn main() -> Res<()> {
             "ulimit -n is {limit}: {largest} agents need one descriptor each plus ~256; raise it (ulimit -n) or lower the sizes"
         );
     }
-    let phases = std::env::var("BENCH_STORM_PHASES").unwrap_or_else(|_| "idle,storm,latency,status".to_owned());
+    let phases =
+        std::env::var("BENCH_STORM_PHASES").unwrap_or_else(|_| "idle,storm,latency,status,periodic".to_owned());
     let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
     let hub = hub().await?;
 
@@ -667,6 +736,11 @@ async fn main() -> Res<()> {
     }
     if phase("status") {
         status_report(&hub, status_n, &status_intervals, window, timeout).await?;
+    }
+    if phase("periodic") {
+        let n = env_usize("BENCH_PERIODIC_AGENTS", if quick { 50 } else { 1000 });
+        let every = Duration::from_secs(env_usize("BENCH_PERIODIC_INTERVAL", if quick { 1 } else { 10 }) as u64);
+        periodic_report(&hub, n, every, window, timeout).await?;
     }
     drop(hub);
     Ok(())

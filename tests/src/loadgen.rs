@@ -45,11 +45,11 @@ use link::recv::{Inbound, Next};
 use link::send::{SendHooks, SendOptions};
 use protocol::argocd::{AppProject, Application, ObjectMeta};
 use protocol::checksum::{
-    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum,
+    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, ResourceKey, resource_set_checksum, spec_checksum, spec_digest,
 };
 use protocol::event::new_uuid;
 use protocol::outbox::RetryPolicy;
-use protocol::payload::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
+use protocol::payload::{DIGEST_SPEC, RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use protocol::pb::authapi::authentication_client::AuthenticationClient;
 use protocol::pb::eventstreamapi::Event as WireEvent;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
@@ -99,6 +99,10 @@ pub struct LoadConfig {
     pub sa_namespace: String,
     /// The agents' namespace sent in `Authenticate` (and where their Applications live).
     pub agent_namespace: String,
+    /// Send a periodic resync digest (`--resync-interval`, as `agent::resync` does) at this
+    /// interval, the first after a share of it that depends on the agent's number (`None`:
+    /// never).
+    pub periodic_resync: Option<Duration>,
 }
 
 impl LoadConfig {
@@ -119,6 +123,7 @@ impl LoadConfig {
             trust_domain: "cluster.local".to_owned(),
             sa_namespace: "agents".to_owned(),
             agent_namespace: agent::DEFAULT_NAMESPACE.to_owned(),
+            periodic_resync: None,
         }
     }
 
@@ -157,6 +162,7 @@ struct Counters {
     objects_applied: AtomicU64,
     resyncs: AtomicU64,
     principal_resyncs: AtomicU64,
+    digests_sent: AtomicU64,
 }
 
 /// A copy of the counters.
@@ -193,6 +199,8 @@ pub struct Snapshot {
     /// Resync requests from the principal received (`request-resource-resync` to a managed
     /// agent, `request-synced-resource-list` to an autonomous one): the principal's half.
     pub principal_resyncs: u64,
+    /// Periodic resync digests sent ([`LoadConfig::periodic_resync`]).
+    pub digests_sent: u64,
 }
 
 /// Per-agent state the harness reads.
@@ -289,6 +297,7 @@ impl LoadGen {
             objects_applied: get(&c.objects_applied),
             resyncs: get(&c.resyncs),
             principal_resyncs: get(&c.principal_resyncs),
+            digests_sent: get(&c.digests_sent),
         }
     }
 
@@ -624,13 +633,32 @@ impl Sim {
             AgentMode::Managed => {
                 let keys = self.send_request_updates();
                 let checksum = resource_set_checksum(&keys).map(|c| c.to_vec());
-                resync_event(EventType::RequestSyncedResourceList, &RequestSyncedResourceList { checksum })
+                resync_event(EventType::RequestSyncedResourceList, &RequestSyncedResourceList::of_set(checksum))
             }
             AgentMode::Autonomous => resync_event(EventType::RequestResourceResync, &RequestResourceResync {}),
         };
         let ids = own.as_ref().map(|e| (e.resource_id.clone(), e.event_id.clone()));
         self.push(own);
         Resync { own: ids, ..Resync::default() }
+    }
+
+    /// A periodic resync request: the digest of everything held (as `agent::resync`).
+    fn send_digest(&mut self) {
+        let held: Vec<(ResourceKey, Option<Vec<u8>>)> = self
+            .apps
+            .values()
+            .map(|a| (ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata), checksum_of(a)))
+            .chain(
+                self.projects
+                    .values()
+                    .map(|p| (ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata), checksum_of(p))),
+            )
+            .collect();
+        let digest = spec_digest(held.iter().map(|(k, c)| (k, c.as_deref()))).map(|d| d.to_vec());
+        let request = RequestSyncedResourceList { checksum: digest, digest: Some(DIGEST_SPEC.to_owned()) };
+        self.counters().digests_sent.fetch_add(1, Ordering::Relaxed);
+        let ev = resync_event(EventType::RequestSyncedResourceList, &request);
+        self.push(ev);
     }
 
     /// A `request-update` for every principal-owned resource held; their keys.
@@ -804,6 +832,10 @@ impl Sim {
         let silence = cfg.heartbeat.map(|h| (h * 3).max(agent::config::MIN_SILENCE_LIMIT));
         let mut last_heard = Instant::now();
         let mut status = cfg.status_interval.map(|s| tokio::time::interval_at(tokio::time::Instant::now() + s, s));
+        let mut periodic = cfg.periodic_resync.map(|every| {
+            let first = every.mul_f64((self.index % 1000) as f64 / 1000.0);
+            tokio::time::interval_at(tokio::time::Instant::now() + first, every)
+        });
         let mut refresh_retry: Option<Instant> = None;
         loop {
             let refresh_at = refresh_retry.or_else(|| self.session.creds.refresh_due_at().map(instant_of));
@@ -829,6 +861,7 @@ impl Sim {
                     }
                 },
                 () = tick(status.as_mut()) => self.send_status_updates(),
+                () = tick(periodic.as_mut()) => self.send_digest(),
                 () = sleep_until(refresh_at) => {
                     refresh_retry = if self.session.refresh(auth_client).await { None } else { Some(Instant::now() + REFRESH_RETRY) };
                 }

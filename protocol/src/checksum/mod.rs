@@ -109,6 +109,31 @@ pub fn resource_set_checksum<'a>(keys: impl IntoIterator<Item = &'a ResourceKey>
     Some(hasher.finalize().into())
 }
 
+/// Ours, for the periodic resync: one SHA-256 over every tracked resource **with** its spec
+/// checksum, so two sides that hold the same resources with the same specs agree in one
+/// message, whatever the number of resources. The lines `<Kind>/<Name>/<UID>/<hex spec checksum>`
+/// (empty after the last `/` without a spec) are sorted and hashed with a newline after each;
+/// duplicates count once. `None` when there are no resources, as [`resource_set_checksum`].
+#[must_use]
+pub fn spec_digest<'a>(entries: impl IntoIterator<Item = (&'a ResourceKey, Option<&'a [u8]>)>) -> Option<Checksum> {
+    let lines: BTreeSet<String> = entries
+        .into_iter()
+        .map(|(key, spec)| {
+            let hex: String = spec.unwrap_or_default().iter().map(|b| format!("{b:02x}")).collect();
+            format!("{}/{hex}", key.checksum_string())
+        })
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let mut hasher = Sha256::new();
+    for line in &lines {
+        hasher.update(line.as_bytes());
+        hasher.update(b"\n");
+    }
+    Some(hasher.finalize().into())
+}
+
 /// The spec checksum of an object given as JSON (as read from the API server).
 ///
 /// # Errors
@@ -156,4 +181,32 @@ pub fn config_map_checksum(config_map: &crate::argocd::ConfigMap) -> Option<Chec
 #[must_use]
 pub fn to_hex(checksum: &[u8]) -> String {
     hex::encode(checksum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(kind: &str, name: &str, uid: &str) -> ResourceKey {
+        ResourceKey { kind: kind.into(), name: name.into(), namespace: "ns".into(), uid: uid.into() }
+    }
+
+    #[test]
+    fn spec_digest_changes_with_any_spec_and_not_with_order() {
+        let (a, b) = (key("Application", "a", "1"), key("AppProject", "p", "2"));
+        let (s1, s2) = ([1_u8; 32], [2_u8; 32]);
+        let one = spec_digest([(&a, Some(&s1[..])), (&b, Some(&s2[..]))]);
+        let same = spec_digest([(&b, Some(&s2[..])), (&a, Some(&s1[..])), (&a, Some(&s1[..]))]);
+        assert!(one.is_some());
+        assert_eq!(one, same, "order and duplicates do not matter");
+        assert_ne!(one, spec_digest([(&a, Some(&s2[..])), (&b, Some(&s2[..]))]), "a spec differs");
+        assert_ne!(one, spec_digest([(&a, Some(&s1[..]))]), "a resource is missing");
+        assert_ne!(one, spec_digest([(&a, Some(&s1[..])), (&b, None)]), "a spec is missing");
+        assert_ne!(
+            spec_digest([(&a, Some(&s1[..]))]),
+            resource_set_checksum([&a]),
+            "never mistaken for upstream's resource-set checksum"
+        );
+        assert_eq!(spec_digest(std::iter::empty()), None);
+    }
 }

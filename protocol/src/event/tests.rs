@@ -316,7 +316,7 @@ fn payloads_decode_by_target_and_type() {
     let list = list.clone().with_json(&json!({"checksum": "AAEC"})).unwrap();
     assert_eq!(
         list.payload().unwrap(),
-        Payload::RequestSyncedResourceList(RequestSyncedResourceList { checksum: Some(vec![0, 1, 2]) })
+        Payload::RequestSyncedResourceList(RequestSyncedResourceList::of_set(Some(vec![0, 1, 2])))
     );
 
     // Wrong shapes are reported with type and target.

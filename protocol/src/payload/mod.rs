@@ -16,7 +16,7 @@ pub use redis::{
     RedisResponseBody, RedisSubscribe, RedisSubscribeResponse,
 };
 pub use resource::{ResourceRequest, ResourceResponse};
-pub use resync::{RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
+pub use resync::{DIGEST_SPEC, RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 pub use session::{ContainerLogRequest, ContainerTerminalRequest};
 pub use status::{ClusterCacheInfo, ErrorData};
 

@@ -11,6 +11,29 @@ pub struct RequestSyncedResourceList {
     /// SHA-256 resource-set checksum; `None` (JSON `null`) when the side tracks nothing.
     #[serde(with = "crate::payload::go_bytes::option")]
     pub checksum: Option<Vec<u8>>,
+    /// Ours, for the periodic resync: [`DIGEST_SPEC`] when `checksum` is the
+    /// [`crate::checksum::spec_digest`] of the sender's resources (their spec checksums
+    /// included), not upstream's resource-set checksum. Upstream ignores the field (its checksum
+    /// then never matches, and it lists its resources: correct, only not cheap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// [`RequestSyncedResourceList::digest`] of a periodic resync.
+pub const DIGEST_SPEC: &str = "spec";
+
+impl RequestSyncedResourceList {
+    /// Upstream's form: the resource-set checksum.
+    #[must_use]
+    pub fn of_set(checksum: Option<Vec<u8>>) -> Self {
+        Self { checksum, digest: None }
+    }
+
+    /// Whether this carries a spec digest ([`DIGEST_SPEC`]) rather than a resource-set checksum.
+    #[must_use]
+    pub fn is_spec_digest(&self) -> bool {
+        self.digest.as_deref() == Some(DIGEST_SPEC)
+    }
 }
 
 /// `.response-synced-resource`: one resource the source of truth tracks.
