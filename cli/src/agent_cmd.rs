@@ -192,7 +192,7 @@ impl Args {
         self.upstream.notes()?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
-        parse_duration(&self.resync_interval)
+        crate::flags::parse_duration(&self.resync_interval)
             .with_context(|| format!("--resync-interval {:?}", self.resync_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.ignore_unmanaged_apps == Some(true) && self.agent_mode == "autonomous" {
@@ -221,36 +221,6 @@ impl Args {
     }
 }
 
-/// Parse a Go-style duration (`30s`, `1m`, `1m30s`, `500ms`, `0`).
-///
-/// # Errors
-/// The text is not such a duration.
-pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
-    let t = text.trim();
-    if t == "0" || t.is_empty() {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
-        let (num, tail) = rest.split_at(digits);
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let n: f64 = num.parse().with_context(|| format!("duration {text:?}: expected e.g. 30s, 1m30s or 500ms"))?;
-        let secs = match unit {
-            "ms" => n / 1000.0,
-            "s" => n,
-            "m" => n * 60.0,
-            "h" => n * 3600.0,
-            _ => anyhow::bail!("duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"),
-        };
-        total += Duration::from_secs_f64(secs);
-        rest = next;
-    }
-    Ok(total)
-}
-
 /// The heartbeat interval: explicit `--heartbeat-interval` wins (0 = off); otherwise the mesh
 /// profile's interval when the stream runs through a sidecar (`--mesh-profile`, or
 /// `--creds header:`), so a quiet stream is never closed by the sidecar's idle timeout; otherwise
@@ -260,7 +230,7 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
 /// A malformed duration or an unknown profile.
 pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
     if let Some(text) = &args.heartbeat_interval {
-        let d = parse_duration(text).context("--heartbeat-interval")?;
+        let d = crate::flags::parse_duration(text).context("--heartbeat-interval")?;
         return Ok((!d.is_zero()).then_some(d));
     }
     let profile = match &args.mesh_profile {
@@ -476,7 +446,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
     let transport = transport(&args, &creds_kind, &secrets).await?;
     let keepalive = match &args.keep_alive_ping_interval {
-        Some(text) => Some(parse_duration(text).context("--keep-alive-ping-interval")?).filter(|d| !d.is_zero()),
+        Some(text) => {
+            Some(crate::flags::parse_duration(text).context("--keep-alive-ping-interval")?).filter(|d| !d.is_zero())
+        }
         None => Some(agent::config::DEFAULT_KEEPALIVE),
     };
     let channel = agent::transport::lazy_channel(&addr, transport.tls.as_ref(), keepalive)
@@ -519,8 +491,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.keepalive = keepalive;
     config.max_message_bytes = args.grpc_max_message_size;
     config.compression = args.enable_compression;
-    config.resync_interval =
-        Some(parse_duration(&args.resync_interval).context("--resync-interval")?).filter(|d| !d.is_zero());
+    config.resync_interval = Some(crate::flags::parse_duration(&args.resync_interval).context("--resync-interval")?)
+        .filter(|d| !d.is_zero());
     config.namespace = args.namespace.clone();
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
@@ -552,7 +524,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
     use std::time::Duration;
 
     fn args(extra: &[&str]) -> super::Args {
@@ -579,11 +550,11 @@ mod tests {
 
     #[test]
     fn go_durations() {
-        assert_eq!(parse_duration("0").ok(), Some(Duration::ZERO));
-        assert_eq!(parse_duration("30s").ok(), Some(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1m30s").ok(), Some(Duration::from_secs(90)));
-        assert_eq!(parse_duration("500ms").ok(), Some(Duration::from_millis(500)));
-        assert!(parse_duration("10 parsecs").is_err());
-        assert!(parse_duration("s").is_err());
+        assert_eq!(crate::flags::parse_duration("0").ok(), Some(Duration::ZERO));
+        assert_eq!(crate::flags::parse_duration("30s").ok(), Some(Duration::from_secs(30)));
+        assert_eq!(crate::flags::parse_duration("1m30s").ok(), Some(Duration::from_secs(90)));
+        assert_eq!(crate::flags::parse_duration("500ms").ok(), Some(Duration::from_millis(500)));
+        assert!(crate::flags::parse_duration("10 parsecs").is_err());
+        assert!(crate::flags::parse_duration("s").is_err());
     }
 }

@@ -8,6 +8,9 @@
 //! * an **empty environment variable** is unset: its flag takes its default (upstream's manifests
 //!   wire every ConfigMap key to an env var, and a key left empty means "the default").
 
+use std::time::Duration;
+
+use anyhow::Context as _;
 use clap::builder::BoolishValueParser;
 use clap::{Arg, ArgAction, Command};
 
@@ -55,6 +58,36 @@ pub fn label_selector(text: Option<&str>) -> anyhow::Result<Option<protocol::sel
             protocol::selector::LabelSelector::parse(t).map(Some).with_context(|| format!("--label-selector {t:?}"))
         }
     }
+}
+
+/// Parse a Go-style duration (`30s`, `1m`, `1m30s`, `500ms`, `0`).
+///
+/// # Errors
+/// The text is not such a duration.
+pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+    let t = text.trim();
+    if t == "0" || t.is_empty() {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(digits);
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let n: f64 = num.parse().with_context(|| format!("duration {text:?}: expected e.g. 30s, 1m30s or 500ms"))?;
+        let secs = match unit {
+            "ms" => n / 1000.0,
+            "s" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            _ => anyhow::bail!("duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"),
+        };
+        total += Duration::from_secs_f64(secs);
+        rest = next;
+    }
+    Ok(total)
 }
 
 #[cfg(test)]

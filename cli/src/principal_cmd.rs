@@ -234,7 +234,7 @@ impl Args {
         u.finish("argocd-agent principal")?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
-        crate::agent_cmd::parse_duration(&self.resync_min_interval)
+        crate::flags::parse_duration(&self.resync_min_interval)
             .with_context(|| format!("--resync-min-interval {:?}", self.resync_min_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         if self.namespace.is_empty() {
@@ -383,7 +383,7 @@ async fn observe(
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     use crate::observability::{listen, start};
-    let retention = crate::agent_cmd::parse_duration(&args.metrics_agent_retention)
+    let retention = crate::flags::parse_duration(&args.metrics_agent_retention)
         .with_context(|| format!("--metrics-agent-retention {:?}", args.metrics_agent_retention))?;
     principal::metrics::global().set_agent_retention(retention);
     let host = args.listen_host.as_str();
@@ -459,7 +459,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.namespace_create_enable = args.namespace_create_enable;
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     config.resync_min_interval =
-        crate::agent_cmd::parse_duration(&args.resync_min_interval).context("--resync-min-interval")?;
+        crate::flags::parse_duration(&args.resync_min_interval).context("--resync-min-interval")?;
     if config.allowed_namespaces.is_empty() {
         // Upstream's semantics: no pattern admits no agent. Say so, since it is rarely intended.
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");

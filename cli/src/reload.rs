@@ -24,7 +24,7 @@ pub const DEFAULT_INTERVAL: &str = "30s";
 /// The text is not a duration.
 pub fn interval(text: &str) -> anyhow::Result<Option<Duration>> {
     use anyhow::Context as _;
-    let d = crate::agent_cmd::parse_duration(text).with_context(|| format!("--tls-reload-interval {text:?}"))?;
+    let d = crate::flags::parse_duration(text).with_context(|| format!("--tls-reload-interval {text:?}"))?;
     Ok(Some(d).filter(|d| !d.is_zero()))
 }
 

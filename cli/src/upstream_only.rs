@@ -194,7 +194,7 @@ impl AgentOnly {
         let mut notes = Vec::new();
         for (flag, value, why) in knobs {
             if let Some(v) = value {
-                crate::agent_cmd::parse_duration(v).map_err(|e| anyhow::anyhow!("{flag} {v:?}: {e}"))?;
+                crate::flags::parse_duration(v).map_err(|e| anyhow::anyhow!("{flag} {v:?}: {e}"))?;
                 notes.push(format!("{flag} has no effect here: {why}"));
             }
         }

@@ -126,6 +126,7 @@ impl Index for Projects<'_> {
             if let Some(prev) = self.0.seen_projects.remove(&Self::key(&p)) {
                 let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
                 project::hub_project_deleted(self.0, &prev);
+                repository::project_changed(self.0, &Self::key(&prev));
             }
             return;
         }
@@ -133,6 +134,8 @@ impl Index for Projects<'_> {
         let operation = if prev.is_some() { "update" } else { "create" };
         let _span = crate::otel::hub_event_span("AppProject", operation, &p.metadata).entered();
         project::hub_project_changed(self.0, prev.as_ref(), &p);
+        // After the project's own events, so an agent gets a project before its repositories.
+        repository::project_changed(self.0, &Self::key(&p));
     }
     async fn delete(&self, p: AppProject) {
         if self.0.seen_projects.remove(&Self::key(&p)).is_none() && self.0.excluded(&p.metadata) {
@@ -140,6 +143,7 @@ impl Index for Projects<'_> {
         }
         let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
         project::hub_project_deleted(self.0, &p);
+        repository::project_changed(self.0, &Self::key(&p));
     }
     fn known(&self) -> Vec<AppProject> {
         self.0.seen_projects.values()

@@ -77,8 +77,6 @@ pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &Ap
             session.push(ev);
         }
     }
-    // After the project's own events, so an agent gets a project before its repositories.
-    crate::route::repository::project_changed(hub, cur.metadata.name.as_deref().unwrap_or_default());
 }
 
 /// A hub AppProject was deleted: delete it on every managed agent it matched.
@@ -91,7 +89,6 @@ pub(crate) fn hub_project_deleted(hub: &Hub, project: &AppProject) {
             session.push(ev);
         }
     }
-    crate::route::repository::project_changed(hub, project.metadata.name.as_deref().unwrap_or_default());
 }
 
 /// The hub copy of an autonomous agent's AppProject (upstream `principal/event.go:442-600`):
