@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent_creds::Creds;
 use crate::ctl::kube::Secrets;
-use crate::material::{VERSION, common_name, pem_from};
+use crate::material::{VERSION, common_name, key_pair, pem_from};
 use crate::unsupported::Unsupported;
 
 /// Flags of `argocd-agent agent` (upstream `cmd/argocd-agent/agent.go`).
@@ -363,21 +363,11 @@ async fn client_material(args: &Args, secrets: &Secrets, with_identity: bool) ->
     if !with_identity {
         return Ok(vec![ca]);
     }
-    let cert = pem_from(
-        args.tls_client_cert.as_deref(),
-        "--tls-client-cert",
+    let (cert, key) = key_pair(
+        (args.tls_client_cert.as_deref(), "--tls-client-cert"),
+        (args.tls_client_key.as_deref(), "--tls-client-key"),
         secrets,
         &args.tls_secret_name,
-        &["tls.crt"],
-        "--tls-secret-name",
-    )
-    .await?;
-    let key = pem_from(
-        args.tls_client_key.as_deref(),
-        "--tls-client-key",
-        secrets,
-        &args.tls_secret_name,
-        &["tls.key"],
         "--tls-secret-name",
     )
     .await?;

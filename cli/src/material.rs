@@ -18,25 +18,63 @@ pub fn read_pem(path: &Path, flag: &str) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
 }
 
-/// One field of a secret, naming the secret and the flag that names it when it is missing.
-///
-/// # Errors
-/// The secret or the field does not exist.
-pub async fn secret_field(secrets: &Secrets, name: &str, fields: &[&str], flag: &str) -> anyhow::Result<String> {
-    let secret = secrets.get(name).await?.with_context(|| {
+/// A secret that must exist, naming the flag that names it when it does not.
+async fn existing_secret(
+    secrets: &Secrets,
+    name: &str,
+    flag: &str,
+) -> anyhow::Result<k8s_openapi::api::core::v1::Secret> {
+    secrets.get(name).await?.with_context(|| {
         format!(
             "secret {}/{name} (from {flag}) does not exist: create it with argocd-agentctl pki, or pass the file flags",
             secrets.namespace()
         )
-    })?;
+    })
+}
+
+/// The first of `fields` that `secret` has.
+fn first_field(secret: &k8s_openapi::api::core::v1::Secret, fields: &[&str]) -> anyhow::Result<String> {
     let mut last = None;
     for field in fields {
-        match field_text(&secret, field) {
+        match field_text(secret, field) {
             Ok(text) => return Ok(text),
             Err(e) => last = Some(e),
         }
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no field requested")))
+}
+
+/// One field of a secret, naming the secret and the flag that names it when it is missing.
+///
+/// # Errors
+/// The secret or the field does not exist.
+pub async fn secret_field(secrets: &Secrets, name: &str, fields: &[&str], flag: &str) -> anyhow::Result<String> {
+    first_field(&existing_secret(secrets, name, flag).await?, fields)
+}
+
+/// A certificate (`tls.crt`) and its key (`tls.key`): each from its file when its flag gives
+/// one (`cert` and `key`: the path and the flag's name), the others from one read of secret
+/// `secret`, so a certificate and key read together come from the same version of it.
+///
+/// # Errors
+/// A file cannot be read, or the secret or a field does not exist.
+pub async fn key_pair(
+    cert: (Option<&Path>, &str),
+    key: (Option<&Path>, &str),
+    secrets: &Secrets,
+    secret: &str,
+    secret_flag: &str,
+) -> anyhow::Result<(String, String)> {
+    let stored = match (cert.0, key.0) {
+        (Some(_), Some(_)) => None,
+        _ => Some(existing_secret(secrets, secret, secret_flag).await?),
+    };
+    let read = |(path, flag): (Option<&Path>, &str), field: &str| match (path, &stored) {
+        (Some(p), _) => read_pem(p, flag),
+        (None, Some(s)) => first_field(s, &[field]),
+        (None, None) => Err(anyhow::anyhow!("{flag}: no file and no secret")),
+    };
+    Ok((read(cert, "tls.crt")?, read(key, "tls.key")?))
 }
 
 /// A PEM either from a file flag or from a secret field.

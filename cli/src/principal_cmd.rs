@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::ctl::kube::Secrets;
-use crate::material::{VERSION, pem_from, secret_field};
+use crate::material::{VERSION, key_pair, pem_from, secret_field};
 use crate::unsupported::Unsupported;
 
 /// Requests the principal has in flight against the hub API server at most (its few watches
@@ -299,21 +299,11 @@ async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::Signing
 
 /// The server certificate, its key and the CA, as PEM, from the files or Secrets the flags name.
 async fn server_material(args: &Args, secrets: &Secrets) -> anyhow::Result<Vec<String>> {
-    let cert = pem_from(
-        args.tls_cert.as_deref(),
-        "--tls-cert",
+    let (cert, key) = key_pair(
+        (args.tls_cert.as_deref(), "--tls-cert"),
+        (args.tls_key.as_deref(), "--tls-key"),
         secrets,
         &args.tls_secret_name,
-        &["tls.crt"],
-        "--tls-secret-name",
-    )
-    .await?;
-    let key = pem_from(
-        args.tls_key.as_deref(),
-        "--tls-key",
-        secrets,
-        &args.tls_secret_name,
-        &["tls.key"],
         "--tls-secret-name",
     )
     .await?;

@@ -223,7 +223,7 @@ pub(crate) async fn handle(hub: &Hub, session: &AgentPeer, ev: &Event, payload: 
             Ok(())
         }
         (AgentMode::Managed, Payload::RequestSyncedResourceList(req)) => {
-            let keys = managed_keys(hub, agent).await?;
+            let keys = ManagedHeld::read(hub, agent).await?.keys();
             let ours = resource_set_checksum(&keys).map(|c| c.to_vec());
             if ours != req.checksum {
                 tracing::info!(%agent, resources = keys.len(), "resource sets differ; listing the hub's resources");
@@ -270,9 +270,13 @@ async fn periodic(hub: &Hub, session: &AgentPeer, mode: AgentMode, theirs: Optio
         crate::metrics::global().periodic_resync(agent, "skipped");
         return Ok(());
     }
-    let ours = match mode {
-        AgentMode::Managed => managed_digest(hub, agent).await?,
-        AgentMode::Autonomous => autonomous_digest(hub, agent).await?,
+    let (managed, ours) = match mode {
+        AgentMode::Managed => {
+            let held = ManagedHeld::read(hub, agent).await?;
+            let digest = held.digest(agent);
+            (Some(held), digest)
+        }
+        AgentMode::Autonomous => (None, autonomous_digest(hub, agent).await?),
     };
     if ours.as_ref().map(|d| &d[..]) == theirs {
         crate::metrics::global().periodic_resync(agent, "in_sync");
@@ -280,48 +284,58 @@ async fn periodic(hub: &Hub, session: &AgentPeer, mode: AgentMode, theirs: Optio
     }
     tracing::info!(%agent, %mode, "periodic resync: the agent's resources differ from the hub's; resyncing");
     crate::metrics::global().periodic_resync(agent, "repaired");
-    match mode {
-        AgentMode::Managed => {
+    match managed {
+        Some(held) => {
             // What the agent lacks: it asks for each listed resource it does not hold.
-            let keys = managed_keys(hub, agent).await?;
-            for k in &keys {
+            for k in &held.keys() {
                 push(session, resync_event(EventType::ResponseSyncedResource, &SyncedResource::from(k)));
             }
             // What differs or is gone from the hub: the agent's request-updates.
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
         }
-        AgentMode::Autonomous => start(hub, session).await?,
+        None => start(hub, session).await?,
     }
     Ok(())
 }
 
-/// What a managed agent should hold, each with the spec checksum its copy has when in sync.
-async fn managed_entries(hub: &Hub, agent: &str) -> Result<Vec<(ResourceKey, Option<Vec<u8>>)>, StoreError> {
-    let apps = managed_apps(hub, agent).await?;
-    let projects = matching_projects(hub, agent).await?;
-    load_repos(hub).await?;
-    load_gpg(hub).await?;
-    let mut entries: Vec<(ResourceKey, Option<Vec<u8>>)> = Vec::new();
-    entries.extend(apps.iter().map(|a| (ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata), checksum_of(a))));
-    entries.extend(projects.iter().map(|p| {
-        (ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata), checksum_of(&project::agent_copy(p, agent)))
-    }));
-    entries.extend(hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).map(|r| {
-        (ResourceKey::from_meta(RESYNC_KIND_REPOSITORY, &r.metadata), secret_checksum(&r).map(|c| c.to_vec()))
-    }));
-    entries.extend(hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).map(|c| {
-        (ResourceKey::from_meta(RESYNC_KIND_GPG_KEY, &c.metadata), config_map_checksum(&c).map(|c| c.to_vec()))
-    }));
-    Ok(entries)
+/// What a managed agent should hold, read once for both the resource keys (the connect-time
+/// list) and the digest (the periodic resync).
+struct ManagedHeld {
+    apps: Vec<Application>,
+    projects: Vec<AppProject>,
+    repos: Vec<Secret>,
+    gpg: Vec<ConfigMap>,
 }
 
-async fn managed_keys(hub: &Hub, agent: &str) -> Result<Vec<ResourceKey>, StoreError> {
-    Ok(managed_entries(hub, agent).await?.into_iter().map(|(k, _)| k).collect())
-}
+impl ManagedHeld {
+    async fn read(hub: &Hub, agent: &str) -> Result<Self, StoreError> {
+        let apps = managed_apps(hub, agent).await?;
+        let projects = matching_projects(hub, agent).await?;
+        load_repos(hub).await?;
+        load_gpg(hub).await?;
+        let repos = hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).collect();
+        let gpg = hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).collect();
+        Ok(Self { apps, projects, repos, gpg })
+    }
 
-async fn managed_digest(hub: &Hub, agent: &str) -> Result<Option<protocol::checksum::Checksum>, StoreError> {
-    let entries = managed_entries(hub, agent).await?;
-    Ok(spec_digest(entries.iter().map(|(k, c)| (k, c.as_deref()))))
+    fn keys(&self) -> Vec<ResourceKey> {
+        let key = |kind, meta: &ObjectMeta| ResourceKey::from_meta(kind, meta);
+        (self.apps.iter().map(|a| key(RESYNC_KIND_APPLICATION, &a.metadata)))
+            .chain(self.projects.iter().map(|p| key(RESYNC_KIND_APP_PROJECT, &p.metadata)))
+            .chain(self.repos.iter().map(|r| key(RESYNC_KIND_REPOSITORY, &r.metadata)))
+            .chain(self.gpg.iter().map(|c| key(RESYNC_KIND_GPG_KEY, &c.metadata)))
+            .collect()
+    }
+
+    /// The digest of these, each with the spec checksum the agent's copy has when in sync.
+    fn digest(&self, agent: &str) -> Option<protocol::checksum::Checksum> {
+        let checksums = (self.apps.iter().map(checksum_of))
+            .chain(self.projects.iter().map(|p| checksum_of(&project::agent_copy(p, agent))))
+            .chain(self.repos.iter().map(|r| secret_checksum(r).map(|c| c.to_vec())))
+            .chain(self.gpg.iter().map(|c| config_map_checksum(c).map(|c| c.to_vec())));
+        let entries: Vec<(ResourceKey, Option<Vec<u8>>)> = self.keys().into_iter().zip(checksums).collect();
+        spec_digest(entries.iter().map(|(k, c)| (k, c.as_deref())))
+    }
 }
 
 /// The digest of an autonomous agent's hub copies, from the watch cache once it has listed the

@@ -379,19 +379,7 @@ impl Topology {
             ensure_namespace(&slot.spoke.client(), ARGOCD_NS).await?;
         }
         t.ctl(&["pki", "init", "--key-algorithm", "ecdsa-p256"])?;
-        t.ctl(&[
-            "pki",
-            "issue",
-            "principal",
-            "--ip",
-            "127.0.0.1",
-            "--dns",
-            "localhost",
-            "--key-algorithm",
-            "ecdsa-p256",
-            "--out-dir",
-            &t.pki_dir().display().to_string(),
-        ])?;
+        t.issue_principal_certificate(false)?;
         t.ctl(&["jwt", "create-key"])?;
         let names: Vec<String> = t.agents.keys().cloned().collect();
         for name in &names {
@@ -543,6 +531,21 @@ impl Topology {
         slot.server = Some(addr);
         slot.sidecar = None;
         self.start_agent(name).await
+    }
+
+    /// Issues the principal's certificate (127.0.0.1, localhost) with `argocd-agentctl pki
+    /// issue principal`, into its Secret and [`Self::pki_dir`]; `upsert` reissues it.
+    ///
+    /// # Errors
+    /// `argocd-agentctl` fails.
+    pub fn issue_principal_certificate(&self, upsert: bool) -> anyhow::Result<()> {
+        let out_dir = self.pki_dir().display().to_string();
+        let mut args = vec!["pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost"];
+        args.extend(["--key-algorithm", "ecdsa-p256", "--out-dir", &out_dir]);
+        if upsert {
+            args.push("--upsert");
+        }
+        self.ctl(&args)
     }
 
     /// Where `argocd-agentctl pki ... --out-dir` wrote the CA and every certificate and key

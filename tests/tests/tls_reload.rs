@@ -80,21 +80,7 @@ async fn reissued_certificates_are_used_without_restarts_and_live_streams_stay()
     // stream stays up and keeps syncing.
     let old = presented(addr, &ca).await?;
     ensure!(old == leaf_in(&pki.join("principal.crt"))?, "the principal presents the issued certificate");
-    let out_dir = pki.display().to_string();
-    t.ctl(&[
-        "pki",
-        "issue",
-        "principal",
-        "--upsert",
-        "--ip",
-        "127.0.0.1",
-        "--dns",
-        "localhost",
-        "--key-algorithm",
-        "ecdsa-p256",
-        "--out-dir",
-        &out_dir,
-    ])?;
+    t.issue_principal_certificate(true)?;
     let new = leaf_in(&pki.join("principal.crt"))?;
     ensure!(new != old, "reissuing makes a new certificate");
     tests::wait_until_async(Duration::from_secs(30), "the principal to present its reissued certificate", || {
