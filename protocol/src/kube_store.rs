@@ -63,11 +63,16 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying later may succeed (API unreachable, 5xx, 429, conflicts), as
     /// upstream's `kube.IsRetryableError`: such events are not ACKed so the peer resends.
+    /// Also a 404 about the resource type rather than the object (a kube-apiserver that has
+    /// just restarted and does not serve the CRD yet, see [`object_not_found`]): taken as
+    /// final, the event carrying it was acknowledged and its write lost for good.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Kube { source, .. } => match source.as_ref() {
-                kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+                kube::Error::Api(status) => {
+                    status.code >= 500 || status.code == 429 || (status.is_not_found() && !object_not_found(status))
+                }
                 _ => true,
             },
             Self::Conflict { .. } => true,
@@ -341,5 +346,26 @@ mod not_found_tests {
         let bare = status(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
             "message": "the server could not find the requested resource"}));
         assert!(!object_not_found(&bare));
+    }
+
+    #[test]
+    fn a_404_about_the_resource_type_is_retried_one_about_the_object_is_not() {
+        let err = |json| super::StoreError::Kube {
+            op: "get",
+            kind: "Application",
+            namespace: "cm".into(),
+            name: "a".into(),
+            source: Box::new(kube::Error::Api(Box::new(status(json)))),
+        };
+        let no_type = err(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "the server could not find the requested resource", "details": {}}));
+        assert!(no_type.is_retryable(), "a restarting API server's 404 must be retried, not acknowledged");
+        let namespace_gone =
+            err(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "namespaces \"cm\" not found", "details": {"name": "cm", "kind": "namespaces"}}));
+        assert!(!namespace_gone.is_retryable());
+        let invalid = err(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "spec.destination: Required value"}));
+        assert!(!invalid.is_retryable());
     }
 }
