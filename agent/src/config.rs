@@ -70,6 +70,17 @@ pub struct AgentConfig {
     /// Periodic resync interval (`--resync-interval`; `None` = off, the default): see
     /// [`crate::resync`].
     pub resync_interval: Option<Duration>,
+    /// Managed: destination-based mapping (`--destination-based-mapping`, §4.9): an Application
+    /// keeps the hub namespace it comes from (this agent's [`Self::namespace`] or one
+    /// [`Self::allowed_namespaces`] covers) instead of moving to [`Self::namespace`], and the
+    /// agent watches Applications in those namespaces.
+    pub destination_based_mapping: bool,
+    /// With destination-based mapping, create an Application's namespace when it is missing
+    /// (`--create-namespace`).
+    pub create_namespace: bool,
+    /// Globs of namespaces besides [`Self::namespace`] that may hold Applications
+    /// (`--allowed-namespaces`).
+    pub allowed_namespaces: Vec<String>,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -111,7 +122,19 @@ impl AgentConfig {
             label_selector: None,
             compression: false,
             resync_interval: None,
+            destination_based_mapping: false,
+            create_namespace: false,
+            allowed_namespaces: Vec::new(),
         }
+    }
+
+    /// Whether Applications may live in namespace `ns` here: the agent's own, or one
+    /// `--allowed-namespaces` covers under destination-based mapping.
+    #[must_use]
+    pub fn app_namespace_allowed(&self, ns: &str) -> bool {
+        ns == self.namespace
+            || (self.destination_based_mapping
+                && self.allowed_namespaces.iter().any(|g| protocol::glob::glob_match(g, ns)))
     }
 
     /// The agent keeps `session` fresh while it runs, sends its access token (and `extra`) on

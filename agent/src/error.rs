@@ -33,11 +33,42 @@ pub enum InboundError {
         /// The agent namespace.
         namespace: String,
     },
+    /// Destination-based mapping: the Application's hub namespace is not one this agent keeps
+    /// Applications in.
+    #[error(
+        "Application namespace {namespace} is not allowed on this agent (add it to the agent's --allowed-namespaces)"
+    )]
+    NamespaceNotAllowed {
+        /// The namespace the principal named.
+        namespace: String,
+    },
+    /// Destination-based mapping: the Application's namespace does not exist here (resent
+    /// until it does).
+    #[error(
+        "namespace {namespace} does not exist on this cluster (create it, or start the agent with --create-namespace)"
+    )]
+    NamespaceMissing {
+        /// The namespace.
+        namespace: String,
+    },
+    /// Destination-based mapping with `--create-namespace`: the namespace could not be created.
+    #[error("cannot create namespace {namespace}: {source}")]
+    NamespaceCreate {
+        /// The namespace.
+        namespace: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl link::Retryable for InboundError {
     /// Whether the peer should resend (the event is then not ACKed).
     fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store(e) if e.is_retryable())
+        match self {
+            Self::Store(e) => e.is_retryable(),
+            Self::NamespaceMissing { .. } | Self::NamespaceCreate { .. } => true,
+            _ => false,
+        }
     }
 }

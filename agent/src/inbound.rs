@@ -11,7 +11,7 @@ use crate::resync;
 use crate::spoke::{Spoke, clear_server_fields, shipped};
 
 /// The destination name agent copies point at.
-pub const IN_CLUSTER_NAME: &str = "in-cluster";
+pub use protocol::argocd::application::IN_CLUSTER_NAME;
 
 /// The spoke copy of a hub Application (managed mode, upstream §4.2).
 pub(crate) fn to_spoke(incoming: &Application, ns: &str, principal_uid: Option<&str>) -> Application {
@@ -45,10 +45,11 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
         }
         (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
             let name = app.metadata.name.clone().unwrap_or_default();
+            let ns = spoke.app_namespace(app.metadata.namespace.as_deref())?.to_owned();
             // Events of different resources are not ordered: a delete of an older hub
             // incarnation (other UID) must not remove the copy of a newer one.
             let incoming_uid = app.metadata.uid.as_deref().filter(|u| !u.is_empty());
-            if let Some(local) = spoke.apps.get::<Application>(spoke.ns(), &name).await? {
+            if let Some(local) = spoke.apps.get::<Application>(&ns, &name).await? {
                 let Some(local_uid) = local.metadata.source_uid() else {
                     // Made here, not by the principal (hybrid setups keep such Applications).
                     tracing::info!(app = %name, "delete for an Application the principal does not own here; ignored");
@@ -59,9 +60,10 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
                     return Ok(());
                 }
             }
-            spoke.managed.expect_delete(name.clone());
-            if !spoke.apps.delete(spoke.ns(), &name).await? {
-                spoke.managed.forget(&name);
+            let key = (ns, name);
+            spoke.managed.expect_delete(key.clone());
+            if !spoke.apps.delete(&key.0, &key.1).await? {
+                spoke.managed.forget(&key);
             }
             Ok(())
         }
@@ -114,21 +116,22 @@ async fn upsert_managed(
     principal_uid: Option<&str>,
     create: bool,
 ) -> Result<(), InboundError> {
-    let ns = spoke.ns();
+    let ns = spoke.app_namespace(incoming.metadata.namespace.as_deref())?;
     let name = incoming.metadata.name.clone().unwrap_or_default();
+    let key = (ns.to_owned(), name.clone());
     if incoming.is_being_deleted() {
         // The hub is deleting it (finalizers pending there): delete here; our `delete` goes
         // up once the local object is gone, and the principal then completes its deletion.
-        spoke.managed.expect_delete(name.clone());
+        spoke.managed.expect_delete(key.clone());
         if !spoke.apps.delete(ns, &name).await? {
-            spoke.managed.cancel_delete(&name);
+            spoke.managed.cancel_delete(&key);
             spoke.send_object(EventType::Delete, Target::Application, &incoming.metadata, incoming);
         }
         return Ok(());
     }
     let local = to_spoke(incoming, ns, principal_uid);
-    spoke.managed.set_source(name.clone(), local.clone());
-    if spoke.apps.create(ns, &name, &local).await? {
+    spoke.managed.set_source(key, local.clone());
+    if create_in_namespace(spoke, ns, &name, &local).await? {
         return Ok(());
     }
     spoke
@@ -152,12 +155,39 @@ async fn upsert_managed(
     Ok(())
 }
 
+/// Creates `app` in `ns`; `Ok(false)` if it exists. Under destination-based mapping a missing
+/// namespace is created with `--create-namespace`, or reported (and the event resent) without.
+async fn create_in_namespace(spoke: &Spoke, ns: &str, name: &str, app: &Application) -> Result<bool, InboundError> {
+    match spoke.apps.create(ns, name, app).await {
+        Err(e) if spoke.config.destination_based_mapping && ns != spoke.ns() && e.is_missing_namespace() => {
+            if !spoke.config.create_namespace {
+                return Err(InboundError::NamespaceMissing { namespace: ns.to_owned() });
+            }
+            let client = spoke.apps.client();
+            protocol::kube_store::ensure_namespace(&client, ns, &std::collections::BTreeMap::new())
+                .await
+                .map_err(|source| InboundError::NamespaceCreate { namespace: ns.to_owned(), source })?;
+            tracing::info!(namespace = %ns, "created the namespace of a principal-owned Application");
+            Ok(spoke.apps.create(ns, name, app).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// The namespace and name of the spoke Application an event from the principal is about.
+fn spoke_key<'a>(spoke: &'a Spoke, incoming: &'a Application) -> Result<(&'a str, String), InboundError> {
+    Ok((
+        spoke.app_namespace(incoming.metadata.namespace.as_deref())?,
+        incoming.metadata.name.clone().unwrap_or_default(),
+    ))
+}
+
 async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool) -> Result<(), InboundError> {
-    let name = incoming.metadata.name.clone().unwrap_or_default();
-    spoke.managed.update_source(&name, |src| src.operation.clone_from(&incoming.operation));
+    let (ns, name) = spoke_key(spoke, incoming)?;
+    spoke.managed.update_source(&(ns.to_owned(), name.clone()), |src| src.operation.clone_from(&incoming.operation));
     let written = spoke
         .apps
-        .update::<Application, _>(spoke.ns(), &name, |cur| {
+        .update::<Application, _>(ns, &name, |cur| {
             let before = cur.clone();
             if cur.is_terminating() && incoming.operation.is_some() {
                 return false; // upstream ignores a new operation while terminating
@@ -173,15 +203,15 @@ async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool
         .await?;
     match written {
         Some(_) => Ok(()),
-        None => Err(InboundError::Missing { name, namespace: spoke.ns().to_owned() }),
+        None => Err(InboundError::Missing { name, namespace: ns.to_owned() }),
     }
 }
 
 async fn terminate(spoke: &Spoke, incoming: &Application) -> Result<(), InboundError> {
-    let name = incoming.metadata.name.clone().unwrap_or_default();
+    let (ns, name) = spoke_key(spoke, incoming)?;
     let written = spoke
         .apps
-        .update::<Application, _>(spoke.ns(), &name, |cur| {
+        .update::<Application, _>(ns, &name, |cur| {
             if cur.is_terminating() {
                 return false;
             }
@@ -193,7 +223,7 @@ async fn terminate(spoke: &Spoke, incoming: &Application) -> Result<(), InboundE
         .await?;
     match written {
         Some(_) => Ok(()),
-        None => Err(InboundError::Missing { name, namespace: spoke.ns().to_owned() }),
+        None => Err(InboundError::Missing { name, namespace: ns.to_owned() }),
     }
 }
 
@@ -205,6 +235,10 @@ async fn upsert_project(spoke: &Spoke, incoming: &AppProject) -> Result<(), Inbo
     clear_server_fields(&mut local.metadata);
     local.metadata.namespace = Some(ns.to_owned());
     local.metadata.set_annotation(SOURCE_UID, source_uid);
+    if spoke.config.destination_based_mapping {
+        // Its Applications live in the hub's namespaces here (upstream's agent does the same).
+        local.spec.source_namespaces = Some(vec!["*".to_owned()]);
+    }
     spoke.managed_projects.set_source(name.clone(), local.clone());
     if spoke.projects.create(ns, &name, &local).await? {
         return Ok(());

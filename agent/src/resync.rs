@@ -66,7 +66,7 @@ fn gpg_checksum(cm: &ConfigMap) -> Option<Vec<u8>> {
 
 /// Principal-owned Applications and AppProjects on the spoke (managed mode).
 async fn managed_resources(spoke: &Spoke) -> Result<(Vec<Application>, Vec<AppProject>), StoreError> {
-    let apps = spoke.apps.list::<Application>(spoke.ns()).await?;
+    let apps = spoke.list_apps().await?;
     let projects = spoke.projects.list::<AppProject>(spoke.ns()).await?;
     Ok((
         apps.into_iter().filter(|a| a.metadata.source_uid().is_some()).collect(),
@@ -165,8 +165,11 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             Ok(())
         }
         (AgentMode::Managed, Payload::SyncedResource(res)) => {
+            // Applications keep the hub's namespace under destination-based mapping.
+            let res_ns =
+                if res.kind == RESYNC_KIND_APPLICATION { spoke.app_namespace(Some(&res.namespace))? } else { ns };
             let (meta, checksum) = if res.kind == RESYNC_KIND_APPLICATION {
-                match spoke.apps.get::<Application>(ns, &res.name).await? {
+                match spoke.apps.get::<Application>(res_ns, &res.name).await? {
                     Some(a) => (Some(a.metadata.clone()), checksum_of(&a)),
                     None => (None, None),
                 }
@@ -191,7 +194,7 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             let req = match meta {
                 Some(m) => request_update(&res.kind, &m, checksum),
                 None => {
-                    RequestUpdate { name: res.name, namespace: ns.to_owned(), kind: res.kind, ..Default::default() }
+                    RequestUpdate { name: res.name, namespace: res_ns.to_owned(), kind: res.kind, ..Default::default() }
                 }
             };
             send(spoke, EventType::RequestUpdate, &req);

@@ -140,12 +140,18 @@ pub struct Args {
     /// Not supported yet (the resource proxy comes with live resources).
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY", hide = true)]
     pub enable_resource_proxy: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING", hide = true)]
+    /// Managed: destination-based mapping (the principal's must be on too): Applications keep
+    /// the hub namespace they come from, which must be this agent's namespace or one
+    /// --allowed-namespaces covers.
+    #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING")]
     pub destination_based_mapping: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE", hide = true)]
+    /// With --destination-based-mapping: create an Application's namespace when it is missing.
+    #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE")]
     pub create_namespace: Option<bool>,
+    /// With --destination-based-mapping: namespaces (globs) besides --namespace that may hold
+    /// Applications.
+    #[arg(long, env = "ARGOCD_AGENT_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    pub allowed_namespaces: Vec<String>,
     /// Autonomous: only Applications and AppProjects with matching labels go to the principal
     /// (Kubernetes selector syntax, e.g. `team=a,tier!=test`).
     #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR")]
@@ -183,8 +189,6 @@ impl Args {
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
             .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
-            .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
-            .check("--create-namespace", self.create_namespace == Some(true))
             .check_opt("--redis-addr", &self.redis_addr)
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         self.upstream.check(&mut u);
@@ -195,6 +199,17 @@ impl Args {
         crate::flags::parse_duration(&self.resync_interval)
             .with_context(|| format!("--resync-interval {:?}", self.resync_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
+        let dbm = self.destination_based_mapping == Some(true);
+        if dbm && self.agent_mode == "autonomous" {
+            anyhow::bail!(
+                "argocd-agent agent: --destination-based-mapping applies to managed agents (an autonomous agent's Applications live in its namespace on the hub, as upstream)"
+            );
+        }
+        if !dbm && (self.create_namespace == Some(true) || !self.allowed_namespaces.is_empty()) {
+            anyhow::bail!(
+                "argocd-agent agent: --create-namespace and --allowed-namespaces come with --destination-based-mapping; add it or remove them"
+            );
+        }
         if self.ignore_unmanaged_apps == Some(true) && self.agent_mode == "autonomous" {
             anyhow::bail!(
                 "argocd-agent agent: --ignore-unmanaged-apps applies to managed agents (an autonomous agent's Applications never carry the principal's source-uid, so it would sync nothing)"
@@ -484,6 +499,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.resync_interval = Some(crate::flags::parse_duration(&args.resync_interval).context("--resync-interval")?)
         .filter(|d| !d.is_zero());
     config.namespace = args.namespace.clone();
+    config.destination_based_mapping = args.destination_based_mapping == Some(true);
+    config.create_namespace = args.create_namespace == Some(true);
+    config.allowed_namespaces = args.allowed_namespaces.clone();
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
         tracing::info!(

@@ -165,8 +165,10 @@ pub struct Args {
     /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
     #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
     pub otlp_sampling_ratio: f64,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", hide = true)]
+    /// Managed agents get the hub Applications whose spec.destination.name is their name, from
+    /// the principal's namespace and every namespace --allowed-namespaces covers (the agents
+    /// need --destination-based-mapping too); autonomous agents keep namespace mapping.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING")]
     pub destination_based_mapping: Option<bool>,
     /// Only hub Applications, AppProjects, repository secrets and the GPG keys ConfigMap with
     /// matching labels go to managed agents (Kubernetes selector syntax, e.g. `team=a`).
@@ -223,7 +225,6 @@ impl Args {
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
             .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
-            .check("--destination-based-mapping", self.destination_based_mapping == Some(true))
             .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
             .check_opt("--keepalive-min-interval", &self.keepalive_min_interval)
             .check_opt("--event-processors", &self.event_processors)
@@ -447,6 +448,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut config = principal::PrincipalConfig::new(&args.namespace);
     config.allowed_namespaces = args.allowed_namespaces.clone();
     config.namespace_create_enable = args.namespace_create_enable;
+    config.destination_based_mapping = args.destination_based_mapping == Some(true);
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     config.resync_min_interval =
         crate::flags::parse_duration(&args.resync_min_interval).context("--resync-min-interval")?;

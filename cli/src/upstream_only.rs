@@ -132,8 +132,6 @@ pub struct AgentOnly {
     on_application_recreate: Option<String>,
     #[arg(long, env = "ARGOCD_AGENT_ADOPTION_POLICY", hide = true)]
     adoption_policy: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_ALLOWED_NAMESPACES", hide = true, value_delimiter = ',')]
-    allowed_namespaces: Vec<String>,
     #[arg(long, env = "ARGOCD_AGENT_SPIRE_AGENT_SOCKET", hide = true)]
     spire_agent_socket: Option<String>,
     #[arg(long, env = "ARGOCD_AGENT_SPIRE_AUTH_METHOD", hide = true)]
@@ -163,7 +161,6 @@ impl AgentOnly {
             .check_opt("--source-uid-mismatch-policy", &self.source_uid_mismatch_policy)
             .check_opt("--on-application-recreate", &self.on_application_recreate)
             .check_opt("--adoption-policy", &self.adoption_policy)
-            .check_list("--allowed-namespaces (comes with --destination-based-mapping)", &self.allowed_namespaces)
             .check_opt("--spire-agent-socket (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
             .check_opt("--spire-auth-method (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_auth_method);
     }

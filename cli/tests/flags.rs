@@ -22,9 +22,20 @@ fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
         err.contains("not supported yet") && err.contains("--enable-resource-proxy") && err.contains("--pprof-port"),
         "{err}"
     );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", "true")]);
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", "true")]);
     assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--destination-based-mapping"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--enable-websocket"), "{err}");
+}
+
+#[test]
+fn destination_based_mapping_flags_are_checked_together() {
+    let agent = ["agent", "--server-address", "p"];
+    let (ok, err) = run(&[&agent[..], &["--agent-mode", "autonomous", "--destination-based-mapping"]].concat(), &[]);
+    assert!(!ok && err.contains("--destination-based-mapping") && err.contains("managed"), "{err}");
+    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_CREATE_NAMESPACE", "true")]);
+    assert!(!ok && err.contains("--create-namespace") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) = run(&[&agent[..], &["--allowed-namespaces", "team-*"]].concat(), &[]);
+    assert!(!ok && err.contains("--allowed-namespaces") && err.contains("--destination-based-mapping"), "{err}");
 }
 
 #[test]

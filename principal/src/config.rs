@@ -12,8 +12,8 @@ pub const DEFAULT_LISTEN_PORT: u16 = 8443;
 /// How an agent relates to the hub (upstream `--agent-mode`).
 pub use protocol::mode::{AgentMode, InvalidAgentMode as BadMode};
 
-/// What the principal needs to run. Agent mapping is namespace-based (§4.9): an agent's name
-/// is the hub namespace holding its Applications.
+/// What the principal needs to run. Agent mapping (§4.9) is namespace-based by default (an
+/// agent's name is the hub namespace holding its Applications) or destination-based.
 #[derive(Debug, Clone)]
 pub struct PrincipalConfig {
     /// Namespace of the principal's own state (`-n/--namespace`, required): the identity
@@ -44,6 +44,21 @@ pub struct PrincipalConfig {
     /// (`--resync-min-interval`): a misconfigured or looping agent cannot make the principal
     /// hash its resources more often.
     pub resync_min_interval: std::time::Duration,
+    /// Destination-based mapping (`--destination-based-mapping`): a managed agent's
+    /// Applications are the hub Applications whose `spec.destination.name` is its name, in the
+    /// principal's namespace or any namespace `allowed_namespaces` covers; their namespace is
+    /// kept on the agent. Autonomous agents keep namespace-based mapping (as upstream).
+    pub destination_based_mapping: bool,
+}
+
+/// How hub Applications map to managed agents (§4.9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mapping {
+    /// An agent's Applications are those in the hub namespace named after it (the default).
+    Namespace,
+    /// An agent's Applications are those whose `spec.destination.name` is its name
+    /// (`--destination-based-mapping`).
+    Destination,
 }
 
 /// `--resync-min-interval` unless given.
@@ -63,6 +78,7 @@ impl PrincipalConfig {
             max_message_bytes: MAX_MESSAGE_BYTES,
             label_selector: None,
             resync_min_interval: DEFAULT_RESYNC_MIN_INTERVAL,
+            destination_based_mapping: false,
         }
     }
 
@@ -71,6 +87,24 @@ impl PrincipalConfig {
     #[must_use]
     pub fn admits(&self, agent: &str) -> bool {
         is_dns_label(agent) && agent != self.namespace && self.allowed_namespaces.iter().any(|g| glob_match(g, agent))
+    }
+
+    /// The mapping in use.
+    #[must_use]
+    pub fn mapping(&self) -> Mapping {
+        if self.destination_based_mapping { Mapping::Destination } else { Mapping::Namespace }
+    }
+
+    /// Whether hub Applications in namespace `ns` are the principal's to route: an admitted
+    /// agent's namespace, and with destination-based mapping also the principal's own namespace
+    /// and any other namespace `allowed_namespaces` covers.
+    #[must_use]
+    pub fn watches_app_namespace(&self, ns: &str) -> bool {
+        if self.destination_based_mapping {
+            ns == self.namespace || self.allowed_namespaces.iter().any(|g| glob_match(g, ns))
+        } else {
+            self.admits(ns)
+        }
     }
 }
 
@@ -88,42 +122,11 @@ pub fn is_dns_label(s: &str) -> bool {
     }
 }
 
-/// Matches `text` against a glob with `*` (any run) and `?` (one character).
-#[must_use]
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
-}
+pub use protocol::glob::glob_match;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*", "agent-1"));
-        assert!(glob_match("agent-?", "agent-1"));
-        assert!(glob_match("ag*-1", "agent-1"));
-        assert!(!glob_match("agent-?", "agent-12"));
-        assert!(!glob_match("", "a"));
-    }
 
     #[test]
     fn admission() {
@@ -136,5 +139,17 @@ mod tests {
         assert!(!c.admits("-agent"));
         assert_eq!("managed".parse::<AgentMode>(), Ok(AgentMode::Managed));
         assert!("x".parse::<AgentMode>().is_err());
+    }
+
+    #[test]
+    fn destination_based_mapping_watches_the_principal_namespace_and_allowed_ones() {
+        let mut c = PrincipalConfig::new("argocd");
+        c.allowed_namespaces = vec!["team-*".into()];
+        assert!(!c.watches_app_namespace("argocd"), "namespace-based: only agent namespaces");
+        assert!(c.watches_app_namespace("team-a"));
+        c.destination_based_mapping = true;
+        assert!(c.watches_app_namespace("argocd"));
+        assert!(c.watches_app_namespace("team-a"));
+        assert!(!c.watches_app_namespace("other"));
     }
 }

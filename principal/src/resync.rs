@@ -81,13 +81,13 @@ async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreErr
 /// One hub Application: from the watch cache when it has it, else read live (a cache miss is
 /// rare, a deletion or an object the watch has not delivered yet, and must not be mistaken
 /// for a deletion).
-async fn agent_app(hub: &Hub, agent: &str, name: &str) -> Result<Option<Application>, StoreError> {
+async fn agent_app(hub: &Hub, ns: &str, name: &str) -> Result<Option<Application>, StoreError> {
     if hub.apps_synced.load(Ordering::Relaxed)
-        && let Some(app) = hub.seen_apps.get(&(agent.to_owned(), name.to_owned()))
+        && let Some(app) = hub.seen_apps.get(&(ns.to_owned(), name.to_owned()))
     {
         return Ok(Some(app));
     }
-    hub.apps.get::<Application>(agent, name).await
+    hub.apps.get::<Application>(ns, name).await
 }
 
 /// One AppProject of the principal namespace, as [`agent_app`].
@@ -100,11 +100,23 @@ async fn principal_project(hub: &Hub, name: &str) -> Result<Option<AppProject>, 
     hub.projects.get::<AppProject>(&hub.config.namespace, name).await
 }
 
+/// The hub Applications a managed agent should hold: those in its namespace, or under
+/// destination-based mapping those targeting it in every namespace the principal watches.
 async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    Ok(agent_apps(hub, agent)
+    let held = |a: &Application| !is_autonomous_copy(a) && !hub.excluded(&a.metadata);
+    if !hub.config.destination_based_mapping {
+        return Ok(agent_apps(hub, agent).await?.into_iter().filter(held).collect());
+    }
+    let targets = |a: &Application| held(a) && hub.agent_of(a) == Some(agent);
+    if hub.apps_synced.load(Ordering::Relaxed) {
+        return Ok(hub.seen_apps.matching(|_, a| targets(a)));
+    }
+    Ok(hub
+        .apps
+        .list_all::<Application>()
         .await?
         .into_iter()
-        .filter(|a| !is_autonomous_copy(a) && !hub.excluded(&a.metadata))
+        .filter(|a| hub.config.watches_app_namespace(a.metadata.namespace.as_deref().unwrap_or_default()) && targets(a))
         .collect())
 }
 
@@ -114,7 +126,7 @@ async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, St
             .seen_projects
             .values()
             .into_iter()
-            .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent))
+            .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent, hub.config.mapping()))
             .collect());
     }
     Ok(hub
@@ -122,7 +134,7 @@ async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, St
         .list::<AppProject>(&hub.config.namespace)
         .await?
         .into_iter()
-        .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent))
+        .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent, hub.config.mapping()))
         .collect())
 }
 
@@ -305,6 +317,7 @@ struct ManagedHeld {
     projects: Vec<AppProject>,
     repos: Vec<Secret>,
     gpg: Vec<ConfigMap>,
+    mapping: crate::config::Mapping,
 }
 
 impl ManagedHeld {
@@ -315,7 +328,7 @@ impl ManagedHeld {
         load_gpg(hub).await?;
         let repos = hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).collect();
         let gpg = hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).collect();
-        Ok(Self { apps, projects, repos, gpg })
+        Ok(Self { apps, projects, repos, gpg, mapping: hub.config.mapping() })
     }
 
     fn keys(&self) -> Vec<ResourceKey> {
@@ -330,7 +343,7 @@ impl ManagedHeld {
     /// The digest of these, each with the spec checksum the agent's copy has when in sync.
     fn digest(&self, agent: &str) -> Option<protocol::checksum::Checksum> {
         let checksums = (self.apps.iter().map(checksum_of))
-            .chain(self.projects.iter().map(|p| checksum_of(&project::agent_copy(p, agent))))
+            .chain(self.projects.iter().map(|p| checksum_of(&project::agent_copy(p, agent, self.mapping))))
             .chain(self.repos.iter().map(|r| secret_checksum(r).map(|c| c.to_vec())))
             .chain(self.gpg.iter().map(|c| config_map_checksum(c).map(|c| c.to_vec())));
         let entries: Vec<(ResourceKey, Option<Vec<u8>>)> = self.keys().into_iter().zip(checksums).collect();
@@ -369,9 +382,10 @@ fn stub_meta(name: &str, namespace: &str, uid: &str) -> ObjectMeta {
 async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpdate) -> Result<(), InboundError> {
     let agent = session.name();
     if req.kind == RESYNC_KIND_APPLICATION {
-        match agent_app(hub, agent, &req.name).await? {
+        let ns = hub.managed_namespace(agent, Some(&req.namespace));
+        match agent_app(hub, ns, &req.name).await? {
             Some(app) if is_autonomous_copy(&app) => {}
-            Some(app) if !hub.excluded(&app.metadata) => {
+            Some(app) if !hub.excluded(&app.metadata) && hub.agent_of(&app) == Some(agent) => {
                 // A deletion pending on the hub does not change the spec checksum; send it
                 // anyway, or a hub deletion made while the agent was away would wait forever.
                 if checksum_of(&app) != req.checksum || req.uid.is_empty() || app.is_being_deleted() {
@@ -379,14 +393,16 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
                 }
             }
             _ => {
-                let stub = Application { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };
+                let stub = Application { metadata: stub_meta(&req.name, ns, &req.uid), ..Default::default() };
                 push(session, hub.app_event(EventType::Delete, &stub));
             }
         }
     } else if req.kind == RESYNC_KIND_APP_PROJECT {
         match principal_project(hub, &req.name).await? {
-            Some(p) if !hub.excluded(&p.metadata) && project::matches_agent(&p, agent) => {
-                if checksum_of(&project::agent_copy(&p, agent)) != req.checksum || req.uid.is_empty() {
+            Some(p) if !hub.excluded(&p.metadata) && project::matches_agent(&p, agent, hub.config.mapping()) => {
+                if checksum_of(&project::agent_copy(&p, agent, hub.config.mapping())) != req.checksum
+                    || req.uid.is_empty()
+                {
                     push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
                 }
             }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 
 /// The ConfigMap holding the principal's persistent identity (upstream
@@ -62,26 +62,4 @@ pub async fn ensure_principal_uid(client: &kube::Client, namespace: &str) -> Res
     Err(err(kube::Error::Service("principal UID ConfigMap kept changing while it was being created".into())))
 }
 
-/// Creates namespace `name` with `labels` unless it exists.
-///
-/// # Errors
-///
-/// The client error when the namespace can neither be read nor created.
-pub async fn ensure_namespace(
-    client: &kube::Client,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<bool, kube::Error> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    if api.get_opt(name).await?.is_some() {
-        return Ok(false);
-    }
-    let mut ns = Namespace::default();
-    ns.metadata.name = Some(name.to_owned());
-    ns.metadata.labels = (!labels.is_empty()).then(|| labels.clone());
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
-        Err(e) => Err(e),
-    }
-}
+pub use protocol::kube_store::ensure_namespace;

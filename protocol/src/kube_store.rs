@@ -81,6 +81,16 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether a create failed because its namespace does not exist (a 404 naming a
+    /// namespace).
+    #[must_use]
+    pub fn is_missing_namespace(&self) -> bool {
+        matches!(self, Self::Kube { source, .. } if matches!(source.as_ref(),
+            kube::Error::Api(s) if s.is_not_found() && s.details.as_ref().is_some_and(|d| d.kind == "namespaces")))
+    }
+}
+
 /// One kind of Argo CD object (Application or AppProject) on one cluster.
 #[derive(Clone)]
 pub struct ObjectStore {
@@ -217,6 +227,16 @@ impl ObjectStore {
         list.items.iter().map(|o| self.decode(o)).collect()
     }
 
+    /// Lists the objects of every namespace.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the API call fails or an object does not decode.
+    pub async fn list_all<T: DeserializeOwned>(&self) -> Result<Vec<T>, StoreError> {
+        let list = self.api(None).list(&ListParams::default()).await.map_err(|e| self.kube_err("list", "*", "*", e))?;
+        list.items.iter().map(|o| self.decode(o)).collect()
+    }
+
     /// Creates an object; `Ok(false)` if it already exists.
     ///
     /// # Errors
@@ -311,6 +331,30 @@ impl ObjectStore {
             Err(kube::Error::Api(s)) if object_not_found(&s) => Ok(()),
             Err(e) => Err(self.kube_err("remove finalizers of", ns, name, e)),
         }
+    }
+}
+
+/// Creates namespace `name` with `labels` unless it exists; `Ok(true)` if it was created here.
+///
+/// # Errors
+///
+/// The API call's, when reading or creating the namespace fails.
+pub async fn ensure_namespace(
+    client: &kube::Client,
+    name: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<bool, kube::Error> {
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Namespace"), "namespaces");
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    if api.get_opt(name).await?.is_some() {
+        return Ok(false);
+    }
+    let mut ns = DynamicObject::new(name, &resource);
+    ns.metadata.labels = (!labels.is_empty()).then(|| labels.clone());
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod argocd;
 pub mod checksum;
 pub mod event;
 pub mod fuzzing;
+pub mod glob;
 pub mod grpc_codec;
 #[cfg(feature = "kube")]
 pub mod kube_store;

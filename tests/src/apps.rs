@@ -30,6 +30,15 @@ pub fn projects(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &ar)
 }
 
+/// ApplicationSets (`argoproj.io/v1alpha1`).
+#[must_use]
+pub fn application_set_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ApplicationSet"),
+        "applicationsets",
+    )
+}
+
 /// Wait up to `timeout` until `check` holds for object `name` (`None` when it does not exist);
 /// on a timeout the error carries `context()` (e.g. the processes' logs).
 ///

@@ -84,6 +84,8 @@ pub struct StartOptions {
     pub hub_agent_namespaces: bool,
     /// Extra flags for the principal from its first start.
     pub principal_args: Vec<String>,
+    /// Extra flags for every agent from its first start.
+    pub agent_args: Vec<String>,
 }
 
 impl Default for StartOptions {
@@ -93,6 +95,7 @@ impl Default for StartOptions {
             start_agents: true,
             hub_agent_namespaces: true,
             principal_args: Vec::new(),
+            agent_args: Vec::new(),
         }
     }
 }
@@ -252,7 +255,12 @@ fn merged_kubeconfig(parts: &[(String, &Path)]) -> anyhow::Result<String> {
     }))?)
 }
 
-async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+/// Creates namespace `name` unless it exists.
+///
+/// # Errors
+///
+/// The API call fails.
+pub async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     use kube::api::{Api, PostParams};
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     if api.get_opt(name).await?.is_none() {
@@ -344,9 +352,14 @@ impl Topology {
             hub_rbac.push("principal-namespace-create.yaml");
         }
         let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal", &hub_rbac).await?;
+        let mut spoke_rbac = Vec::new();
+        if options.agent_args.iter().any(|a| a == "--destination-based-mapping") {
+            spoke_rbac.push("agent-destination-mapping.yaml");
+        }
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
-            let spoke = Cluster::start(clusters.spokes, dir.path().join(format!("spoke-{name}")), "agent", &[]).await?;
+            let spoke =
+                Cluster::start(clusters.spokes, dir.path().join(format!("spoke-{name}")), "agent", &spoke_rbac).await?;
             slots.insert(
                 (*name).to_string(),
                 AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },
@@ -368,7 +381,7 @@ impl Topology {
             principal: None,
             principal_port: None,
             principal_args: options.principal_args.clone(),
-            agent_args: Vec::new(),
+            agent_args: options.agent_args.clone(),
         };
 
         ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;

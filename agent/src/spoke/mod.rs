@@ -20,6 +20,14 @@ use crate::config::AgentConfig;
 /// The status-related parts of an Application last reported to the principal.
 pub(crate) type Reported = (Option<protocol::argocd::ApplicationStatus>, Option<serde_json::Value>);
 
+/// `(namespace, name)` of a spoke Application.
+pub(crate) type AppKey = (String, String);
+
+/// The key of an Application's metadata.
+pub(crate) fn app_key(meta: &protocol::argocd::ObjectMeta) -> AppKey {
+    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
 /// Everything the agent's tasks share.
 #[derive(Debug)]
 pub(crate) struct Spoke {
@@ -32,9 +40,9 @@ pub(crate) struct Spoke {
     /// Managed: each Application as last received from the principal (spoke form), by name,
     /// the source for reverting local edits and deletions (rebuilt from the spoke at startup),
     /// and the deletions the principal asked for.
-    pub(crate) managed: Copies<String, Application>,
+    pub(crate) managed: Copies<AppKey, Application>,
     /// Managed: status and operation last reported per Application.
-    pub(crate) reported: Known<String, Reported>,
+    pub(crate) reported: Known<AppKey, Reported>,
     /// Autonomous: each Application as last sent up.
     pub(crate) sent: Known<String, Application>,
     /// Managed: each AppProject as last received from the principal, by name, and the
@@ -76,6 +84,38 @@ impl Spoke {
 
     pub(crate) fn ns(&self) -> &str {
         &self.config.namespace
+    }
+
+    /// Where a managed Application from the principal lives here: the agent's namespace, or
+    /// under destination-based mapping the hub namespace it names, if allowed here.
+    pub(crate) fn app_namespace<'a>(&'a self, named: Option<&'a str>) -> Result<&'a str, crate::error::InboundError> {
+        if !self.config.destination_based_mapping {
+            return Ok(self.ns());
+        }
+        let ns = named.filter(|n| !n.is_empty()).unwrap_or(self.ns());
+        if self.config.app_namespace_allowed(ns) {
+            Ok(ns)
+        } else {
+            Err(crate::error::InboundError::NamespaceNotAllowed { namespace: ns.to_owned() })
+        }
+    }
+
+    /// The namespaces the Application watcher and resync read: one, or all under
+    /// destination-based mapping (filtered by [`AgentConfig::app_namespace_allowed`]).
+    pub(crate) fn app_scope(&self) -> Option<&str> {
+        (!self.config.destination_based_mapping).then(|| self.ns())
+    }
+
+    /// Lists the spoke's Applications in every allowed namespace.
+    pub(crate) async fn list_apps(&self) -> Result<Vec<Application>, protocol::kube_store::StoreError> {
+        let apps = match self.app_scope() {
+            Some(ns) => self.apps.list::<Application>(ns).await?,
+            None => self.apps.list_all::<Application>().await?,
+        };
+        Ok(apps
+            .into_iter()
+            .filter(|a| self.config.app_namespace_allowed(a.metadata.namespace.as_deref().unwrap_or_default()))
+            .collect())
     }
 
     /// Queues an object event for the principal.

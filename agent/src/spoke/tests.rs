@@ -135,7 +135,7 @@ async fn managed_deletion_the_principal_asked_for_is_confirmed_to_it() {
     let apps = Applications(&spoke);
     feed(&apps, listed(vec![owned(app("guestbook", "v1", "Synced"))])).await;
     sent(&spoke);
-    spoke.managed.expect_delete("guestbook".into());
+    spoke.managed.expect_delete(("argocd".into(), "guestbook".into()));
     feed(&apps, vec![WatchEvent::Delete(owned(app("guestbook", "v1", "Synced")))]).await;
     assert_eq!(sent(&spoke), ["delete guestbook"]);
     assert!(spoke.managed.sources().is_empty(), "no longer the principal's copy to restore");

@@ -19,7 +19,7 @@ use protocol::{EventType, Target};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::{Spoke, clear_server_fields};
+use super::{AppKey, Spoke, app_key, clear_server_fields};
 use crate::config::AgentMode;
 
 /// The spoke's Applications, by name.
@@ -28,16 +28,18 @@ pub(crate) struct Applications<'a>(pub(crate) &'a Spoke);
 impl Index for Applications<'_> {
     type Object = DynamicObject;
     type Item = Application;
-    type Key = String;
+    type Key = AppKey;
 
     fn what(&self) -> &str {
         "spoke Application"
     }
+    /// Only Applications in the namespaces the agent keeps them in.
     fn decode(&self, obj: &DynamicObject) -> Option<Application> {
-        self.0.apps.decode_or_skip(obj, self.what())
+        let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+        self.0.config.app_namespace_allowed(ns).then(|| self.0.apps.decode_or_skip(obj, self.what())).flatten()
     }
-    fn key(app: &Application) -> String {
-        app.metadata.name.clone().unwrap_or_default()
+    fn key(app: &Application) -> AppKey {
+        app_key(&app.metadata)
     }
     async fn apply(&self, app: Application) {
         applied(self.0, app).await;
@@ -56,17 +58,14 @@ impl Index for Applications<'_> {
 
 /// Watches the spoke's Applications until `cancel` fires.
 pub(crate) async fn run_applications(spoke: Arc<Spoke>, cancel: CancellationToken) {
-    let api = spoke.apps.api(Some(spoke.ns()));
+    let api = spoke.apps.api(spoke.app_scope());
     link::watch::run(&Applications(&spoke), api, watcher::Config::default(), &cancel).await;
 }
 
 async fn applied(spoke: &Spoke, app: Application) {
-    let known = {
-        let name = app.metadata.name.as_deref().unwrap_or_default();
-        match spoke.config.mode {
-            AgentMode::Managed => spoke.reported.contains(name),
-            AgentMode::Autonomous => spoke.sent.contains(name),
-        }
+    let known = match spoke.config.mode {
+        AgentMode::Managed => spoke.reported.contains(&app_key(&app.metadata)),
+        AgentMode::Autonomous => spoke.sent.contains(app.metadata.name.as_deref().unwrap_or_default()),
     };
     let operation = if known { "update" } else { "create" };
     let span = crate::otel::spoke_event_span(&spoke.config, "Application", operation, &app.metadata);
@@ -80,7 +79,7 @@ async fn applied_in_span(spoke: &Spoke, app: Application) {
             if app.metadata.source_uid().is_none() {
                 return; // not from the principal: none of our business
             }
-            managed_applied(spoke, &name, app).await;
+            managed_applied(spoke, app).await;
         }
         AgentMode::Autonomous => {
             if spoke.excluded(&app.metadata) {
@@ -113,17 +112,19 @@ fn changed_for_principal(a: &Application, b: &Application) -> bool {
     strip(a) != strip(b)
 }
 
-async fn managed_applied(spoke: &Spoke, name: &str, app: Application) {
+async fn managed_applied(spoke: &Spoke, app: Application) {
     if app.is_being_deleted() {
         return;
     }
-    if let Some(src) = spoke.managed.source_or_adopt(name, &app)
+    let key = app_key(&app.metadata);
+    let (ns, name) = (&key.0, &key.1);
+    if let Some(src) = spoke.managed.source_or_adopt(&key, &app)
         && src.spec != app.spec
     {
         tracing::info!(app = %name, "reverting a local spec edit of a principal-owned Application");
         let result = spoke
             .apps
-            .update::<Application, _>(spoke.ns(), name, |cur| {
+            .update::<Application, _>(ns, name, |cur| {
                 let changed = cur.spec != src.spec;
                 cur.spec.clone_from(&src.spec);
                 changed
@@ -134,7 +135,7 @@ async fn managed_applied(spoke: &Spoke, name: &str, app: Application) {
         }
     }
     let now = (app.status.clone(), app.operation.clone());
-    let before = spoke.reported.insert(name.to_owned(), now.clone());
+    let before = spoke.reported.insert(key.clone(), now.clone());
     if before.as_ref() != Some(&now) {
         spoke.send_object(EventType::StatusUpdate, Target::Application, &app.metadata, &app);
     }
@@ -152,8 +153,9 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             if app.metadata.source_uid().is_none() {
                 return;
             }
-            spoke.reported.remove(&name);
-            let mut src = match spoke.managed.deleted(&name) {
+            let key = app_key(&app.metadata);
+            spoke.reported.remove(&key);
+            let mut src = match spoke.managed.deleted(&key) {
                 Gone::Expected => {
                     spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
                     return;
@@ -164,7 +166,7 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             tracing::info!(app = %name, "recreating a principal-owned Application deleted locally");
             clear_server_fields(&mut src.metadata);
             src.status = None;
-            if let Err(e) = spoke.apps.create(spoke.ns(), &name, &src).await {
+            if let Err(e) = spoke.apps.create(&key.0, &name, &src).await {
                 tracing::warn!(app = %name, error = %e, "cannot recreate deleted Application");
             }
         }

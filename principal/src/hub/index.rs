@@ -68,7 +68,12 @@ impl AppIndex {
 
     /// The Applications in namespace `agent`.
     pub(crate) fn of_agent(&self, agent: &str) -> Vec<Application> {
-        lock(&self.inner).seen.iter().filter(|((ns, _), _)| ns == agent).map(|(_, app)| app.clone()).collect()
+        self.matching(|(ns, _), _| ns == agent)
+    }
+
+    /// The Applications `keep` selects.
+    pub(crate) fn matching(&self, keep: impl Fn(&Key, &Application) -> bool) -> Vec<Application> {
+        lock(&self.inner).seen.iter().filter(|(k, app)| keep(k, app)).map(|(_, app)| app.clone()).collect()
     }
 
     /// The watch shows `app`: it becomes the last version (returning the previous one), and

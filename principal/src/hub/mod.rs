@@ -134,6 +134,24 @@ impl Hub {
         meta.left_out(self.config.label_selector.as_ref())
     }
 
+    /// The agent a hub Application belongs to (§4.9): an autonomous agent's copy by its
+    /// namespace; a managed one by its namespace, or under destination-based mapping by
+    /// `spec.destination.name` (none when empty or `in-cluster`).
+    pub(crate) fn agent_of<'a>(&self, app: &'a Application) -> Option<&'a str> {
+        if self.config.destination_based_mapping && !crate::route::is_autonomous_copy(app) {
+            app.destination_agent()
+        } else {
+            app.metadata.namespace.as_deref()
+        }
+    }
+
+    /// The hub namespace of the Application a managed agent's event is about: the agent's own
+    /// namespace under namespace-based mapping, the namespace the event names under
+    /// destination-based mapping (where the agent keeps the hub's namespaces).
+    pub(crate) fn managed_namespace<'a>(&self, agent: &'a str, named: Option<&'a str>) -> &'a str {
+        if self.config.destination_based_mapping { named.filter(|ns| !ns.is_empty()).unwrap_or(agent) } else { agent }
+    }
+
     /// Queues `ty` of a shipped object (repository secret, GPG keys) for `agent`, if it still has
     /// a peer: the object as the hub has it, credentials included, without `managedFields`.
     pub(crate) fn ship<T: Shipped>(&self, agent: &str, ty: EventType, obj: &T) {

@@ -30,10 +30,11 @@ impl Index for Applications<'_> {
     fn what(&self) -> &str {
         "hub Application"
     }
-    /// Only Applications in the namespaces of admitted agents.
+    /// Only Applications in the namespaces the principal routes from
+    /// ([`crate::config::PrincipalConfig::watches_app_namespace`]).
     fn decode(&self, obj: &DynamicObject) -> Option<Application> {
         let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
-        self.0.config.admits(ns).then(|| self.0.apps.decode_or_skip(obj, self.what())).flatten()
+        self.0.config.watches_app_namespace(ns).then(|| self.0.apps.decode_or_skip(obj, self.what())).flatten()
     }
     fn key(app: &Application) -> Key {
         key_of(&app.metadata)

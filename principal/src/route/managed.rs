@@ -36,10 +36,21 @@ pub(crate) fn event_for(hub: &Hub, ty: EventType, app: &Application) -> Option<p
     }
 }
 
-/// A hub Application of a managed agent was added or changed.
+/// A hub Application of a managed agent was added or changed. Under destination-based mapping
+/// a new `spec.destination.name` moves it: `delete` to the agent it left, `create` to the one
+/// it now targets (upstream `callbacks.go`).
 pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Application) {
-    let agent = cur.metadata.namespace.as_deref().unwrap_or_default();
-    let Some(session) = hub.peers.get(agent) else { return };
+    let before = prev.and_then(|p| hub.agent_of(p));
+    let now = hub.agent_of(cur);
+    let prev = if before == now {
+        prev
+    } else {
+        if let Some(p) = prev {
+            hub_app_deleted(hub, p);
+        }
+        None
+    };
+    let Some(session) = now.and_then(|agent| hub.peers.get(agent)) else { return };
     if session.mode() != AgentMode::Managed {
         return;
     }
@@ -50,15 +61,25 @@ pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Appli
     }
 }
 
-/// A hub Application of a managed agent was deleted.
+/// A hub Application of a managed agent was deleted (or left that agent).
 pub(crate) fn hub_app_deleted(hub: &Hub, app: &Application) {
-    let agent = app.metadata.namespace.as_deref().unwrap_or_default();
-    let Some(session) = hub.peers.get(agent) else { return };
+    let Some(session) = hub.agent_of(app).and_then(|agent| hub.peers.get(agent)) else { return };
     if session.mode() == AgentMode::Managed
         && let Some(ev) = hub.object_event(EventType::Delete, Target::Application, &app.metadata, app)
     {
         session.push(ev);
     }
+}
+
+/// Whether `agent` may write to the hub Application `app` (its own, by the mapping in use): an
+/// agent is never let near another agent's Application, whatever namespace its event names.
+fn owned_by(hub: &Hub, agent: &str, app: &Application) -> bool {
+    let ok = hub.agent_of(app) == Some(agent);
+    if !ok {
+        tracing::warn!(%agent, app = ?app.metadata.name, namespace = ?app.metadata.namespace,
+            target = ?hub.agent_of(app), "event for a hub Application of another agent; ignored");
+    }
+    ok
 }
 
 /// `status-update` from a managed agent: writes `.status` and `.operation` onto the hub
@@ -70,12 +91,18 @@ pub(crate) fn hub_app_deleted(hub: &Hub, app: &Application) {
 /// that is stale (the hub refuses the patch), has nothing to change, or is missing.
 pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
     let name = incoming.metadata.name.as_deref().unwrap_or_default();
-    let key = (agent.to_owned(), name.to_owned());
+    let ns = hub.managed_namespace(agent, incoming.metadata.namespace.as_deref());
+    let key = (ns.to_owned(), name.to_owned());
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let base = hub.seen_apps.status_base(&key);
+    // The conditional patch's base is a version the watch showed for this agent (or the
+    // principal's own write to it), so a patch never lands on another agent's Application.
+    let base = match hub.seen_apps.get(&key) {
+        Some(seen) if !owned_by(hub, agent, &seen) => return Ok(()),
+        _ => hub.seen_apps.status_base(&key),
+    };
     let paths = &hub.status_paths;
     if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now)) {
-        if let Some(written) = hub.apps.patch_if_unchanged::<Application>(agent, name, &patch).await? {
+        if let Some(written) = hub.apps.patch_if_unchanged::<Application>(ns, name, &patch).await? {
             StatusPathCounters::count(&paths.patched);
             hub.seen_apps.wrote_status(key, &written);
             return Ok(());
@@ -84,9 +111,14 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
         StatusPathCounters::count(&paths.patch_refused);
     }
     StatusPathCounters::count(&paths.read_modify_write);
+    let mut foreign = false;
     let written = hub
         .apps
-        .update::<Application, _>(agent, name, |hub_app| {
+        .update::<Application, _>(ns, name, |hub_app| {
+            if hub.agent_of(hub_app) != Some(agent) {
+                foreign = true;
+                return false;
+            }
             if hub_app.status == incoming.status && hub_app.operation == incoming.operation {
                 return false;
             }
@@ -103,6 +135,7 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
         })
         .await?;
     match written {
+        Some(app) if foreign => _ = owned_by(hub, agent, &app),
         Some(app) => hub.seen_apps.wrote_status(key, &app),
         None => tracing::debug!(%agent, %name, "status-update for an Application the hub does not have; ignored"),
     }
@@ -133,10 +166,11 @@ fn status_patch(base: &StatusBase, incoming: &Application, now: &str) -> Option<
 /// Application has a deletion timestamp); otherwise ignored, the hub stays the source of truth.
 pub(crate) async fn agent_deleted(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
     let name = incoming.metadata.name.as_deref().unwrap_or_default();
-    match hub.apps.get::<Application>(agent, name).await? {
-        Some(app) if app.is_being_deleted() => {
-            tracing::info!(%agent, %name, "agent finished deleting; removing finalizers on the hub");
-            hub.apps.strip_finalizers(agent, name).await
+    let ns = hub.managed_namespace(agent, incoming.metadata.namespace.as_deref());
+    match hub.apps.get::<Application>(ns, name).await? {
+        Some(app) if app.is_being_deleted() && owned_by(hub, agent, &app) => {
+            tracing::info!(%agent, %ns, %name, "agent finished deleting; removing finalizers on the hub");
+            hub.apps.strip_finalizers(ns, name).await
         }
         _ => Ok(()),
     }
@@ -146,8 +180,12 @@ pub(crate) async fn agent_deleted(hub: &Hub, agent: &str, incoming: &Application
 /// of type `AgentError` with the agent's message (upstream `principal/event.go:388-421`).
 pub(crate) async fn agent_error(hub: &Hub, agent: &str, err: &protocol::payload::ErrorData) -> Result<(), StoreError> {
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let ns = hub.managed_namespace(agent, Some(&err.resource_namespace));
     hub.apps
-        .update::<Application, _>(agent, &err.resource_name, |app| {
+        .update::<Application, _>(ns, &err.resource_name, |app| {
+            if hub.agent_of(app) != Some(agent) {
+                return false;
+            }
             let status = app.status.get_or_insert_with(Default::default);
             status.extra.insert("health".into(), serde_json::json!({"status": "Degraded", "message": err.message}));
             let condition =
@@ -176,6 +214,30 @@ mod tests {
             "spec": {"source": {"path": path}},
         }))
         .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn destination_based_mapping_routes_by_destination_name_and_guards_other_agents_apps() {
+        let mut config = crate::config::PrincipalConfig::new("argocd");
+        config.destination_based_mapping = true;
+        let hub = Hub::offline(config);
+        let mut app = app("p");
+        app.metadata.namespace = Some("team-a".into());
+        assert_eq!(hub.agent_of(&app), None, "no destination name: no agent");
+        app.spec.destination =
+            Some(protocol::argocd::ApplicationDestination { name: Some("dm1".into()), ..Default::default() });
+        assert_eq!(hub.agent_of(&app), Some("dm1"));
+        assert!(owned_by(&hub, "dm1", &app));
+        assert!(!owned_by(&hub, "dm2", &app), "another agent never writes to it");
+        app.spec.destination =
+            Some(protocol::argocd::ApplicationDestination { name: Some("in-cluster".into()), ..Default::default() });
+        assert_eq!(hub.agent_of(&app), None, "in-cluster goes to no agent");
+        assert_eq!(hub.managed_namespace("dm1", Some("team-a")), "team-a");
+        assert_eq!(hub.managed_namespace("dm1", Some("")), "dm1");
+
+        let hub = Hub::offline(crate::config::PrincipalConfig::new("argocd"));
+        assert_eq!(hub.agent_of(&app), Some("team-a"), "namespace mapping: the namespace");
+        assert_eq!(hub.managed_namespace("dm1", Some("team-a")), "dm1", "namespace mapping: the agent's own");
     }
 
     #[test]

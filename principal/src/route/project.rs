@@ -6,36 +6,41 @@ use protocol::argocd::{AppProject, ApplicationDestination};
 use protocol::kube_store::StoreError;
 use protocol::{Event, EventType, Target};
 
-use crate::config::{AgentMode, glob_match};
+use crate::config::{AgentMode, Mapping, glob_match};
 use crate::hub::Hub;
 use crate::route::clear_server_fields;
 
 /// The in-cluster server URL agent copies point their destinations at.
 pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
 /// The in-cluster destination name.
-pub const IN_CLUSTER_NAME: &str = "in-cluster";
+pub use protocol::argocd::application::IN_CLUSTER_NAME;
 
 fn dest_names(p: &AppProject) -> impl Iterator<Item = &str> {
     p.spec.destinations.iter().flatten().filter_map(|d| d.name.as_deref())
 }
 
 /// Whether `project` applies to `agent`: some destination name glob-matches it, no `!`-deny
-/// destination matches it, and `sourceNamespaces` covers it (namespace mapping).
+/// destination matches it, and (namespace mapping) `sourceNamespaces` covers it. Under
+/// destination-based mapping `sourceNamespaces` names the hub namespaces of Applications, not
+/// agents, and is not checked.
 #[must_use]
-pub fn matches_agent(project: &AppProject, agent: &str) -> bool {
+pub fn matches_agent(project: &AppProject, agent: &str, mapping: Mapping) -> bool {
     if project.metadata.source_uid().is_some() {
         return false; // an autonomous agent's project copy: not distributed
     }
     let allowed = dest_names(project).any(|n| !n.starts_with('!') && glob_match(n, agent));
     let denied = dest_names(project).any(|n| n.strip_prefix('!').is_some_and(|g| glob_match(g, agent)));
-    let source_ns = project.spec.source_namespaces.iter().flatten().any(|g| glob_match(g, agent));
+    let source_ns = mapping == Mapping::Destination
+        || project.spec.source_namespaces.iter().flatten().any(|g| glob_match(g, agent));
     allowed && !denied && source_ns
 }
 
 /// The copy an agent gets: only the destinations matching it, rewritten to the in-cluster
-/// server; no `sourceNamespaces`, no `roles`.
+/// server; no `roles`; no `sourceNamespaces` (namespace mapping: the agent keeps its
+/// Applications in its own namespace) or `["*"]` (destination mapping: in the hub's namespaces,
+/// as upstream's agent sets it).
 #[must_use]
-pub fn agent_copy(project: &AppProject, agent: &str) -> AppProject {
+pub fn agent_copy(project: &AppProject, agent: &str, mapping: Mapping) -> AppProject {
     let mut p = project.clone();
     p.spec.destinations = project.spec.destinations.as_ref().map(|ds| {
         ds.iter()
@@ -47,14 +52,14 @@ pub fn agent_copy(project: &AppProject, agent: &str) -> AppProject {
             })
             .collect()
     });
-    p.spec.source_namespaces = None;
+    p.spec.source_namespaces = (mapping == Mapping::Destination).then(|| vec!["*".to_owned()]);
     p.spec.roles = None;
     p.status = None;
     p
 }
 
 pub(crate) fn event_for(hub: &Hub, ty: EventType, project: &AppProject, agent: &str) -> Option<Event> {
-    let copy = agent_copy(project, agent);
+    let copy = agent_copy(project, agent, hub.config.mapping());
     hub.object_event(ty, Target::AppProject, &project.metadata, &copy)
 }
 
@@ -66,8 +71,8 @@ pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &Ap
             continue;
         }
         let agent = session.name();
-        let before = prev.is_some_and(|p| matches_agent(p, agent));
-        let ty = match (before, matches_agent(cur, agent)) {
+        let before = prev.is_some_and(|p| matches_agent(p, agent, hub.config.mapping()));
+        let ty = match (before, matches_agent(cur, agent, hub.config.mapping())) {
             (false, true) => EventType::Create,
             (true, true) if prev != Some(cur) => EventType::SpecUpdate,
             (true, false) => EventType::Delete,
@@ -83,7 +88,7 @@ pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &Ap
 pub(crate) fn hub_project_deleted(hub: &Hub, project: &AppProject) {
     for session in hub.peers.all() {
         if session.mode() == AgentMode::Managed
-            && matches_agent(project, session.name())
+            && matches_agent(project, session.name(), hub.config.mapping())
             && let Some(ev) = event_for(hub, EventType::Delete, project, session.name())
         {
             session.push(ev);
@@ -190,11 +195,11 @@ mod tests {
 
     #[test]
     fn matching_follows_destinations_and_source_namespaces() {
-        assert!(matches_agent(&project(&["agent-*"], &["*"]), "agent-1"));
-        assert!(!matches_agent(&project(&["agent-*", "!agent-1"], &["*"]), "agent-1"));
-        assert!(!matches_agent(&project(&["agent-*"], &[]), "agent-1"));
-        assert!(!matches_agent(&project(&["other"], &["*"]), "agent-1"));
-        let copy = agent_copy(&project(&["agent-*", "other"], &["*"]), "agent-1");
+        assert!(matches_agent(&project(&["agent-*"], &["*"]), "agent-1", Mapping::Namespace));
+        assert!(!matches_agent(&project(&["agent-*", "!agent-1"], &["*"]), "agent-1", Mapping::Namespace));
+        assert!(!matches_agent(&project(&["agent-*"], &[]), "agent-1", Mapping::Namespace));
+        assert!(!matches_agent(&project(&["other"], &["*"]), "agent-1", Mapping::Namespace));
+        let copy = agent_copy(&project(&["agent-*", "other"], &["*"]), "agent-1", Mapping::Namespace);
         let dests = copy.spec.destinations.unwrap_or_default();
         assert_eq!(dests.len(), 1);
         assert_eq!(dests[0].server.as_deref(), Some(IN_CLUSTER_SERVER));

@@ -23,7 +23,7 @@ fn project_of(hub: &Hub, repo: &Secret) -> Option<AppProject> {
 /// Whether `repo` belongs on `agent`: it names a project, the hub has that project, and the
 /// project matches the agent (the same rule as for the project itself).
 pub(crate) fn belongs_on(hub: &Hub, repo: &Secret, agent: &str) -> bool {
-    project_of(hub, repo).is_some_and(|p| matches_agent(&p, agent))
+    project_of(hub, repo).is_some_and(|p| matches_agent(&p, agent, hub.config.mapping()))
 }
 
 /// The connected-since-start managed agents `repo` belongs on.
@@ -32,7 +32,7 @@ pub(crate) fn targets(hub: &Hub, repo: &Secret) -> BTreeSet<String> {
     hub.peers
         .all()
         .into_iter()
-        .filter(|s| s.mode() == AgentMode::Managed && matches_agent(&project, s.name()))
+        .filter(|s| s.mode() == AgentMode::Managed && matches_agent(&project, s.name(), hub.config.mapping()))
         .map(|s| s.name().to_owned())
         .collect()
 }

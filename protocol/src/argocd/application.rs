@@ -32,7 +32,19 @@ pub struct Application {
     pub extra: Extra,
 }
 
+/// The destination name of the cluster Argo CD itself runs in.
+pub const IN_CLUSTER_NAME: &str = "in-cluster";
+
 impl Application {
+    /// The agent this Application targets under destination-based mapping:
+    /// `spec.destination.name`, unless empty or [`IN_CLUSTER_NAME`] (upstream routes those to
+    /// no agent).
+    #[must_use]
+    pub fn destination_agent(&self) -> Option<&str> {
+        let name = self.spec.destination.as_ref()?.name.as_deref()?;
+        (!name.is_empty() && name != IN_CLUSTER_NAME).then_some(name)
+    }
+
     /// `status.operationState.phase`, if any.
     #[must_use]
     pub fn operation_phase(&self) -> Option<&str> {
