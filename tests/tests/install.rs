@@ -223,7 +223,6 @@ fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
         (AGENT_CHART, json!({"server": "p", "enableResourceProxy": true}), "enableResourceProxy"),
         (AGENT_CHART, json!({"server": "p", "enableWebSocket": true}), "enableWebSocket"),
         (AGENT_CHART, json!({"server": "p", "redisAddress": "redis.other:6379"}), "redisAddress"),
-        (AGENT_CHART, json!({"server": "p", "allowedNamespaces": "team-*"}), "allowedNamespaces"),
         (AGENT_CHART, json!({}), "server"),
     ];
     for (chart, values, key) in cases {
@@ -284,6 +283,13 @@ fn rendered_rbac_is_the_rbac_the_end_to_end_tests_run_under() {
             &agent,
         );
     }
+    let mut with_dbm = agent.clone();
+    with_dbm.extend(read_rbac("agent-destination-mapping.yaml"));
+    assert_same_rbac(
+        "helm agent (destinationBasedMapping)",
+        &render(AGENT_CHART, json!({"server": "p", "agentMode": "managed", "destinationBasedMapping": true})),
+        &with_dbm,
+    );
     let from_kustomize =
         |overlay: &str| rbac_objects(&documents(&kustomize(overlay).expect("kustomize")).expect("parse"));
     assert_same_rbac("kustomize principal", &from_kustomize("principal"), &principal);

@@ -67,6 +67,7 @@ agent.redis.address=REDIS_ADDR
 agent.resource-proxy.enable=ARGOCD_AGENT_ENABLE_RESOURCE_PROXY
 agent.destination-based-mapping=ARGOCD_AGENT_DESTINATION_BASED_MAPPING
 agent.create-namespace=ARGOCD_AGENT_CREATE_NAMESPACE
+agent.allowed-namespaces=ARGOCD_AGENT_ALLOWED_NAMESPACES
 agent.app-label-selector=ARGOCD_AGENT_LABEL_SELECTOR
 agent.name=ARGOCD_AGENT_NAME
 agent.heartbeat.interval=ARGOCD_AGENT_HEARTBEAT_INTERVAL
@@ -82,9 +83,6 @@ agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
 {{- if $v.enableWebSocket }}{{ $bad = append $bad "enableWebSocket" }}{{ end -}}
 {{- if not (has (toString $v.pprofPort) (list "" "0")) }}{{ $bad = append $bad "pprofPort" }}{{ end -}}
 {{- if $v.enableResourceProxy }}{{ $bad = append $bad "enableResourceProxy" }}{{ end -}}
-{{- if $v.allowedNamespaces }}{{ $bad = append $bad "allowedNamespaces" }}{{ end -}}
-{{- if $v.destinationBasedMapping }}{{ $bad = append $bad "destinationBasedMapping" }}{{ end -}}
-{{- if $v.createNamespace }}{{ $bad = append $bad "createNamespace" }}{{ end -}}
 {{- if not (has (toString $v.redisAddress) (list "" "argocd-redis:6379")) }}{{ $bad = append $bad "redisAddress" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $v.auth) }}{{ $bad = append $bad "auth userpass:" }}{{ end -}}
 {{- if $bad -}}
