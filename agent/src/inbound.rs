@@ -32,6 +32,7 @@ pub(crate) fn to_spoke(incoming: &Application, ns: &str, principal_uid: Option<&
 
 /// Applies one event from the principal.
 pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundError> {
+    let _applying = spoke.applying.lock().await;
     if let Some(uid) = &ev.principal_uid {
         *lock(&spoke.principal_uid) = Some(uid.clone());
     }

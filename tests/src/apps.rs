@@ -104,7 +104,10 @@ pub async fn set_path(api: &Api<DynamicObject>, name: &str, path: &str) -> anyho
 /// A round trip through the agent's stream: `object` is created on `from`, reaches `to`, gets a
 /// status there (as the owning side's Argo CD would), and that status reaches the hub. Events
 /// of one agent are ordered, so whatever was in flight before has been applied by then.
-async fn round_trip(
+///
+/// # Errors
+/// The barrier does not cross in time.
+pub async fn round_trip(
     t: &Topology,
     hub: &Api<DynamicObject>,
     (from, to): (&Api<DynamicObject>, &Api<DynamicObject>),

@@ -59,6 +59,11 @@ pub(crate) struct Spoke {
     pub(crate) principal_uid: Mutex<Option<String>>,
     /// Whether a stream is up.
     pub(crate) connected: std::sync::atomic::AtomicBool,
+    /// Held while an event from the principal is applied, and while the watcher restores a
+    /// principal-owned Application deleted here: a `delete` from the principal and the restore
+    /// of the same Application's local deletion never interleave (upstream #1056: deleted on
+    /// both sides at once, it was recreated here forever).
+    pub(crate) applying: tokio::sync::Mutex<()>,
 }
 
 impl Spoke {
@@ -79,6 +84,7 @@ impl Spoke {
             sent_projects: Known::default(),
             principal_uid: Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(false),
+            applying: tokio::sync::Mutex::new(()),
         }
     }
 

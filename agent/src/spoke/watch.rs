@@ -155,6 +155,9 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             }
             let key = app_key(&app.metadata);
             spoke.reported.remove(&key);
+            // Until the restore below is written, no `delete` from the principal is applied:
+            // one that was applied first has made this deletion expected or forgotten.
+            let _applying = spoke.applying.lock().await;
             let mut src = match spoke.managed.deleted(&key) {
                 Gone::Expected => {
                     spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);

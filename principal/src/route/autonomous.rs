@@ -133,6 +133,14 @@ pub(crate) async fn hub_copy_changed(
 /// A hub copy disappeared: expected (the agent deleted it) or reverted by recreating it.
 pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(), StoreError> {
     let key = key_of(&app.metadata);
+    // The agent's events are applied under its peer's lock: holding it until the restore is
+    // written, a `delete` from the agent is applied wholly before (this deletion is then
+    // expected) or after (and deletes the restored copy), never in between (upstream #1056).
+    let peer = hub.peers.get(&key.0);
+    let _applying = match &peer {
+        Some(p) => Some(p.applying().await),
+        None => None,
+    };
     let Gone::Restore(mut src) = hub.autonomous.deleted(&key) else { return Ok(()) };
     tracing::info!(agent = %key.0, name = %key.1, "recreating an autonomous agent's Application deleted on the hub");
     clear_server_fields(&mut src.metadata);
