@@ -22,6 +22,60 @@ pub const DEFAULT_NAMESPACE: &str = "argocd";
 /// The agent's mode (one type for principal, agent and auth).
 pub use protocol::mode::{AgentMode, InvalidAgentMode as BadMode};
 
+/// What a managed agent does when the principal sends an Application whose name is taken here by
+/// one from another source (`--source-uid-mismatch-policy`, per Application the
+/// `argocd.argoproj.io/source-uid-mismatch-policy` annotation on the principal's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MismatchPolicy {
+    /// Delete the one here, then create the principal's (upstream's default).
+    #[default]
+    Recreate,
+    /// Update the one here in place, stamping the principal's identity.
+    Upsert,
+}
+
+/// What a managed agent does when the principal creates an Application that already exists here
+/// without the principal's `source-uid` (`--adoption-policy`, per Application the
+/// `argocd.argoproj.io/adoption-policy` annotation on the one here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AdoptionPolicy {
+    /// Take it over: stamp the principal's identity and write its spec (upstream's default).
+    #[default]
+    Always,
+    /// Leave it alone and report an error, which marks the hub Application degraded.
+    Never,
+}
+
+/// What a managed agent sets on a principal-owned Application it recreates after a local
+/// deletion (`--on-application-recreate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecreateAction {
+    /// Recreate it with the status it had (upstream's default).
+    #[default]
+    Ignore,
+    /// Drop `status.operationState`.
+    ClearStatus,
+    /// Request a sync (`operation: {sync: {}}`).
+    Resync,
+}
+
+macro_rules! parse_names {
+    ($ty:ty, $flag:literal, $($name:literal => $v:expr),+) => {
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($v),)+
+                    other => Err(format!(concat!("unknown ", $flag, " {:?}: use one of ", $($name, " "),+), other)),
+                }
+            }
+        }
+    };
+}
+parse_names!(MismatchPolicy, "source-uid-mismatch-policy", "recreate" => Self::Recreate, "upsert" => Self::Upsert);
+parse_names!(AdoptionPolicy, "adoption-policy", "always" => Self::Always, "never" => Self::Never);
+parse_names!(RecreateAction, "on-application-recreate", "ignore" => Self::Ignore, "clear-status" => Self::ClearStatus, "resync" => Self::Resync);
+
 /// What the agent needs to run.
 #[derive(Clone)]
 pub struct AgentConfig {
@@ -81,6 +135,12 @@ pub struct AgentConfig {
     /// Globs of namespaces besides [`Self::namespace`] that may hold Applications
     /// (`--allowed-namespaces`).
     pub allowed_namespaces: Vec<String>,
+    /// Managed: an Application of another source in the way of the principal's.
+    pub mismatch_policy: MismatchPolicy,
+    /// Managed: an Application made here in the way of one the principal creates.
+    pub adoption_policy: AdoptionPolicy,
+    /// Managed: what a restored Application gets.
+    pub on_recreate: RecreateAction,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -125,6 +185,9 @@ impl AgentConfig {
             destination_based_mapping: false,
             create_namespace: false,
             allowed_namespaces: Vec::new(),
+            mismatch_policy: MismatchPolicy::default(),
+            adoption_policy: AdoptionPolicy::default(),
+            on_recreate: RecreateAction::default(),
         }
     }
 

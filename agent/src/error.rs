@@ -51,6 +51,28 @@ pub enum InboundError {
         /// The namespace.
         namespace: String,
     },
+    /// The principal creates an Application that exists here without its `source-uid`, and the
+    /// adoption policy is `never`.
+    #[error(
+        "Application {namespace}/{name} already exists on this agent's cluster and its adoption policy is \"never\": delete it there or change the policy (--adoption-policy, or the argocd.argoproj.io/adoption-policy annotation on it), then recreate this Application"
+    )]
+    AdoptionRefused {
+        /// The namespace here.
+        namespace: String,
+        /// The name.
+        name: String,
+    },
+    /// Recreating an Application of another source: the old one is still being deleted
+    /// (finalizers); resent until it is gone.
+    #[error(
+        "Application {namespace}/{name} of another source is still being deleted here; the principal's is created once it is gone"
+    )]
+    StillDeleting {
+        /// The namespace here.
+        namespace: String,
+        /// The name.
+        name: String,
+    },
     /// Destination-based mapping with `--create-namespace`: the namespace could not be created.
     #[error("cannot create namespace {namespace}: {source}")]
     NamespaceCreate {
@@ -67,7 +89,7 @@ impl link::Retryable for InboundError {
     fn is_retryable(&self) -> bool {
         match self {
             Self::Store(e) => e.is_retryable(),
-            Self::NamespaceMissing { .. } | Self::NamespaceCreate { .. } => true,
+            Self::NamespaceMissing { .. } | Self::NamespaceCreate { .. } | Self::StillDeleting { .. } => true,
             _ => false,
         }
     }

@@ -131,6 +131,35 @@ async fn upsert_managed(
         return Ok(());
     }
     let local = to_spoke(incoming, ns, principal_uid);
+    if let Some(existing) = spoke.apps.get::<Application>(ns, &name).await? {
+        match identity(spoke, &existing, incoming, principal_uid) {
+            Identity::Same => {}
+            Identity::Adopt => {
+                tracing::info!(app = %name, %ns, "adopting an Application made here (adoption policy always)")
+            }
+            Identity::Transition => {
+                tracing::info!(app = %name, %ns, "the Application now comes from another principal; updated in place");
+            }
+            Identity::Upsert => {
+                tracing::info!(app = %name, %ns, "an Application of another source is in the way; updated in place (mismatch policy upsert)");
+            }
+            Identity::RefuseAdoption => {
+                return Err(InboundError::AdoptionRefused { namespace: ns.to_owned(), name });
+            }
+            Identity::Recreate => {
+                tracing::info!(app = %name, %ns, "an Application of another source is in the way; recreating it (mismatch policy recreate)");
+                spoke.managed.expect_delete(key.clone());
+                if !spoke.apps.delete(ns, &name).await? {
+                    spoke.managed.cancel_delete(&key);
+                }
+                spoke.managed.set_source(key, local.clone());
+                return match create_in_namespace(spoke, ns, &name, &local).await? {
+                    true => Ok(()),
+                    false => Err(InboundError::StillDeleting { namespace: ns.to_owned(), name }),
+                };
+            }
+        }
+    }
     spoke.managed.set_source(key, local.clone());
     if create_in_namespace(spoke, ns, &name, &local).await? {
         return Ok(());
@@ -154,6 +183,60 @@ async fn upsert_managed(
         })
         .await?;
     Ok(())
+}
+
+/// How an Application from the principal relates to the one of that name here (upstream
+/// `identityAction`).
+#[derive(Debug, PartialEq, Eq)]
+enum Identity {
+    /// The principal's copy: updated.
+    Same,
+    /// Made here, taken over (adoption policy `always`).
+    Adopt,
+    /// Made here, left alone (adoption policy `never`).
+    RefuseAdoption,
+    /// The same Application from another principal (a failover), or a copy from before the
+    /// principal's UID was stamped: updated in place.
+    Transition,
+    /// Another source's: deleted, then the principal's created (mismatch policy `recreate`).
+    Recreate,
+    /// Another source's: updated in place (mismatch policy `upsert`).
+    Upsert,
+}
+
+fn identity(spoke: &Spoke, existing: &Application, incoming: &Application, principal_uid: Option<&str>) -> Identity {
+    use crate::config::{AdoptionPolicy, MismatchPolicy};
+    use protocol::argocd::annotations::{ADOPTION_POLICY, SOURCE_UID_MISMATCH_POLICY};
+    let Some(existing_uid) = existing.metadata.source_uid() else {
+        let policy = annotated(existing, ADOPTION_POLICY).unwrap_or(spoke.config.adoption_policy);
+        return match policy {
+            AdoptionPolicy::Always => Identity::Adopt,
+            AdoptionPolicy::Never => Identity::RefuseAdoption,
+        };
+    };
+    let incoming_uid = incoming.metadata.source_uid().or(incoming.metadata.uid.as_deref()).unwrap_or_default();
+    if existing_uid == incoming_uid {
+        return Identity::Same;
+    }
+    match (existing.metadata.annotation(PRINCIPAL_UID), principal_uid) {
+        (Some(theirs), Some(ours)) if theirs != ours => return Identity::Transition,
+        (None, _) => return Identity::Transition,
+        _ => {}
+    }
+    match annotated(incoming, SOURCE_UID_MISMATCH_POLICY).unwrap_or(spoke.config.mismatch_policy) {
+        MismatchPolicy::Recreate => Identity::Recreate,
+        MismatchPolicy::Upsert => Identity::Upsert,
+    }
+}
+
+/// A policy annotation's value, if it names one (an unknown value is logged and ignored, as
+/// upstream falls back to the flag).
+fn annotated<T: std::str::FromStr<Err = String>>(app: &Application, annotation: &str) -> Option<T> {
+    let value = app.metadata.annotation(annotation)?;
+    value
+        .parse()
+        .map_err(|e| tracing::warn!(app = ?app.metadata.name, %annotation, error = %e, "ignoring the annotation"))
+        .ok()
 }
 
 /// Creates `app` in `ns`; `Ok(false)` if it exists. Under destination-based mapping a missing

@@ -152,6 +152,21 @@ pub struct Args {
     /// Applications.
     #[arg(long, env = "ARGOCD_AGENT_ALLOWED_NAMESPACES", value_delimiter = ',')]
     pub allowed_namespaces: Vec<String>,
+    /// Managed: when the principal's Application meets one of another source here: recreate
+    /// (delete it, create the principal's) or upsert (update it in place). Per Application the
+    /// argocd.argoproj.io/source-uid-mismatch-policy annotation on the principal's overrides it.
+    #[arg(long, env = "ARGOCD_AGENT_SOURCE_UID_MISMATCH_POLICY", default_value = "recreate")]
+    pub source_uid_mismatch_policy: agent::config::MismatchPolicy,
+    /// Managed: when the principal creates an Application that exists here without its
+    /// source-uid: always (take it over) or never (leave it, mark the hub's degraded). Per
+    /// Application the argocd.argoproj.io/adoption-policy annotation on the one here overrides it.
+    #[arg(long, env = "ARGOCD_AGENT_ADOPTION_POLICY", default_value = "always")]
+    pub adoption_policy: agent::config::AdoptionPolicy,
+    /// Managed: what an Application deleted here behind the principal's back gets when it is
+    /// recreated: ignore (its status as it was), clear-status (no operation state) or resync
+    /// (a sync operation).
+    #[arg(long, env = "ARGOCD_AGENT_ON_APPLICATION_RECREATE", default_value = "ignore")]
+    pub on_application_recreate: agent::config::RecreateAction,
     /// Autonomous: only Applications and AppProjects with matching labels go to the principal
     /// (Kubernetes selector syntax, e.g. `team=a,tier!=test`).
     #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR")]
@@ -502,6 +517,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.destination_based_mapping = args.destination_based_mapping == Some(true);
     config.create_namespace = args.create_namespace == Some(true);
     config.allowed_namespaces = args.allowed_namespaces.clone();
+    config.mismatch_policy = args.source_uid_mismatch_policy;
+    config.adoption_policy = args.adoption_policy;
+    config.on_recreate = args.on_application_recreate;
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
         tracing::info!(

@@ -178,6 +178,9 @@ mod tests {
         match (flag, ty) {
             ("log-format", _) => "json",
             ("agent-mode", _) => "managed",
+            ("source-uid-mismatch-policy", _) => "upsert",
+            ("adoption-policy", _) => "never",
+            ("on-application-recreate", _) => "resync",
             (_, "bool") => "false",
             (_, "int") => "0",
             (_, "duration") => "1s",

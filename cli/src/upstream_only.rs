@@ -126,12 +126,6 @@ pub struct AgentOnly {
     redis_tls_ca_secret_name: Option<String>,
     #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_INSECURE", hide = true)]
     redis_tls_insecure: Option<bool>,
-    #[arg(long, env = "ARGOCD_AGENT_SOURCE_UID_MISMATCH_POLICY", hide = true)]
-    source_uid_mismatch_policy: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_ON_APPLICATION_RECREATE", hide = true)]
-    on_application_recreate: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_ADOPTION_POLICY", hide = true)]
-    adoption_policy: Option<String>,
     #[arg(long, env = "ARGOCD_AGENT_SPIRE_AGENT_SOCKET", hide = true)]
     spire_agent_socket: Option<String>,
     #[arg(long, env = "ARGOCD_AGENT_SPIRE_AUTH_METHOD", hide = true)]
@@ -158,9 +152,6 @@ impl AgentOnly {
             .check_opt("--redis-tls-ca-path", &self.redis_tls_ca_path)
             .check_opt("--redis-tls-ca-secret-name", &self.redis_tls_ca_secret_name)
             .check("--redis-tls-insecure", self.redis_tls_insecure == Some(true))
-            .check_opt("--source-uid-mismatch-policy", &self.source_uid_mismatch_policy)
-            .check_opt("--on-application-recreate", &self.on_application_recreate)
-            .check_opt("--adoption-policy", &self.adoption_policy)
             .check_opt("--spire-agent-socket (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
             .check_opt("--spire-auth-method (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_auth_method);
     }

@@ -83,8 +83,13 @@ fn upstream_only_flags_are_refused_or_explained_by_name() {
     }
     let agent =
         ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
-    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_ADOPTION_POLICY", "never"), ("REDIS_ADDR", "r:6379")]);
-    assert!(!ok && err.contains("--adoption-policy") && err.contains("--redis-addr"), "{err}");
+    let (ok, err) = run(&agent, &[("REDIS_USERNAME", "u"), ("REDIS_ADDR", "r:6379")]);
+    assert!(!ok && err.contains("--redis-username") && err.contains("--redis-addr"), "{err}");
+    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_ADOPTION_POLICY", "sometimes")]);
+    assert!(
+        !ok && err.contains("adoption-policy") && err.contains("always") && !err.contains("not supported yet"),
+        "{err}"
+    );
     let (ok, err) = run(&[&agent[..], &["--informer-sync-timeout", "soon"]].concat(), &[]);
     assert!(!ok && err.contains("--informer-sync-timeout") && !err.contains("not supported yet"), "{err}");
     let (ok, err) = run(&[&agent[..], &["--informer-sync-timeout", "5s"]].concat(), &[]);

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::{AppKey, Spoke, app_key, clear_server_fields};
-use crate::config::AgentMode;
+use crate::config::{AgentMode, RecreateAction};
 
 /// The spoke's Applications, by name.
 pub(crate) struct Applications<'a>(pub(crate) &'a Spoke);
@@ -168,7 +168,18 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             };
             tracing::info!(app = %name, "recreating a principal-owned Application deleted locally");
             clear_server_fields(&mut src.metadata);
-            src.status = None;
+            // As upstream, the Application comes back as it was, status included, with what
+            // --on-application-recreate asks for.
+            src.status.clone_from(&app.status);
+            match spoke.config.on_recreate {
+                RecreateAction::Ignore => {}
+                RecreateAction::ClearStatus => {
+                    if let Some(status) = src.status.as_mut() {
+                        status.operation_state = None;
+                    }
+                }
+                RecreateAction::Resync => src.operation = Some(serde_json::json!({"sync": {}})),
+            }
             if let Err(e) = spoke.apps.create(&key.0, &name, &src).await {
                 tracing::warn!(app = %name, error = %e, "cannot recreate deleted Application");
             }
