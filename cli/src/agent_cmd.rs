@@ -123,8 +123,9 @@ pub struct Args {
     pub tls_reload_interval: String,
 
     // --- accepted for compatibility, not supported yet ---
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL", hide = true)]
+    /// Accepted, no effect: upstream's extra log detail (per-subsystem levels in --log-level
+    /// do that here).
+    #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL")]
     pub full_detail: Option<String>,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", hide = true)]
@@ -133,8 +134,8 @@ pub struct Args {
     /// behaviour; both principals decompress it).
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", default_value_t = false)]
     pub enable_compression: bool,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT", hide = true)]
+    /// Accepted, no effect: Go's profiler endpoint.
+    #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT")]
     pub pprof_port: Option<u16>,
 
     /// Not supported yet (the resource proxy comes with live resources).
@@ -200,15 +201,14 @@ impl Args {
     /// Names every unsupported flag that was set, or the missing required flag.
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
-        u.check_opt("--full-detail", &self.full_detail)
-            .check("--enable-websocket", self.enable_websocket == Some(true))
-            .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
+        u.check("--enable-websocket", self.enable_websocket == Some(true))
             .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check_opt("--redis-addr", &self.redis_addr)
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         self.upstream.check(&mut u);
         u.finish("argocd-agent agent")?;
         self.upstream.notes()?;
+        crate::upstream_only::debug_knob_notes(self.pprof_port, self.full_detail.as_deref(), "agent::connection")?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
         crate::flags::parse_duration(&self.resync_interval)
@@ -451,7 +451,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
     observe(&args, &observed, &observing).await?;
-    for note in args.upstream.notes()? {
+    let debug_knobs =
+        crate::upstream_only::debug_knob_notes(args.pprof_port, args.full_detail.as_deref(), "agent::connection")?;
+    for note in args.upstream.notes()?.into_iter().chain(debug_knobs) {
         tracing::warn!("{note}");
     }
     let mode: agent::AgentMode =

@@ -132,17 +132,19 @@ pub struct Args {
     pub kubecontext: Option<String>,
 
     // --- accepted for compatibility, not supported yet ---
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_FULL_DETAIL", hide = true)]
+    /// Accepted, no effect: upstream's extra log detail (per-subsystem levels in --log-level
+    /// do that here).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_FULL_DETAIL")]
     pub full_detail: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_PPROF_PORT", hide = true)]
+    /// Accepted, no effect: Go's profiler endpoint.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_PPROF_PORT")]
     pub pprof_port: Option<u16>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN", hide = true)]
+    /// With --namespace-create-enable: only agents whose name matches this regular expression
+    /// get a namespace created.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN")]
     pub namespace_create_pattern: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS", hide = true, value_delimiter = ',')]
+    /// With --namespace-create-enable: labels (key=value, comma-separated) of created namespaces.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS", value_delimiter = ',')]
     pub namespace_create_labels: Vec<String>,
     /// Not supported yet (the resource proxy comes with live resources).
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", hide = true)]
@@ -177,11 +179,12 @@ pub struct Args {
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", hide = true)]
     pub enable_self_cluster_registration: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", hide = true)]
+    /// Accepted, no effect: the HTTP/2 server here has no client PING-rate policy to set.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL")]
     pub keepalive_min_interval: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS", hide = true)]
+    /// At most this many agents' events are applied to the hub at once (each agent's one at a
+    /// time, in order); unset or 0: no limit.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS")]
     pub event_processors: Option<u32>,
     /// Upstream's flags of features not here yet (resource proxy, Redis, HA, ...).
     #[command(flatten)]
@@ -211,28 +214,68 @@ fn version_check(args: &Args) -> anyhow::Result<auth::VersionCheck> {
 }
 
 impl Args {
+    /// Upstream knobs that have no counterpart here: checked as upstream would, then a warning
+    /// each saying why it changes nothing.
+    ///
+    /// # Errors
+    /// A value upstream would refuse.
+    pub fn notes(&self) -> anyhow::Result<Vec<String>> {
+        let mut notes = Vec::new();
+        if let Some(v) = self.keepalive_min_interval.as_deref() {
+            let d = crate::flags::parse_duration(v).with_context(|| format!("--keepalive-min-interval {v:?}"))?;
+            if !d.is_zero() {
+                notes.push("--keepalive-min-interval has no effect here: the HTTP/2 server has no policy on how often clients may PING (agents' keepalive and heartbeats are accepted at any rate)".to_owned());
+            }
+        }
+        notes.extend(crate::upstream_only::debug_knob_notes(
+            self.pprof_port,
+            self.full_detail.as_deref(),
+            "principal::service",
+        )?);
+        Ok(notes)
+    }
+
+    /// `--namespace-create-pattern` and `--namespace-create-labels`, checked.
+    ///
+    /// # Errors
+    /// A pattern that does not compile or a label that is not key=value, named.
+    pub fn namespace_create(
+        &self,
+    ) -> anyhow::Result<(Option<regex::Regex>, std::collections::BTreeMap<String, String>)> {
+        let pattern = self
+            .namespace_create_pattern
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .map(|p| regex::Regex::new(p).with_context(|| format!("--namespace-create-pattern {p:?}")))
+            .transpose()?;
+        let mut labels = std::collections::BTreeMap::new();
+        for l in self.namespace_create_labels.iter().filter(|l| !l.is_empty()) {
+            let (k, v) =
+                l.split_once('=').with_context(|| format!("--namespace-create-labels {l:?} is not key=value"))?;
+            anyhow::ensure!(!k.trim().is_empty(), "--namespace-create-labels {l:?}: empty key");
+            labels.insert(k.trim().to_owned(), v.trim().to_owned());
+        }
+        Ok((pattern, labels))
+    }
+
     /// Refuse flags whose feature is not implemented yet.
     ///
     /// # Errors
     /// Names every such flag that was set.
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
-        u.check_opt("--full-detail", &self.full_detail)
-            .check("--pprof-port", self.pprof_port.is_some_and(|p| p != 0))
-            .check_opt("--namespace-create-pattern", &self.namespace_create_pattern)
-            .check_list("--namespace-create-labels", &self.namespace_create_labels)
-            .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
+        u.check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
             .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
             .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
-            .check_opt("--keepalive-min-interval", &self.keepalive_min_interval)
-            .check_opt("--event-processors", &self.event_processors)
             // TLS client-cert knobs come with later work; refuse non-defaults.
             .check("--require-client-certs", self.require_client_certs)
             .check("--client-cert-subject-match", self.client_cert_subject_match);
         self.upstream.check(&mut u);
         u.finish("argocd-agent principal")?;
+        self.notes()?;
+        self.namespace_create()?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
         crate::flags::parse_duration(&self.resync_min_interval)
@@ -271,6 +314,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             service_name: "argocd-agent-principal",
         })
     })?;
+    for note in args.notes()? {
+        tracing::warn!("{note}");
+    }
     rt.block_on(serve(args))
 }
 
@@ -448,6 +494,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut config = principal::PrincipalConfig::new(&args.namespace);
     config.allowed_namespaces = args.allowed_namespaces.clone();
     config.namespace_create_enable = args.namespace_create_enable;
+    (config.namespace_create_pattern, config.namespace_create_labels) = args.namespace_create()?;
+    config.event_processors = args.event_processors.map(|n| n as usize);
     config.destination_based_mapping = args.destination_based_mapping == Some(true);
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     config.resync_min_interval =

@@ -189,3 +189,32 @@ impl AgentOnly {
         Ok(notes)
     }
 }
+
+/// Upstream's debugging knobs that have no counterpart here, on both commands: `--pprof-port`
+/// (Go's profiler) and `--full-detail` (extra log detail). Checked as upstream would; each set
+/// one gives a note saying what to use instead. `subsystem` names a log target for the example.
+///
+/// # Errors
+/// A `--full-detail` part upstream would refuse.
+pub fn debug_knob_notes(
+    pprof_port: Option<u16>,
+    full_detail: Option<&str>,
+    subsystem: &str,
+) -> anyhow::Result<Vec<String>> {
+    let mut notes = Vec::new();
+    if pprof_port.is_some_and(|p| p != 0) {
+        notes.push("--pprof-port has no effect here: there is no Go profiler; profile with perf or the OTLP traces (docs/operations/tracing.md)".to_owned());
+    }
+    if let Some(v) = full_detail.filter(|v| !v.is_empty()) {
+        for part in v.split(',') {
+            anyhow::ensure!(
+                ["all", "actions", "events", "informers"].contains(&part.trim()),
+                "--full-detail {v:?}: {part:?} is none of all, actions, events, informers"
+            );
+        }
+        notes.push(format!(
+            "--full-detail has no effect here: raise a subsystem's level in --log-level instead, e.g. info,{subsystem}=debug"
+        ));
+    }
+    Ok(notes)
+}

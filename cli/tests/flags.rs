@@ -16,15 +16,51 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--enable-resource-proxy", "--pprof-port", "6060"]].concat(), &[]);
+    let (ok, err) = run(&[&base[..], &["--enable-resource-proxy", "--enable-self-cluster-registration"]].concat(), &[]);
     assert!(!ok);
     assert!(
-        err.contains("not supported yet") && err.contains("--enable-resource-proxy") && err.contains("--pprof-port"),
+        err.contains("not supported yet")
+            && err.contains("--enable-resource-proxy")
+            && err.contains("--enable-self-cluster-registration"),
         "{err}"
     );
     let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", "true")]);
     assert!(!ok);
     assert!(err.contains("not supported yet") && err.contains("--enable-websocket"), "{err}");
+}
+
+#[test]
+fn knobs_without_a_counterpart_are_checked_then_said_to_do_nothing() {
+    let base = [
+        "principal",
+        "-n",
+        "argocd",
+        "--auth",
+        "mtls:subject:CN=([^,]+)",
+        "--metrics-port",
+        "0",
+        "--healthz-port",
+        "0",
+    ];
+    let knobs = ["--pprof-port", "6060", "--keepalive-min-interval", "10s", "--full-detail", "events,actions"];
+    let (ok, err) = run(&[&base[..], &knobs[..]].concat(), &[]);
+    assert!(!ok, "the test kubeconfig does not exist, so the principal stops after its checks: {err}");
+    for flag in ["--pprof-port", "--keepalive-min-interval", "--full-detail"] {
+        assert!(err.contains(&format!("{flag} has no effect here")), "{flag}: {err}");
+    }
+    for (bad, named) in [
+        (["--full-detail", "everything"], "--full-detail"),
+        (["--keepalive-min-interval", "often"], "--keepalive-min-interval"),
+        (["--namespace-create-pattern", "agent-("], "--namespace-create-pattern"),
+        (["--namespace-create-labels", "novalue"], "--namespace-create-labels"),
+    ] {
+        let (ok, err) = run(&[&base[..], &bad[..]].concat(), &[]);
+        assert!(!ok && err.contains(named) && !err.contains("not supported yet"), "{bad:?}: {err}");
+    }
+    let agent =
+        ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
+    let (ok, err) = run(&[&agent[..], &["--pprof-port", "6060"]].concat(), &[]);
+    assert!(!ok && err.contains("--pprof-port has no effect here"), "{err}");
 }
 
 #[test]

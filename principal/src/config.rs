@@ -27,6 +27,12 @@ pub struct PrincipalConfig {
     pub namespace_create_enable: bool,
     /// Labels put on namespaces created that way (`--namespace-create-labels`).
     pub namespace_create_labels: std::collections::BTreeMap<String, String>,
+    /// Only agents whose name matches get a namespace created (`--namespace-create-pattern`,
+    /// a regular expression; `None`: every agent).
+    pub namespace_create_pattern: Option<regex::Regex>,
+    /// At most this many agents' events are applied at once (`--event-processors`; `None`:
+    /// no limit besides one event at a time per agent).
+    pub event_processors: Option<usize>,
     /// The version reported by `versionapi.Version`.
     pub version: String,
     /// Retry timing for un-ACKed events sent to agents.
@@ -73,6 +79,8 @@ impl PrincipalConfig {
             allowed_namespaces: Vec::new(),
             namespace_create_enable: false,
             namespace_create_labels: std::collections::BTreeMap::new(),
+            namespace_create_pattern: None,
+            event_processors: None,
             version: DEFAULT_VERSION.to_owned(),
             retry: RetryPolicy::default(),
             max_message_bytes: MAX_MESSAGE_BYTES,

@@ -26,7 +26,8 @@ async fn set_destination(api: &Api<DynamicObject>, name: &str, dest: &str) -> Re
 
 fn options() -> StartOptions {
     StartOptions {
-        principal_args: vec!["--destination-based-mapping".into()],
+        // A small processor pool: agents' events queue for it rather than run all at once.
+        principal_args: ["--destination-based-mapping", "--event-processors", "2"].map(String::from).to_vec(),
         agent_args: ["--destination-based-mapping", "--create-namespace", "--allowed-namespaces", "team-*"]
             .map(String::from)
             .to_vec(),

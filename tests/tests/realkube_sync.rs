@@ -226,16 +226,36 @@ async fn realkube_principal_creates_the_autonomous_agents_namespace() -> Result<
     let options = StartOptions {
         clusters: Clusters::REAL,
         hub_agent_namespaces: false,
-        principal_args: vec!["--namespace-create-enable".to_string()],
+        principal_args: [
+            "--namespace-create-enable",
+            "--namespace-create-pattern",
+            "^rn",
+            "--namespace-create-labels",
+            "team=agents,env=test",
+        ]
+        .map(String::from)
+        .to_vec(),
         ..StartOptions::default()
     };
-    let t = Topology::start_with_options(&[("rn1", Mode::Autonomous)], options).await?;
+    let t = Topology::start_with_options(&[("rn1", Mode::Autonomous), ("zz1", Mode::Autonomous)], options).await?;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(t.hub());
-    wait_until_async(CONVERGE, "the principal to create the agent's namespace", || async {
-        namespaces.get_opt("rn1").await.ok().flatten().is_some()
+    wait_until_async(CONVERGE, "the principal to create the agent's namespace, labelled", || async {
+        namespaces.get_opt("rn1").await.ok().flatten().is_some_and(|ns| {
+            let labels = ns.metadata.labels.unwrap_or_default();
+            labels.get("team").map(String::as_str) == Some("agents")
+                && labels.get("env").map(String::as_str) == Some("test")
+        })
     })
     .await
     .with_context(|| t.logs())?;
+    // The other agent's name does not match --namespace-create-pattern: connected, no namespace.
+    wait_until_async(CONVERGE, "the other agent to connect", || async { t.principal_connects("zz1") > 0 })
+        .await
+        .with_context(|| t.logs())?;
+    anyhow::ensure!(
+        namespaces.get_opt("zz1").await?.is_none(),
+        "a namespace was created for zz1, which the pattern excludes"
+    );
     let (hub, spoke) = (apps(&t.hub(), "rn1"), apps(&t.spoke("rn1")?, ARGOCD_NS));
     spoke.create(&PostParams::default(), &app("first", ARGOCD_NS, "v1")?).await?;
     wait_app(&t, &hub, "first", "the autonomous app reaches the created namespace", path_is("v1")).await?;

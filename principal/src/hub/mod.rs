@@ -59,6 +59,8 @@ pub(crate) struct Hub {
     pub(crate) gpg_synced: AtomicBool,
     /// Which path each status write took ([`crate::route::managed::status_update`]).
     pub(crate) status_paths: StatusPathCounters,
+    /// `--event-processors`: permits to apply an agent's event.
+    pub(crate) processors: Option<tokio::sync::Semaphore>,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -98,6 +100,7 @@ impl StatusPathCounters {
 
 impl Hub {
     pub(crate) fn new(config: PrincipalConfig, principal_uid: String, client: kube::Client) -> Self {
+        let processors = config.event_processors.filter(|n| *n > 0).map(tokio::sync::Semaphore::new);
         Self {
             peers: Peers::new(config.retry.clone()),
             config,
@@ -116,6 +119,7 @@ impl Hub {
             repos_synced: AtomicBool::new(false),
             gpg_synced: AtomicBool::new(false),
             status_paths: StatusPathCounters::default(),
+            processors,
         }
     }
 

@@ -95,6 +95,12 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
     let span = crate::otel::received_span(session, &ev);
     async {
         let _applying = session.applying().await;
+        // `--event-processors`: a bounded number of agents' events applied at once (the
+        // semaphore is never closed, so acquiring only waits).
+        let _processing = match &hub.processors {
+            Some(slots) => slots.acquire().await.ok(),
+            None => None,
+        };
         let started = std::time::Instant::now();
         let result = inbound::process(hub, session, &ev).await;
         crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
@@ -207,7 +213,10 @@ const RESYNC_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30)
 async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle, mut inbound: Streaming<WireEvent>) {
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
     crate::metrics::global().agent_connected(session.name());
-    if hub.config.namespace_create_enable && session.mode() == AgentMode::Autonomous {
+    if hub.config.namespace_create_enable
+        && session.mode() == AgentMode::Autonomous
+        && hub.config.namespace_create_pattern.as_ref().is_none_or(|p| p.is_match(session.name()))
+    {
         match Box::pin(crate::state::ensure_namespace(
             &hub.apps.client(),
             session.name(),

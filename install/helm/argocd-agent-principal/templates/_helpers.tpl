@@ -104,7 +104,6 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- if $p.websocket.enable }}{{ $bad = append $bad "principal.websocket.enable" }}{{ end -}}
 {{- if not (has (toString $p.keepAlive.minInterval) (list "" "0" "0s")) }}{{ $bad = append $bad "principal.keepAlive.minInterval" }}{{ end -}}
 {{- if not (has (toString $p.pprof.port) (list "" "0")) }}{{ $bad = append $bad "principal.pprof.port" }}{{ end -}}
-{{- if not (has (toString $p.eventProcessors) (list "" "10")) }}{{ $bad = append $bad "principal.eventProcessors" }}{{ end -}}
 {{- if and (hasKey $p "selfRegistration") ($p.selfRegistration | default dict).enabled }}{{ $bad = append $bad "principal.selfRegistration.enabled" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $p.auth) }}{{ $bad = append $bad "principal.auth userpass:" }}{{ end -}}
 {{- if $bad -}}
