@@ -63,15 +63,21 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying later may succeed (API unreachable, 5xx, 429, conflicts), as
     /// upstream's `kube.IsRetryableError`: such events are not ACKed so the peer resends.
-    /// Also a 404 about the resource type rather than the object (a kube-apiserver that has
-    /// just restarted and does not serve the CRD yet, see [`object_not_found`]): taken as
-    /// final, the event carrying it was acknowledged and its write lost for good.
+    /// Also what a kube-apiserver answers while it starts: a 404 about the resource type rather
+    /// than the object (it does not serve the CRD yet, see [`object_not_found`]), and 401/403
+    /// (its authenticator and RBAC authorizer caches have not synced: a principal with every
+    /// grant it needs is told `forbidden` for a few seconds after the hub's API server restarts).
+    /// Taken as final, the event was acknowledged and its write lost for good; retried, a
+    /// permission that is really missing is resent with backoff, logged each time with the API
+    /// server's reason, and parked after the attempt limit.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Kube { source, .. } => match source.as_ref() {
                 kube::Error::Api(status) => {
-                    status.code >= 500 || status.code == 429 || (status.is_not_found() && !object_not_found(status))
+                    status.code >= 500
+                        || matches!(status.code, 401 | 403 | 429)
+                        || (status.is_not_found() && !object_not_found(status))
                 }
                 _ => true,
             },
@@ -393,7 +399,7 @@ mod not_found_tests {
     }
 
     #[test]
-    fn a_404_about_the_resource_type_is_retried_one_about_the_object_is_not() {
+    fn startup_answers_are_retried_final_ones_are_not() {
         let err = |json| super::StoreError::Kube {
             op: "get",
             kind: "Application",
@@ -408,6 +414,12 @@ mod not_found_tests {
             err(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
             "message": "namespaces \"cm\" not found", "details": {"name": "cm", "kind": "namespaces"}}));
         assert!(!namespace_gone.is_retryable());
+        // As a restarted kube-apiserver answers before its RBAC caches sync (seen in the chaos run).
+        let forbidden = err(
+            serde_json::json!({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": "applications.argoproj.io \"a\" is forbidden: User \"system:serviceaccount:argocd:argocd-agent-principal\" cannot patch resource \"applications\""}),
+        );
+        assert!(forbidden.is_retryable(), "a restarting API server's 403 must be retried, not acknowledged");
         let invalid = err(serde_json::json!({"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422,
             "message": "spec.destination: Required value"}));
         assert!(!invalid.is_retryable());
