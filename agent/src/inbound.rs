@@ -45,8 +45,8 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
             upsert_managed(spoke, &app, ev.principal_uid.as_deref(), ev.event_type == EventType::Create).await
         }
         (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
-            let name = app.metadata.name.clone().unwrap_or_default();
-            let ns = spoke.app_namespace(app.metadata.namespace.as_deref())?.to_owned();
+            let (ns, name) = spoke_key(spoke, &app)?;
+            let ns = ns.to_owned();
             // Events of different resources are not ordered: a delete of an older hub
             // incarnation (other UID) must not remove the copy of a newer one.
             let incoming_uid = app.metadata.uid.as_deref().filter(|u| !u.is_empty());
@@ -117,8 +117,7 @@ async fn upsert_managed(
     principal_uid: Option<&str>,
     create: bool,
 ) -> Result<(), InboundError> {
-    let ns = spoke.app_namespace(incoming.metadata.namespace.as_deref())?;
-    let name = incoming.metadata.name.clone().unwrap_or_default();
+    let (ns, name) = spoke_key(spoke, incoming)?;
     let key = (ns.to_owned(), name.clone());
     if incoming.is_being_deleted() {
         // The hub is deleting it (finalizers pending there): delete here; our `delete` goes
@@ -131,8 +130,9 @@ async fn upsert_managed(
         return Ok(());
     }
     let local = to_spoke(incoming, ns, principal_uid);
-    if let Some(existing) = spoke.apps.get::<Application>(ns, &name).await? {
-        match identity(spoke, &existing, incoming, principal_uid) {
+    let existing = spoke.apps.get::<Application>(ns, &name).await?;
+    if let Some(existing) = &existing {
+        match identity(spoke, existing, incoming, principal_uid) {
             Identity::Same => {}
             Identity::Adopt => {
                 tracing::info!(app = %name, %ns, "adopting an Application made here (adoption policy always)")
@@ -161,10 +161,11 @@ async fn upsert_managed(
         }
     }
     spoke.managed.set_source(key, local.clone());
-    if create_in_namespace(spoke, ns, &name, &local).await? {
+    // Only one that was not there is created (a create that finds one made meanwhile updates it).
+    if existing.is_none() && create_in_namespace(spoke, ns, &name, &local).await? {
         return Ok(());
     }
-    spoke
+    let updated = spoke
         .apps
         .update::<Application, _>(ns, &name, |cur| {
             let before = cur.clone();
@@ -182,6 +183,10 @@ async fn upsert_managed(
             *cur != before
         })
         .await?;
+    if updated.is_none() {
+        // Deleted since it was read: created instead.
+        create_in_namespace(spoke, ns, &name, &local).await?;
+    }
     Ok(())
 }
 

@@ -248,13 +248,7 @@ impl Args {
             .filter(|p| !p.is_empty())
             .map(|p| regex::Regex::new(p).with_context(|| format!("--namespace-create-pattern {p:?}")))
             .transpose()?;
-        let mut labels = std::collections::BTreeMap::new();
-        for l in self.namespace_create_labels.iter().filter(|l| !l.is_empty()) {
-            let (k, v) =
-                l.split_once('=').with_context(|| format!("--namespace-create-labels {l:?} is not key=value"))?;
-            anyhow::ensure!(!k.trim().is_empty(), "--namespace-create-labels {l:?}: empty key");
-            labels.insert(k.trim().to_owned(), v.trim().to_owned());
-        }
+        let labels = crate::ctl::cluster::parse_labels(&self.namespace_create_labels, "--namespace-create-labels")?;
         Ok((pattern, labels))
     }
 

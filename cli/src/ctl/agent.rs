@@ -131,7 +131,7 @@ pub async fn run(global: &GlobalFlags, cmd: AgentCommand) -> anyhow::Result<()> 
 async fn create(global: &GlobalFlags, args: CreateArgs) -> anyhow::Result<()> {
     names::validate_agent_name(&args.name)?;
     let algorithm = args.key.parse()?;
-    let mut labels = cluster::parse_labels(&args.labels)?;
+    let mut labels = cluster::parse_labels(&args.labels, "-l/--label")?;
     for reserved in [cluster::LABEL_AGENT_NAME, cluster::LABEL_SECRET_TYPE] {
         if labels.remove(reserved).is_some() {
             eprintln!("warning: label {reserved} is set by argocd-agentctl; the -l value is ignored");

@@ -83,21 +83,22 @@ fn is_dns_subdomain(host: &str) -> bool {
         })
 }
 
-/// `-l key=value` flags as a map (upstream's `labelSliceToMap`: a key may be given once).
+/// `key=value` flags as a map (upstream's `labelSliceToMap`: a key may be given once); `flag`
+/// names the flag in errors.
 ///
 /// # Errors
 /// A flag is not `key=value`, or a key repeats.
-pub fn parse_labels(flags: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+pub fn parse_labels(flags: &[String], flag: &str) -> anyhow::Result<BTreeMap<String, String>> {
     let mut labels = BTreeMap::new();
-    for flag in flags.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
-        let Some((key, value)) = flag.split_once('=') else {
-            bail!("cannot parse label {flag:?} (-l/--label): expected key=value");
+    for item in flags.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            bail!("cannot parse label {item:?} ({flag}): expected key=value");
         };
         if key.is_empty() {
-            bail!("cannot parse label {flag:?} (-l/--label): the key is empty");
+            bail!("cannot parse label {item:?} ({flag}): the key is empty");
         }
         if let Some(previous) = labels.insert(key.to_owned(), value.to_owned()) {
-            bail!("label {key:?} given twice (-l/--label), first with value {previous:?}");
+            bail!("label {key:?} given twice ({flag}), first with value {previous:?}");
         }
     }
     Ok(labels)
@@ -350,10 +351,10 @@ mod tests {
 
     #[test]
     fn labels_and_query() {
-        let labels = parse_labels(&["a=1".into(), "b=".into()]).unwrap();
+        let labels = parse_labels(&["a=1".into(), "b=".into()], "-l").unwrap();
         assert_eq!(labels.get("a").map(String::as_str), Some("1"));
-        assert!(parse_labels(&["a".into()]).is_err());
-        assert!(parse_labels(&["a=1".into(), "a=2".into()]).is_err());
+        assert!(parse_labels(&["a".into()], "-l").is_err());
+        assert!(parse_labels(&["a=1".into(), "a=2".into()], "-l").is_err());
         assert_eq!(agent_name_param("https://x:1?agentName=a-1"), Some("a-1"));
         assert_eq!(agent_name_param("https://x:1?x=1&agentName=b#f"), Some("b"));
         assert_eq!(agent_name_param("https://x:1"), None);

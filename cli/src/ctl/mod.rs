@@ -12,7 +12,7 @@
 mod agent;
 mod blocklist;
 pub(crate) mod certs;
-mod cluster;
+pub(crate) mod cluster;
 mod inspect;
 mod jwt;
 mod keys;

@@ -71,6 +71,12 @@ impl AppIndex {
         self.matching(|(ns, _), _| ns == agent)
     }
 
+    /// What `check` says of the last version of `key` the watch showed (read in place, not
+    /// copied); `None` when the watch has not shown it.
+    pub(crate) fn seen_satisfies(&self, key: &Key, check: impl FnOnce(&Application) -> bool) -> Option<bool> {
+        lock(&self.inner).seen.get(key).map(check)
+    }
+
     /// The Applications `keep` selects.
     pub(crate) fn matching(&self, keep: impl Fn(&Key, &Application) -> bool) -> Vec<Application> {
         lock(&self.inner).seen.iter().filter(|(k, app)| keep(k, app)).map(|(_, app)| app.clone()).collect()

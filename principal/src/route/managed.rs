@@ -96,10 +96,10 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     // The conditional patch's base is a version the watch showed for this agent (or the
     // principal's own write to it), so a patch never lands on another agent's Application.
-    let base = match hub.seen_apps.get(&key) {
-        Some(seen) if !owned_by(hub, agent, &seen) => return Ok(()),
-        _ => hub.seen_apps.status_base(&key),
-    };
+    if hub.seen_apps.seen_satisfies(&key, |seen| owned_by(hub, agent, seen)) == Some(false) {
+        return Ok(());
+    }
+    let base = hub.seen_apps.status_base(&key);
     let paths = &hub.status_paths;
     if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now)) {
         if let Some(written) = hub.apps.patch_if_unchanged::<Application>(ns, name, &patch).await? {
