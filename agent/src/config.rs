@@ -141,6 +141,9 @@ pub struct AgentConfig {
     pub adoption_policy: AdoptionPolicy,
     /// Managed: what a restored Application gets.
     pub on_recreate: RecreateAction,
+    /// Execute the principal's resource-proxy requests (`--enable-resource-proxy`, upstream's
+    /// default on); off, each is answered 403 saying so.
+    pub enable_resource_proxy: bool,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -188,6 +191,7 @@ impl AgentConfig {
             mismatch_policy: MismatchPolicy::default(),
             adoption_policy: AdoptionPolicy::default(),
             on_recreate: RecreateAction::default(),
+            enable_resource_proxy: true,
         }
     }
 

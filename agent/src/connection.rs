@@ -261,11 +261,17 @@ fn session_refused(spoke: &Spoke, status: &tonic::Status) {
 }
 
 /// Handles one message from the principal by the ACK policy of [`link::recv`].
-async fn on_message(spoke: &Spoke, msg: WireEvent) {
+async fn on_message(spoke: &Arc<Spoke>, msg: WireEvent) {
     crate::metrics::global().event_received();
     let Inbound::Event(ev) = link::recv::receive(&spoke.mailbox, "principal", msg) else {
         return;
     };
+    if crate::live::is_request(&ev) {
+        // Executed in the background and answered by a `response`; acknowledged now.
+        let result = crate::live::accept(spoke, &ev);
+        link::recv::settle(&spoke.mailbox, &ev, &result);
+        return;
+    }
     let span = crate::otel::received_span(&spoke.config, &ev);
     async {
         let started = std::time::Instant::now();

@@ -17,6 +17,7 @@ pub mod connection;
 pub mod credentials;
 pub mod error;
 pub mod inbound;
+mod live;
 pub mod metrics;
 mod otel;
 pub mod resync;

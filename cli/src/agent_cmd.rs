@@ -138,8 +138,9 @@ pub struct Args {
     #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT")]
     pub pprof_port: Option<u16>,
 
-    /// Not supported yet (the resource proxy comes with live resources).
-    #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY", hide = true)]
+    /// Execute the principal's resource-proxy requests against this cluster (default: on, as
+    /// upstream); off, each is answered 403 saying so.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY")]
     pub enable_resource_proxy: Option<bool>,
     /// Managed: destination-based mapping (the principal's must be on too): Applications keep
     /// the hub namespace they come from, which must be this agent's namespace or one
@@ -202,7 +203,6 @@ impl Args {
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
         u.check("--enable-websocket", self.enable_websocket == Some(true))
-            .check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
             .check_opt("--redis-addr", &self.redis_addr)
             .check("--creds userpass", self.creds.starts_with("userpass:"));
         self.upstream.check(&mut u);
@@ -522,6 +522,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.mismatch_policy = args.source_uid_mismatch_policy;
     config.adoption_policy = args.adoption_policy;
     config.on_recreate = args.on_application_recreate;
+    config.enable_resource_proxy = args.enable_resource_proxy != Some(false);
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
         tracing::info!(

@@ -146,9 +146,44 @@ pub struct Args {
     /// With --namespace-create-enable: labels (key=value, comma-separated) of created namespaces.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS", value_delimiter = ',')]
     pub namespace_create_labels: Vec<String>,
-    /// Not supported yet (the resource proxy comes with live resources).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", hide = true)]
+    /// Serve the resource proxy (live resources for the hub's Argo CD; docs/live-resources.md).
+    /// Unset: served when its TLS material exists, with a warning when it does not; true: the
+    /// material is required; false: not served.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY")]
     pub enable_resource_proxy: Option<bool>,
+    /// Secret holding the resource proxy's server certificate (tls.crt, tls.key).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME",
+        default_value = "argocd-agent-resource-proxy-tls"
+    )]
+    pub resource_proxy_secret_name: String,
+    /// Resource proxy server certificate file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CERT_PATH")]
+    pub resource_proxy_cert_path: Option<PathBuf>,
+    /// Resource proxy server key file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_KEY_PATH")]
+    pub resource_proxy_key_path: Option<PathBuf>,
+    /// Secret holding the CA that issues the client certificates of the proxy's callers (the
+    /// agents' cluster secrets).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_CA_SECRET_NAME", default_value = "argocd-agent-ca")]
+    pub resource_proxy_ca_secret_name: String,
+    /// Resource proxy client CA file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CA_PATH")]
+    pub resource_proxy_ca_path: Option<PathBuf>,
+    /// Where the resource proxy listens (upstream: always 0.0.0.0:9090).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_LISTEN_ADDRESS", default_value = "0.0.0.0:9090")]
+    pub resource_proxy_listen_address: String,
+    /// The resource proxy's address as Argo CD reaches it: the server URL of self-registered
+    /// cluster secrets.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS", default_value = "argocd-agent-resource-proxy:9090")]
+    pub resource_proxy_address: String,
+    /// How long a proxied request waits for the agent's answer before 504.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TIMEOUT", default_value = "30s")]
+    pub resource_proxy_timeout: String,
+    /// Proxied requests of one agent in flight at once; more are answered 429.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub resource_proxy_max_in_flight: u32,
     /// Not supported yet.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", hide = true)]
     pub enable_websocket: Option<bool>,
@@ -258,8 +293,7 @@ impl Args {
     /// Names every such flag that was set.
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
-        u.check("--enable-resource-proxy", self.enable_resource_proxy == Some(true))
-            .check("--enable-websocket", self.enable_websocket == Some(true))
+        u.check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
             .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
             .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
@@ -272,6 +306,7 @@ impl Args {
         self.namespace_create()?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
+        self.resource_proxy_timeout()?;
         crate::flags::parse_duration(&self.resync_min_interval)
             .with_context(|| format!("--resync-min-interval {:?}", self.resync_min_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
@@ -338,25 +373,36 @@ async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::Signing
     }
 }
 
-/// The server certificate, its key and the CA, as PEM, from the files or Secrets the flags name.
-async fn server_material(args: &Args, secrets: &Secrets) -> anyhow::Result<Vec<String>> {
-    let (cert, key) = key_pair(
-        (args.tls_cert.as_deref(), "--tls-cert"),
-        (args.tls_key.as_deref(), "--tls-key"),
-        secrets,
-        &args.tls_secret_name,
-        "--tls-secret-name",
-    )
-    .await?;
-    let ca = pem_from(
-        args.root_ca_path.as_deref(),
-        "--root-ca-path",
-        secrets,
-        &args.tls_ca_secret_name,
-        &["ca.crt", "tls.crt"],
-        "--tls-ca-secret-name",
-    )
-    .await?;
+/// The principal's two TLS listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Listener {
+    /// The agents' gRPC endpoint.
+    Agents,
+    /// The resource proxy.
+    ResourceProxy,
+}
+
+/// The server certificate, its key and the CA of `which`, as PEM, from the files or Secrets
+/// the flags name.
+async fn server_material(args: &Args, secrets: &Secrets, which: Listener) -> anyhow::Result<Vec<String>> {
+    let (cert, key, secret, ca_path, ca_secret) = match which {
+        Listener::Agents => (
+            (args.tls_cert.as_deref(), "--tls-cert"),
+            (args.tls_key.as_deref(), "--tls-key"),
+            (args.tls_secret_name.as_str(), "--tls-secret-name"),
+            (args.root_ca_path.as_deref(), "--root-ca-path"),
+            (args.tls_ca_secret_name.as_str(), "--tls-ca-secret-name"),
+        ),
+        Listener::ResourceProxy => (
+            (args.resource_proxy_cert_path.as_deref(), "--resource-proxy-cert-path"),
+            (args.resource_proxy_key_path.as_deref(), "--resource-proxy-key-path"),
+            (args.resource_proxy_secret_name.as_str(), "--resource-proxy-secret-name"),
+            (args.resource_proxy_ca_path.as_deref(), "--resource-proxy-ca-path"),
+            (args.resource_proxy_ca_secret_name.as_str(), "--resource-proxy-ca-secret-name"),
+        ),
+    };
+    let (cert, key) = key_pair(cert, key, secrets, secret.0, secret.1).await?;
+    let ca = pem_from(ca_path.0, ca_path.1, secrets, ca_secret.0, &["ca.crt", "tls.crt"], ca_secret.1).await?;
     Ok(vec![cert, key, ca])
 }
 
@@ -386,21 +432,75 @@ fn server_tls(policy: &auth::tls_policy::TlsPolicy, material: &[String]) -> anyh
 async fn reloading_server_tls(
     args: &Args,
     secrets: &Secrets,
+    which: Listener,
     cancel: &CancellationToken,
 ) -> anyhow::Result<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>> {
     let policy = args.tls_policy()?;
-    let material = server_material(args, secrets).await?;
+    let material = server_material(args, secrets, which).await?;
     let initial = server_tls(&policy, &material)?;
     let load = {
         let (args, secrets) = (args.clone(), secrets.clone());
         move || {
             let (args, secrets) = (args.clone(), secrets.clone());
-            async move { server_material(&args, &secrets).await }
+            async move { server_material(&args, &secrets, which).await }
         }
     };
     let every = crate::reload::interval(&args.tls_reload_interval)?;
     let build = move |m: &[String]| server_tls(&policy, m);
-    Ok(crate::reload::spawn("principal TLS", every, material, initial, load, build, cancel.clone()))
+    let what = match which {
+        Listener::Agents => "principal TLS",
+        Listener::ResourceProxy => "resource proxy TLS",
+    };
+    Ok(crate::reload::spawn(what, every, material, initial, load, build, cancel.clone()))
+}
+
+impl Args {
+    /// `--resource-proxy-timeout`.
+    fn resource_proxy_timeout(&self) -> anyhow::Result<std::time::Duration> {
+        crate::flags::parse_duration(&self.resource_proxy_timeout)
+            .with_context(|| format!("--resource-proxy-timeout {:?}", self.resource_proxy_timeout))
+    }
+}
+
+/// Starts the resource proxy as `--enable-resource-proxy` says: unset, only when its TLS
+/// material can be read (a warning says why not otherwise); true, the material is required.
+async fn serve_resource_proxy(
+    args: &Args,
+    secrets: &Secrets,
+    principal: &principal::Principal,
+    tokens: &auth::SessionIssuer,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    if args.enable_resource_proxy == Some(false) {
+        return Ok(());
+    }
+    let tls = match reloading_server_tls(args, secrets, Listener::ResourceProxy, cancel).await {
+        Ok(tls) => tls,
+        Err(error) if args.enable_resource_proxy.is_none() => {
+            tracing::warn!(
+                error = format!("{error:#}"),
+                "the resource proxy is not served: its TLS material cannot be read (issue it with \
+                `argocd-agentctl pki issue resource-proxy`, or pass --enable-resource-proxy=false)"
+            );
+            return Ok(());
+        }
+        Err(error) => return Err(error.context("--enable-resource-proxy: the resource proxy's TLS material")),
+    };
+    let addr = &args.resource_proxy_listen_address;
+    let listener = tokio::net::TcpListener::bind(addr.as_str())
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--resource-proxy-listen-address)"))?;
+    let local = listener.local_addr().context("resource proxy address")?;
+    println!("resource proxy listening on {local}");
+    tracing::info!(addr = %local, "resource proxy listening");
+    let config = principal::ProxyConfig {
+        request_timeout: args.resource_proxy_timeout()?,
+        max_in_flight_per_agent: args.resource_proxy_max_in_flight.max(1) as usize,
+        tokens: Some(tokens.clone()),
+        ..principal::ProxyConfig::default()
+    };
+    tokio::spawn(principal.resource_proxy(config).serve(listener, tls, cancel.clone()));
+    Ok(())
 }
 
 /// Waits this long for the first SVID or JWT bundles from the SPIFFE Workload API.
@@ -504,14 +604,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .context("cannot start the principal")?;
     let _ = observed.set(principal.clone());
 
-    let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
-    let listener = tokio::net::TcpListener::bind((host, args.listen_port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{} (--listen-host/--listen-port)", args.listen_port))?;
-    let addr = listener.local_addr().context("listener address")?;
-    println!("principal listening on {addr}");
-    tracing::info!(%addr, auth = %args.auth, plaintext = args.insecure_plaintext, "principal listening");
-
     let cancel = tokio_util::sync::CancellationToken::new();
     tokio::spawn({
         let cancel = cancel.clone();
@@ -520,6 +612,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             cancel.cancel();
         }
     });
+    // Before the agents' listener announces itself: once it has, both are up.
+    serve_resource_proxy(&args, &secrets, &principal, sessions.issuer(), &cancel).await?;
+    let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
+    let listener = tokio::net::TcpListener::bind((host, args.listen_port))
+        .await
+        .with_context(|| format!("cannot listen on {host}:{} (--listen-host/--listen-port)", args.listen_port))?;
+    let addr = listener.local_addr().context("listener address")?;
+    println!("principal listening on {addr}");
+    tracing::info!(%addr, auth = %args.auth, plaintext = args.insecure_plaintext, "principal listening");
+
     let auth = principal::AgentAuth {
         sessions,
         config: auth::AuthServiceConfig {
@@ -540,7 +642,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
         let incoming = match &workload_tls {
             Some((_identity, tls)) => auth::tls::TlsIncoming::new(listener, tls.clone()),
-            None => auth::tls::TlsIncoming::reloading(listener, reloading_server_tls(&args, &secrets, &cancel).await?),
+            None => auth::tls::TlsIncoming::reloading(
+                listener,
+                reloading_server_tls(&args, &secrets, Listener::Agents, &cancel).await?,
+            ),
         };
         principal.serve_agents(Some(auth), incoming, cancel).await
     };

@@ -11,18 +11,6 @@ use crate::unsupported::Unsupported;
 /// The principal's.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PrincipalOnly {
-    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME", hide = true)]
-    resource_proxy_secret_name: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CERT_PATH", hide = true)]
-    resource_proxy_cert_path: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_KEY_PATH", hide = true)]
-    resource_proxy_key_path: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_CA_SECRET_NAME", hide = true)]
-    resource_proxy_ca_secret_name: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CA_PATH", hide = true)]
-    resource_proxy_ca_path: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS", hide = true)]
-    resource_proxy_address: Option<String>,
     #[arg(long, env = "REDIS_PASSWORD", hide = true)]
     redis_password: Option<String>,
     #[arg(long, env = "REDIS_CREDS_DIR_PATH", hide = true)]
@@ -76,13 +64,7 @@ pub struct PrincipalOnly {
 impl PrincipalOnly {
     /// Records every flag that was set to use a missing feature.
     pub fn check(&self, u: &mut Unsupported) {
-        u.check_opt("--resource-proxy-secret-name", &self.resource_proxy_secret_name)
-            .check_opt("--resource-proxy-cert-path", &self.resource_proxy_cert_path)
-            .check_opt("--resource-proxy-key-path", &self.resource_proxy_key_path)
-            .check_opt("--resource-proxy-ca-secret-name", &self.resource_proxy_ca_secret_name)
-            .check_opt("--resource-proxy-ca-path", &self.resource_proxy_ca_path)
-            .check_opt("--resource-proxy-address", &self.resource_proxy_address)
-            .check_opt("--redis-password (REDIS_PASSWORD)", &self.redis_password)
+        u.check_opt("--redis-password (REDIS_PASSWORD)", &self.redis_password)
             .check_opt("--redis-creds-dir-path (REDIS_CREDS_DIR_PATH)", &self.redis_creds_dir_path)
             .check_opt("--redis-compression-type", &self.redis_compression_type)
             .check("--redis-tls-enabled", self.redis_tls_enabled == Some(true))

@@ -16,17 +16,17 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--enable-resource-proxy", "--enable-self-cluster-registration"]].concat(), &[]);
+    let (ok, err) = run(&[&base[..], &["--enable-websocket", "--enable-self-cluster-registration"]].concat(), &[]);
     assert!(!ok);
     assert!(
         err.contains("not supported yet")
-            && err.contains("--enable-resource-proxy")
+            && err.contains("--enable-websocket")
             && err.contains("--enable-self-cluster-registration"),
         "{err}"
     );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", "true")]);
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", "true")]);
     assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--enable-websocket"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--enable-self-cluster-registration"), "{err}");
 }
 
 #[test]
@@ -104,17 +104,19 @@ fn unsupported_agent_flags_are_refused_by_name() {
     assert!(err.contains("not supported yet") && err.contains("--redis-addr"), "{err}");
 }
 
-/// Upstream's flags of features not here (Redis, HA, resource proxy, adoption policies) stop
+/// Upstream's flags of features not here (Redis, HA, self-registration) stop
 /// startup naming each, from the command line or upstream's environment variables; a knob of
 /// upstream internals is accepted with a warning saying why it does nothing; a bad duration in
 /// one is refused by name.
 #[test]
 fn upstream_only_flags_are_refused_or_explained_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
-    let (ok, err) =
-        run(&[&base[..], &["--ha-enabled", "--resource-proxy-address", "p:9090"]].concat(), &[("REDIS_PASSWORD", "s")]);
+    let (ok, err) = run(
+        &[&base[..], &["--ha-enabled", "--self-registration-client-cert-secret", "s"]].concat(),
+        &[("REDIS_PASSWORD", "s")],
+    );
     assert!(!ok && err.contains("not supported yet"), "{err}");
-    for flag in ["--ha-enabled", "--resource-proxy-address", "--redis-password (REDIS_PASSWORD)"] {
+    for flag in ["--ha-enabled", "--self-registration-client-cert-secret", "--redis-password (REDIS_PASSWORD)"] {
         assert!(err.contains(flag), "{flag}: {err}");
     }
     let agent =
@@ -185,21 +187,19 @@ const PRINCIPAL: [&str; 9] = [
 fn booleans_take_pflags_forms_on_the_command_line_and_in_the_environment() {
     let base = PRINCIPAL;
     // The inert value of an unsupported flag is accepted in every form; any other is refused.
-    for inert in
-        [&["--enable-resource-proxy=false"][..], &["--enable-resource-proxy=0"], &["--namespace-create-enable=F"]]
-    {
+    for inert in [&["--enable-websocket=false"][..], &["--enable-websocket=0"], &["--namespace-create-enable=F"]] {
         let (_, err) = run(&[&base[..], inert].concat(), &[]);
         assert!(
             !err.contains("not supported yet") && !err.contains("\nerror:") && !err.starts_with("error:"),
             "parsed: {inert:?}: {err}"
         );
     }
-    for set in [&["--enable-resource-proxy"][..], &["--enable-resource-proxy=true"], &["--enable-resource-proxy=T"]] {
+    for set in [&["--enable-websocket"][..], &["--enable-websocket=true"], &["--enable-websocket=T"]] {
         let (ok, err) = run(&[&base[..], set].concat(), &[]);
-        assert!(!ok && err.contains("not supported yet") && err.contains("--enable-resource-proxy"), "{set:?}: {err}");
+        assert!(!ok && err.contains("not supported yet") && err.contains("--enable-websocket"), "{set:?}: {err}");
     }
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", "true")]);
-    assert!(!ok && err.contains("--enable-resource-proxy"), "{err}");
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", "true")]);
+    assert!(!ok && err.contains("--enable-websocket"), "{err}");
     let (ok, err) = run(&[&base[..], &["--insecure-plaintext=maybe"]].concat(), &[]);
     assert!(!ok && err.contains("maybe") && err.contains("--insecure-plaintext"), "{err}");
 }

@@ -97,6 +97,12 @@ impl Mailbox {
         outcome
     }
 
+    /// Withdraws whatever is queued or in flight for `resource_id` (a request nobody waits
+    /// for any more); returns whether there was something.
+    pub fn withdraw(&self, resource_id: &str) -> bool {
+        lock(&self.inner).outbox.withdraw(resource_id)
+    }
+
     /// Attaches a new stream: from now on only it takes events; whatever the previous one had
     /// in flight is due again at once.
     pub fn attach(&self) -> Attachment {

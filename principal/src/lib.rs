@@ -23,6 +23,7 @@ pub mod inbound;
 pub mod metrics;
 mod otel;
 pub mod peer;
+mod proxy;
 pub mod resync;
 pub mod route;
 pub mod service;
@@ -39,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub use authz::Permit;
 pub use config::{AgentMode, PrincipalConfig};
 pub use ident::{Caller, IdentityFn, StreamGrant, auth_layer_identity, insecure_metadata_identity};
+pub use proxy::{ProxyConfig, ResourceProxy};
 pub use service::eventstream::EventStreamService;
 pub use service::version::VersionService;
 
@@ -120,6 +122,13 @@ impl Principal {
             .accept_compressed(compression::GZIP)
             .send_compressed(compression::GZIP);
         tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
+    }
+
+    /// The resource proxy (upstream §5.1) of this principal, with `config`; serve it with
+    /// [`ResourceProxy::serve`].
+    #[must_use]
+    pub fn resource_proxy(&self, config: ProxyConfig) -> ResourceProxy {
+        ResourceProxy::new(self.hub.clone(), config)
     }
 
     /// The `Version` service.

@@ -69,6 +69,9 @@ pub struct PrincipalMetrics {
     resyncs: CounterVec,
     resync_duration: HistogramVec,
     auth_failures: CounterVec,
+    proxy_requests: CounterVec,
+    proxy_errors: CounterVec,
+    proxy_duration: HistogramVec,
 }
 
 impl Default for PrincipalMetrics {
@@ -144,6 +147,22 @@ impl PrincipalMetrics {
                 "The total number of refused authentications and calls, by method and reason.",
                 &["method", "reason"],
             ),
+            proxy_requests: CounterVec::new(
+                "argocd_principal_resource_proxy_requests_total",
+                "The total number of resource-proxy requests, by agent, verb and HTTP status.",
+                &["agent_name", "verb", "code"],
+            ),
+            proxy_errors: CounterVec::new(
+                "argocd_principal_resource_proxy_errors_total",
+                "The total number of resource-proxy requests answered with an error status, by agent and reason.",
+                &["agent_name", "reason"],
+            ),
+            proxy_duration: HistogramVec::new(
+                "argocd_principal_resource_proxy_request_duration_seconds",
+                "Time to answer a resource-proxy request, agent round trip included (in seconds).",
+                &["agent_name", "verb"],
+                DEFAULT_BUCKETS,
+            ),
         }
     }
 
@@ -217,6 +236,16 @@ impl PrincipalMetrics {
     /// An event for `agent` was given up on.
     pub fn event_discarded(&self, agent: &str, event: &Event) {
         self.discarded.inc(&[agent, event_type(&event.event_type), resource_type(&event.target)]);
+    }
+
+    /// A resource-proxy request for `agent` (empty: not identified) was answered with `code`
+    /// (`reason`: the Kubernetes `Status` reason of an error answer) in `elapsed`.
+    pub fn proxy_request(&self, agent: &str, verb: &str, code: u16, reason: Option<&str>, elapsed: Duration) {
+        self.proxy_requests.inc(&[agent, verb, &code.to_string()]);
+        if let Some(reason) = reason {
+            self.proxy_errors.inc(&[agent, reason]);
+        }
+        self.proxy_duration.observe(&[agent, verb], elapsed.as_secs_f64());
     }
 
     /// A resync for `agent` was started (`ok`: its events were queued) in `elapsed`.
@@ -354,11 +383,14 @@ impl PrincipalMetrics {
             &self.discarded,
             &self.resyncs,
             &self.auth_failures,
+            &self.proxy_requests,
+            &self.proxy_errors,
         ] {
             family.encode(&mut out);
         }
         self.event_processing.encode(&mut out);
         self.resync_duration.encode(&mut out);
+        self.proxy_duration.encode(&mut out);
         out
     }
 }

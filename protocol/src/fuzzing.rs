@@ -67,3 +67,47 @@ pub fn check_event_decode(bytes: &[u8], limits: &DecodeLimits) -> Result<Option<
     }
     Ok(Some(first))
 }
+
+/// Parses `bytes` as a resource-proxy request path ([`crate::payload::ApiPath`]) and checks that
+/// a resource target renders back to a path that parses to the same target, and that a request
+/// carrying arbitrary text as its target never renders a path the parser would read otherwise.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_api_path(bytes: &[u8]) -> Result<(), String> {
+    use crate::payload::{ApiPath, ApiResource, ResourceRequest};
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Ok(());
+    };
+    if let Ok(ApiPath::Resource(target)) = ApiPath::parse(text) {
+        let rendered = target.path().map_err(|e| format!("{text:?} parsed but does not render: {e}"))?;
+        let again =
+            ApiPath::parse(&rendered).map_err(|e| format!("{rendered:?} (from {text:?}) does not parse: {e}"))?;
+        if again != ApiPath::Resource(target.clone()) {
+            return Err(format!("{text:?} -> {target:?} -> {rendered:?} -> {again:?}"));
+        }
+    }
+    // The same text as every field of a request from the wire: a rendered path must parse, and
+    // name what it renders (`/api/v1/namespaces/x/status` is read as resource `status` in `x`,
+    // as the router does; rendered back it is the same path, which the API server reads right).
+    let mut parts = text.splitn(6, '\u{1f}').map(str::to_owned);
+    let mut next = || parts.next().unwrap_or_default();
+    let req = ResourceRequest {
+        group: next(),
+        version: next(),
+        namespace: next(),
+        resource: next(),
+        name: next(),
+        subresource: next(),
+        ..ResourceRequest::default()
+    };
+    let target = ApiResource::of(&req);
+    if let Ok(rendered) = target.path() {
+        match ApiPath::parse(&rendered) {
+            Ok(ApiPath::Resource(back)) if back.path().as_ref() == Ok(&rendered) => {}
+            other => return Err(format!("{target:?} rendered {rendered:?}, which parses as {other:?}")),
+        }
+    }
+    Ok(())
+}

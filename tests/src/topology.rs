@@ -86,6 +86,10 @@ pub struct StartOptions {
     pub principal_args: Vec<String>,
     /// Extra flags for every agent from its first start.
     pub agent_args: Vec<String>,
+    /// Serve the resource proxy: its server certificate is issued (for 127.0.0.1) before the
+    /// principal starts, which listens for it on a free loopback port
+    /// ([`Topology::resource_proxy_addr`]).
+    pub resource_proxy: bool,
 }
 
 impl Default for StartOptions {
@@ -96,6 +100,7 @@ impl Default for StartOptions {
             hub_agent_namespaces: true,
             principal_args: Vec::new(),
             agent_args: Vec::new(),
+            resource_proxy: false,
         }
     }
 }
@@ -394,6 +399,10 @@ impl Topology {
         t.ctl(&["pki", "init", "--key-algorithm", "ecdsa-p256"])?;
         t.issue_principal_certificate(false)?;
         t.ctl(&["jwt", "create-key"])?;
+        if options.resource_proxy {
+            t.ctl(&["pki", "issue", "resource-proxy", "--ip", "127.0.0.1", "--key-algorithm", "ecdsa-p256"])?;
+            t.principal_args.extend(["--resource-proxy-listen-address".to_owned(), "127.0.0.1:0".to_owned()]);
+        }
         let names: Vec<String> = t.agents.keys().cloned().collect();
         for name in &names {
             let pki = t.pki_dir().display().to_string();
@@ -515,6 +524,14 @@ impl Topology {
             self.principal_sidecar = Some(sidecar);
         }
         Ok(())
+    }
+
+    /// Where the principal's resource proxy listens, if it serves one (from its startup line).
+    #[must_use]
+    pub fn resource_proxy_addr(&self) -> Option<std::net::SocketAddr> {
+        let child = self.principal.as_ref()?;
+        let stdout = child.stdout();
+        stdout.lines().filter_map(|l| l.strip_prefix("resource proxy listening on ")).next_back()?.trim().parse().ok()
     }
 
     /// Where agents reach the principal: its listener with mTLS, the principal's sidecar behind

@@ -64,6 +64,8 @@ pub(crate) struct Spoke {
     /// of the same Application's local deletion never interleave (upstream #1056: deleted on
     /// both sides at once, it was recreated here forever).
     pub(crate) applying: tokio::sync::Mutex<()>,
+    /// Resource-proxy requests: executed against this cluster ([`crate::live`]).
+    pub(crate) live: crate::live::Live,
 }
 
 impl Spoke {
@@ -74,6 +76,7 @@ impl Spoke {
             apps: ObjectStore::applications(client.clone()),
             projects: ObjectStore::app_projects(client.clone()),
             secrets: ObjectStore::secrets(client.clone()),
+            live: crate::live::Live::new(client.clone()),
             config_maps: ObjectStore::config_maps(client),
             managed: Copies::default(),
             reported: Known::default(),

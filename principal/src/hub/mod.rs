@@ -61,6 +61,8 @@ pub(crate) struct Hub {
     pub(crate) status_paths: StatusPathCounters,
     /// `--event-processors`: permits to apply an agent's event.
     pub(crate) processors: Option<tokio::sync::Semaphore>,
+    /// Resource-proxy requests waiting for their agent's answer.
+    pub(crate) live: crate::proxy::Pending,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -120,6 +122,7 @@ impl Hub {
             gpg_synced: AtomicBool::new(false),
             status_paths: StatusPathCounters::default(),
             processors,
+            live: crate::proxy::Pending::default(),
         }
     }
 

@@ -93,6 +93,11 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
         Inbound::Undecodable => return false,
     };
     let span = crate::otel::received_span(session, &ev);
+    if inbound::is_answer(&ev) {
+        let result = inbound::process(hub, session, &ev).await;
+        link::recv::settle(session.mailbox(), &ev, &result);
+        return true;
+    }
     async {
         let _applying = session.applying().await;
         // `--event-processors`: a bounded number of agents' events applied at once (the

@@ -330,6 +330,21 @@ impl<T: Outgoing> Outbox<T> {
         AckOutcome::Matched
     }
 
+    /// Withdraws everything queued or in flight for `resource_id` (a request whose caller has
+    /// gone: it must not be sent, nor sent again). An ACK arriving later is stale. Returns
+    /// whether anything was withdrawn.
+    pub fn withdraw(&mut self, resource_id: &str) -> bool {
+        let Some(slot) = self.slots.remove(resource_id) else {
+            return false;
+        };
+        if let Some(f) = slot.inflight {
+            self.timing.timers.remove(&f.timer);
+            self.inflight -= 1;
+        }
+        self.queued -= slot.pending.len();
+        true
+    }
+
     /// The stream is gone: every event in flight becomes pending again, at the head of its
     /// resource's queue, due at once on the next stream (unless a newer pending event has
     /// superseded it). ACKs and the heartbeat stay queued. Returns how many were put back.

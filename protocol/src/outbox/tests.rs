@@ -272,3 +272,23 @@ fn an_older_version_never_follows_a_newer_one() {
     assert!(ob.push(ev(EventType::SpecUpdate, "x_uid", "x_uid_abc"), t0));
     assert!(ob.push(ev(EventType::SpecUpdate, "x_uid", "x_uid_abc"), t0));
 }
+
+#[test]
+fn a_withdrawn_request_is_neither_sent_nor_retransmitted() {
+    let t0 = Instant::now();
+    let mut ob = outbox();
+    // Queued, never sent.
+    ob.push(Event::request(EventType::HttpGet, Target::Resource, "r1"), t0);
+    // Sent, awaiting its ACK.
+    ob.push(Event::request(EventType::HttpDelete, Target::Resource, "r2"), t0);
+    ob.push(ev(EventType::Create, "a", "a1"), t0);
+    assert!(ob.withdraw("r1"));
+    let sent = ob.next_ready(t0).expect("r2");
+    assert_eq!(sent.event_id, "r2");
+    assert_eq!((ob.inflight(), ob.queued()), (1, 1));
+    assert!(ob.withdraw("r2"));
+    assert!(!ob.withdraw("r2"), "nothing left to withdraw");
+    assert_eq!(ob.ack("r2", "r2"), AckOutcome::UnknownResource, "a late ACK is stale");
+    assert_eq!(ids(&drain(&mut ob, t0 + Duration::from_secs(3600))), ["a1"], "no retransmission of r2");
+    assert_eq!((ob.inflight(), ob.queued(), ob.resources()), (0, 0, 0));
+}

@@ -15,7 +15,10 @@ pub use redis::{
     Empty, RedisCommandBody, RedisGet, RedisGetResponse, RedisPushFromSubscribe, RedisRequest, RedisResponse,
     RedisResponseBody, RedisSubscribe, RedisSubscribeResponse,
 };
-pub use resource::{ResourceRequest, ResourceResponse};
+pub use resource::{
+    ApiPath, ApiPathError, ApiResource, QUERY_PARAMS, ResourceRequest, ResourceResponse, is_status, status_body,
+    status_reason,
+};
 pub use resync::{DIGEST_SPEC, RequestResourceResync, RequestSyncedResourceList, RequestUpdate, SyncedResource};
 pub use session::{ContainerLogRequest, ContainerTerminalRequest};
 pub use status::{ClusterCacheInfo, ErrorData};

@@ -1,0 +1,176 @@
+//! The resource proxy (upstream §5.1) across spawned binaries: real kubectl, configured from the
+//! cluster secret `argocd-agentctl agent create` writes (exactly what the hub's Argo CD uses),
+//! reaches an agent's cluster through the principal, under the agent's rules of what may be read
+//! and changed; errors arrive as Kubernetes `Status` bodies kubectl prints.
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use tests::kubectl::Kubectl;
+use tests::topology::{ARGOCD_NS, Mode, StartOptions, Topology, ensure_namespace};
+use tests::wait::{DEFAULT_TIMEOUT, wait_for_async};
+
+const TRACKING: &str = "argocd.argoproj.io/tracking-id";
+
+/// A kubeconfig built from agent `agent`'s cluster secret on the hub, as Argo CD reads it:
+/// `server`, and `config.tlsClientConfig` (base64 PEM).
+async fn kubeconfig_from_cluster_secret(
+    t: &Topology,
+    agent: &str,
+    dir: &std::path::Path,
+) -> Result<std::path::PathBuf> {
+    let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
+    let secret = secrets.get(&format!("cluster-{agent}")).await?;
+    let data = secret.data.context("cluster secret without data")?;
+    let text = |k: &str| -> Result<String> {
+        Ok(String::from_utf8(data.get(k).with_context(|| format!("no {k}"))?.0.clone())?)
+    };
+    let server = text("server")?;
+    let config: Value = serde_json::from_str(&text("config")?)?;
+    let tls = &config["tlsClientConfig"];
+    let field = |k: &str| tls[k].as_str().map(str::to_owned).with_context(|| format!("no tlsClientConfig.{k}"));
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": agent, "cluster": {"server": server, "certificate-authority-data": field("caData")?}}],
+        "users": [{"name": agent, "user": {
+            "client-certificate-data": field("certData")?,
+            "client-key-data": field("keyData")?,
+        }}],
+        "contexts": [{"name": agent, "context": {"cluster": agent, "user": agent}}],
+        "current-context": agent,
+    });
+    let path = dir.join(format!("{agent}.kubeconfig"));
+    std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
+    Ok(path)
+}
+
+fn configmap(name: &str, annotations: Value, owner: Option<Value>) -> Result<ConfigMap> {
+    let mut meta = json!({"name": name, "annotations": annotations});
+    if let Some(owner) = owner {
+        meta["ownerReferences"] = json!([owner]);
+    }
+    Ok(serde_json::from_value(json!({"metadata": meta, "data": {"k": "v"}}))?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy() -> Result<()> {
+    let options = StartOptions { resource_proxy: true, ..StartOptions::default() };
+    let mut t =
+        Topology::start_with_options(&[("agent-a", Mode::Managed), ("agent-b", Mode::Managed)], options).await?;
+    let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
+    let scratch = tempfile::tempdir()?;
+    for agent in ["agent-a", "agent-b"] {
+        t.ctl(&["agent", "create", agent, "--resource-proxy-server", &proxy.to_string()])?;
+    }
+
+    // On agent-a's cluster: a tracked ConfigMap, one Argo CD does not manage, one owned by the
+    // tracked one (an owner chain), and an event.
+    let spoke = t.spoke("agent-a")?;
+    ensure_namespace(&spoke, "guestbook").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(spoke.clone(), "guestbook");
+    let tracked = cms
+        .create(
+            &PostParams::default(),
+            &configmap("tracked", json!({TRACKING: "gb:/ConfigMap:guestbook/tracked"}), None)?,
+        )
+        .await?;
+    cms.create(&PostParams::default(), &configmap("plain", json!({}), None)?).await?;
+    let owner = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "tracked",
+        "uid": tracked.metadata.uid.clone().context("uid")?});
+    cms.create(&PostParams::default(), &configmap("owned", json!({}), Some(owner.clone()))?).await?;
+    let events: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        spoke.clone(),
+        "guestbook",
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Event>(&()),
+    );
+    events
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": "tracked.1"}, "reason": "Synced", "message": "synced by argocd",
+                "involvedObject": {"kind": "ConfigMap", "namespace": "guestbook", "name": "tracked"}}))?,
+        )
+        .await?;
+
+    let a = Kubectl::new(&kubeconfig_from_cluster_secret(&t, "agent-a", scratch.path()).await?)?;
+    let b = Kubectl::new(&kubeconfig_from_cluster_secret(&t, "agent-b", scratch.path()).await?)?;
+
+    // Reads: managed objects and their dependents, events; discovery for kubectl itself.
+    let got: Value =
+        serde_json::from_str(&a.ok(["get", "configmap", "tracked", "-n", "guestbook", "-o", "json"]).await?)?;
+    ensure!(got["metadata"]["annotations"][TRACKING] == "gb:/ConfigMap:guestbook/tracked", "{got}");
+    a.ok(["get", "configmap", "owned", "-n", "guestbook", "-o", "name"]).await?;
+    let listed = a.ok(["get", "events", "-n", "guestbook", "-o", "name"]).await?;
+    ensure!(listed.contains("tracked.1"), "{listed}");
+    let version = a.ok(["get", "--raw", "/version"]).await?;
+    ensure!(version.contains("argocd-agent"), "{version}");
+    let group = a.ok(["get", "--raw", "/apis/apiextensions.k8s.io"]).await?;
+    ensure!(group.contains("APIGroup"), "group discovery (upstream #1001): {group}");
+
+    // Refusals arrive as Status bodies kubectl prints.
+    let refused = a.fails(["get", "configmap", "plain", "-n", "guestbook"]).await?;
+    ensure!(refused.stderr.contains("Forbidden") && refused.stderr.contains("not managed"), "{refused}");
+    let refused = a.fails(["get", "configmaps", "-n", "guestbook"]).await?;
+    ensure!(refused.stderr.contains("only events can be listed"), "{refused}");
+    let missing = a.fails(["get", "configmap", "nope", "-n", "guestbook"]).await?;
+    ensure!(missing.stderr.contains("NotFound") || missing.stderr.contains("not found"), "{missing}");
+    let watch = a.fails(["get", "events", "-n", "guestbook", "--watch"]).await?;
+    ensure!(watch.stderr.contains("watch is not served"), "{watch}");
+
+    // Resource actions: PATCH and DELETE of managed objects, creates only of tracked or owned ones.
+    a.ok(["patch", "configmap", "tracked", "-n", "guestbook", "--type", "merge", "-p", r#"{"data":{"k":"patched"}}"#])
+        .await?;
+    let now = cms.get("tracked").await?;
+    ensure!(now.data.as_ref().and_then(|d| d.get("k")).map(String::as_str) == Some("patched"), "{now:?}");
+    let refused = a.fails(["patch", "configmap", "plain", "-n", "guestbook", "-p", r#"{"data":{"k":"x"}}"#]).await?;
+    ensure!(refused.stderr.contains("not managed"), "{refused}");
+    let created = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "from-action",
+        "namespace": "guestbook", "ownerReferences": [owner]}});
+    a.ok([
+        "create",
+        "--validate=false",
+        "-f",
+        &a.write_manifest("created.json", &created.to_string())?.display().to_string(),
+    ])
+    .await?;
+    ensure!(cms.get_opt("from-action").await?.is_some(), "the owned object was created");
+    let stray =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray", "namespace": "guestbook"}});
+    let refused = a
+        .fails([
+            "create",
+            "--validate=false",
+            "-f",
+            &a.write_manifest("stray.json", &stray.to_string())?.display().to_string(),
+        ])
+        .await?;
+    ensure!(refused.stderr.contains("Forbidden"), "{refused}");
+    ensure!(cms.get_opt("stray").await?.is_none(), "an untracked object was not created");
+    a.ok(["delete", "configmap", "owned", "-n", "guestbook"]).await?;
+    ensure!(cms.get_opt("owned").await?.is_none(), "deleted through the proxy");
+    let refused = a.fails(["delete", "configmap", "plain", "-n", "guestbook"]).await?;
+    ensure!(refused.stderr.contains("not managed"), "{refused}");
+
+    // agent-b's credentials reach agent-b's cluster, never agent-a's.
+    let other = b.fails(["get", "configmap", "tracked", "-n", "guestbook"]).await?;
+    ensure!(other.stderr.contains("not found"), "agent-b has no such object: {other}");
+
+    // A disconnected agent is answered at once, saying so.
+    t.kill_agent("agent-b")?;
+    wait_for_async(DEFAULT_TIMEOUT, "agent-b to be seen as disconnected", || async {
+        let out = b.run(["get", "configmap", "x", "-n", "guestbook"]).await?;
+        Ok(out.stderr.contains("not connected").then_some(()))
+    })
+    .await?;
+
+    let (_, metrics) = tests::http::get(t.principal_metrics_addr().context("metrics")?, "/metrics").await?;
+    ensure!(
+        metrics.contains(
+            r#"argocd_principal_resource_proxy_requests_total{agent_name="agent-a",verb="patch",code="200"}"#
+        ),
+        "{metrics}"
+    );
+    Ok(())
+}
