@@ -21,6 +21,7 @@ pub mod gopeer;
 pub mod http;
 pub mod install;
 pub mod kubectl;
+pub mod live;
 pub mod loadgen;
 pub mod otlp;
 pub mod process;

@@ -24,7 +24,8 @@ use protocol::{Event, EventType, Target};
 use serde_json::{Value, json};
 use tests::fixtures::{applications, dynamic};
 use tests::gopeer::{GoPeer, OUR_VERSION, Pki, check_received};
-use tests::topology::{ARGOCD_NS, Mode, Topology};
+use tests::kubectl::Kubectl;
+use tests::topology::{ARGOCD_NS, Mode, StartOptions, Topology};
 use tests::wait::Poller;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -1149,5 +1150,116 @@ async fn gopeer_upstream_principal_with_our_compressing_agent() -> anyhow::Resul
     // payload (the plain Go agent's in the test above measures 2.1 times it).
     ensure!(up * 3 < 2 * PAYLOAD as u64, "our agent's events were not compressed: {up} B");
     ensure!(go.matching(|r| r["kind"] == "dropped").is_empty(), "{}", go.diagnostics());
+    Ok(())
+}
+
+// === the resource proxy with upstream peers ===
+
+/// Our principal's resource proxy in front of an upstream agent: the request it sends is
+/// upstream's `ResourceRequest` as sdk-go decodes it (ids, fields, method as type), and the
+/// answer an upstream agent sends back (a fresh resourceid, eventid = the request's uuid) reaches
+/// kubectl; a bare error status, as upstream's agent sends, reaches it as a Status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()> {
+    let name = "agent-grp";
+    let options = StartOptions { start_agents: false, resource_proxy: true, ..StartOptions::default() };
+    let topo = Topology::start_with_options(&[(name, Mode::Managed)], options).await?;
+    let pki = Pki::of_kubeconfig(&topo.kubeconfig())?;
+    let addr = topo.principal_addr().context("principal address")?;
+    let mut go = GoPeer::agent(&pki, name, addr, "managed", UPSTREAM_AGENT_VERSION)?;
+    go_authenticated(&mut go, &topo).await?;
+    go.wait("subscribed", |r| r["kind"] == "subscribed").await?;
+    let proxy = topo.resource_proxy_addr().context("the resource proxy")?;
+    topo.ctl(&["agent", "create", name, "--resource-proxy-server", &proxy.to_string()])?;
+    let scratch = tempfile::tempdir()?;
+    let kubeconfig = tests::live::cluster_kubeconfig(&topo, name, scratch.path()).await?;
+
+    let mut seen = 0;
+    for (status, resource, expect) in [
+        (
+            200,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web"}, "data": {"from": "go"}})
+                .to_string(),
+            "\"from\":\"go\"",
+        ),
+        (403, String::new(), "Forbidden"),
+    ] {
+        let kubectl = Kubectl::new(&kubeconfig)?;
+        let get = tokio::spawn(async move {
+            kubectl.run(["get", "--raw", "/api/v1/namespaces/guestbook/configmaps/web?resourceVersion=0"]).await
+        });
+        let req = wait_hub("the proxied GET", async || {
+            Ok(go.matching(|r| r["type"] == "GET" && r["target"] == "resource").get(seen).cloned())
+        })
+        .await?;
+        seen += 1;
+        check_received(&req)?;
+        let data = &req["data"];
+        ensure!(
+            data["namespace"] == "guestbook"
+                && data["name"] == "web"
+                && data["group"] == ""
+                && data["version"] == "v1"
+                && data["resource"] == "configmaps"
+                && data["method"] == "GET"
+                && data["params"]["resourceVersion"] == "0",
+            "upstream's ResourceRequest: {req}"
+        );
+        let uuid = data["uuid"].as_str().context("uuid")?.to_owned();
+        ensure!(req["eventid"] == uuid.as_str() && req["resourceid"] == uuid.as_str(), "ids: {req}");
+        // As upstream's NewResourceResponseEvent: a fresh resourceid, eventid = the request's uuid.
+        go.ask(
+            &format!("answer-{status}"),
+            json!({"cmd": "send", "type": EventType::Response.as_str(), "target": "resource", "eventid": uuid,
+                   "data": {"uuid": uuid, "status": status, "resource": resource}}),
+        )
+        .await?;
+        let out = get.await??;
+        ensure!(out.stdout.contains(expect) || out.stderr.contains(expect), "{out}");
+        ensure!(out.success() == (status == 200), "{out}");
+    }
+    Ok(())
+}
+
+/// An upstream principal's resource requests against our agent: a GET of a tracked object is
+/// answered 200 with the object, one of an untracked object 403 with a Status body, both as
+/// upstream's `ResourceResponse` (eventid = the request's uuid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_principal_resource_requests_against_our_agent() -> anyhow::Result<()> {
+    let agent = "agent-gpr";
+    let (topo, mut go) = start_go_principal(agent, Mode::Managed).await?;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(topo.spoke(agent)?, ARGOCD_NS);
+    for (name, annotations) in
+        [("tracked", json!({"argocd.argoproj.io/tracking-id": "a:/ConfigMap:argocd/tracked"})), ("plain", json!({}))]
+    {
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": name, "annotations": annotations}, "data": {"k": "v"}}),
+            )?,
+        )
+        .await?;
+    }
+    for (name, status) in [("tracked", 200), ("plain", 403)] {
+        let uuid = format!("req-{name}");
+        go.ask(
+            &uuid,
+            json!({"cmd": "send", "type": "GET", "target": "resource", "resourceid": uuid, "eventid": uuid,
+                   "data": {"uuid": uuid, "namespace": ARGOCD_NS, "name": name, "method": "GET",
+                            "group": "", "version": "v1", "resource": "configmaps"}}),
+        )
+        .await?;
+        let answer =
+            received(&mut go, EventType::Response, Target::Resource, |r| r["eventid"] == uuid.as_str()).await?;
+        ensure!(answer["resourceid"] != uuid.as_str(), "a fresh resourceid, as upstream: {answer}");
+        let data = &answer["data"];
+        ensure!(data["uuid"] == uuid.as_str() && data["status"] == status, "{answer}");
+        let body: Value = serde_json::from_str(data["resource"].as_str().context("resource")?)?;
+        if status == 200 {
+            ensure!(body["metadata"]["name"] == name, "{body}");
+        } else {
+            ensure!(body["kind"] == "Status" && body["reason"] == "Forbidden", "{body}");
+        }
+    }
     Ok(())
 }

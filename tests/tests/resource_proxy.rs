@@ -4,47 +4,14 @@
 //! and changed; errors arrive as Kubernetes `Status` bodies kubectl prints.
 
 use anyhow::{Context as _, Result, ensure};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use tests::kubectl::Kubectl;
-use tests::topology::{ARGOCD_NS, Mode, StartOptions, Topology, ensure_namespace};
+use tests::topology::{Mode, StartOptions, Topology, ensure_namespace};
 use tests::wait::{DEFAULT_TIMEOUT, wait_for_async};
 
 const TRACKING: &str = "argocd.argoproj.io/tracking-id";
-
-/// A kubeconfig built from agent `agent`'s cluster secret on the hub, as Argo CD reads it:
-/// `server`, and `config.tlsClientConfig` (base64 PEM).
-async fn kubeconfig_from_cluster_secret(
-    t: &Topology,
-    agent: &str,
-    dir: &std::path::Path,
-) -> Result<std::path::PathBuf> {
-    let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
-    let secret = secrets.get(&format!("cluster-{agent}")).await?;
-    let data = secret.data.context("cluster secret without data")?;
-    let text = |k: &str| -> Result<String> {
-        Ok(String::from_utf8(data.get(k).with_context(|| format!("no {k}"))?.0.clone())?)
-    };
-    let server = text("server")?;
-    let config: Value = serde_json::from_str(&text("config")?)?;
-    let tls = &config["tlsClientConfig"];
-    let field = |k: &str| tls[k].as_str().map(str::to_owned).with_context(|| format!("no tlsClientConfig.{k}"));
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": agent, "cluster": {"server": server, "certificate-authority-data": field("caData")?}}],
-        "users": [{"name": agent, "user": {
-            "client-certificate-data": field("certData")?,
-            "client-key-data": field("keyData")?,
-        }}],
-        "contexts": [{"name": agent, "context": {"cluster": agent, "user": agent}}],
-        "current-context": agent,
-    });
-    let path = dir.join(format!("{agent}.kubeconfig"));
-    std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
-    Ok(path)
-}
 
 fn configmap(name: &str, annotations: Value, owner: Option<Value>) -> Result<ConfigMap> {
     let mut meta = json!({"name": name, "annotations": annotations});
@@ -94,8 +61,8 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
         )
         .await?;
 
-    let a = Kubectl::new(&kubeconfig_from_cluster_secret(&t, "agent-a", scratch.path()).await?)?;
-    let b = Kubectl::new(&kubeconfig_from_cluster_secret(&t, "agent-b", scratch.path()).await?)?;
+    let a = Kubectl::new(&tests::live::cluster_kubeconfig(&t, "agent-a", scratch.path()).await?)?;
+    let b = Kubectl::new(&tests::live::cluster_kubeconfig(&t, "agent-b", scratch.path()).await?)?;
 
     // Reads: managed objects and their dependents, events; discovery for kubectl itself.
     let got: Value =
