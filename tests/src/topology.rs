@@ -361,6 +361,9 @@ impl Topology {
         if options.agent_args.iter().any(|a| a == "--destination-based-mapping") {
             spoke_rbac.push("agent-destination-mapping.yaml");
         }
+        if options.resource_proxy {
+            spoke_rbac.push("agent-resource-proxy.yaml");
+        }
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
             let spoke =

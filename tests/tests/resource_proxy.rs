@@ -5,10 +5,10 @@
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use tests::kubectl::Kubectl;
-use tests::topology::{Mode, StartOptions, Topology, ensure_namespace};
+use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology, ensure_namespace};
 use tests::wait::{DEFAULT_TIMEOUT, wait_for_async};
 
 const TRACKING: &str = "argocd.argoproj.io/tracking-id";
@@ -139,5 +139,99 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
         ),
         "{metrics}"
     );
+    Ok(())
+}
+
+/// On real kube-apiservers, with the agent running under `install/rbac/agent.yaml` and
+/// `agent-resource-proxy.yaml`: a Pod reached through its owner chain (Deployment, ReplicaSet),
+/// a Deployment's `scale` subresource read and patched as a resource action does, a CRD read
+/// (upstream #873), and a Secret the agent can read but Argo CD does not manage refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_resource_proxy_follows_owner_chains_and_subresources() -> Result<()> {
+    let options = StartOptions { clusters: Clusters::REAL, resource_proxy: true, ..StartOptions::default() };
+    let t = Topology::start_with_options(&[("rp1", Mode::Managed)], options).await?;
+    let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
+    t.ctl(&["agent", "create", "rp1", "--resource-proxy-server", &proxy.to_string()])?;
+    let scratch = tempfile::tempdir()?;
+    let kubectl = Kubectl::new(&tests::live::cluster_kubeconfig(&t, "rp1", scratch.path()).await?)?;
+
+    // What Argo CD deployed and what Kubernetes' controllers would have made of it (a bare
+    // control plane runs none, so the test writes the ReplicaSet and Pod itself).
+    let spoke = t.spoke("rp1")?;
+    ensure_namespace(&spoke, "guestbook").await?;
+    let sas: Api<DynamicObject> = Api::namespaced_with(
+        spoke.clone(),
+        "guestbook",
+        &ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+    );
+    sas.create(
+        &PostParams::default(),
+        &serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        )?,
+    )
+    .await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(spoke.clone(), "guestbook");
+    let pod_spec = json!({"containers": [{"name": "ui", "image": "guestbook-ui:0.1"}]});
+    let deployment = deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "ui", "annotations": {TRACKING: "gb:apps/Deployment:guestbook/ui"}},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "ui"}},
+                         "template": {"metadata": {"labels": {"app": "ui"}}, "spec": pod_spec}}}),
+            )?,
+        )
+        .await?;
+    let owner = |kind: &str, api_version: &str, name: &str, uid: Option<String>| -> Result<Value> {
+        Ok(
+            json!([{"apiVersion": api_version, "kind": kind, "name": name, "uid": uid.context("uid")?, "controller": true}]),
+        )
+    };
+    let replicasets: Api<k8s_openapi::api::apps::v1::ReplicaSet> = Api::namespaced(spoke.clone(), "guestbook");
+    let rs = replicasets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "ui-7d9c", "labels": {"app": "ui"},
+                    "ownerReferences": owner("Deployment", "apps/v1", "ui", deployment.metadata.uid.clone())?},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "ui"}},
+                         "template": {"metadata": {"labels": {"app": "ui"}}, "spec": pod_spec}}}))?,
+        )
+        .await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(spoke.clone(), "guestbook");
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "ui-7d9c-x2x4", "labels": {"app": "ui"},
+                "ownerReferences": owner("ReplicaSet", "apps/v1", "ui-7d9c", rs.metadata.uid.clone())?},
+            "spec": pod_spec}))?,
+    )
+    .await?;
+
+    let pod = kubectl.ok(["get", "pod", "ui-7d9c-x2x4", "-n", "guestbook", "-o", "name"]).await?;
+    ensure!(pod.trim() == "pod/ui-7d9c-x2x4", "{pod}");
+    let scale: Value = serde_json::from_str(
+        &kubectl.ok(["get", "deployment", "ui", "-n", "guestbook", "--subresource=scale", "-o", "json"]).await?,
+    )?;
+    ensure!(scale["kind"] == "Scale" && scale["spec"]["replicas"] == 1, "{scale}");
+    kubectl
+        .ok([
+            "patch",
+            "deployment",
+            "ui",
+            "-n",
+            "guestbook",
+            "--subresource=scale",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"replicas":3}}"#,
+        ])
+        .await?;
+    let now = deployments.get("ui").await?;
+    ensure!(now.spec.replicas == Some(3), "scaled through the proxy");
+    let crd = kubectl.ok(["get", "crd", "applications.argoproj.io", "-o", "name"]).await?;
+    ensure!(crd.contains("applications.argoproj.io"), "{crd}");
+    let secret = kubectl.fails(["get", "secret", "-n", ARGOCD_NS, "argocd-agent-client-tls"]).await?;
+    ensure!(secret.stderr.contains("Forbidden"), "{secret}");
     Ok(())
 }
