@@ -211,9 +211,16 @@ pub struct Args {
     /// matching labels go to managed agents (Kubernetes selector syntax, e.g. `team=a`).
     #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR")]
     pub label_selector: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", hide = true)]
+    /// Create a cluster secret for the hub's Argo CD when an agent authenticates (server: the
+    /// resource proxy at --resource-proxy-address; credentials: a resource-proxy bearer token and
+    /// the shared client certificate of --self-registration-client-cert-secret). Needs the
+    /// resource proxy.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION")]
     pub enable_self_cluster_registration: Option<bool>,
+    /// With --enable-self-cluster-registration: the Secret (tls.crt, tls.key, ca.crt) holding the
+    /// client certificate self-registered cluster secrets carry.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_SELF_REGISTRATION_CLIENT_CERT_SECRET")]
+    pub self_registration_client_cert_secret: Option<String>,
     /// Accepted, no effect: the HTTP/2 server here has no client PING-rate policy to set.
     #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL")]
     pub keepalive_min_interval: Option<String>,
@@ -296,7 +303,6 @@ impl Args {
         u.check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
             .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
-            .check("--enable-self-cluster-registration", self.enable_self_cluster_registration == Some(true))
             // TLS client-cert knobs come with later work; refuse non-defaults.
             .check("--require-client-certs", self.require_client_certs)
             .check("--client-cert-subject-match", self.client_cert_subject_match);
@@ -307,6 +313,7 @@ impl Args {
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
         self.resource_proxy_timeout()?;
+        self.self_registration_secret()?;
         crate::flags::parse_duration(&self.resync_min_interval)
             .with_context(|| format!("--resync-min-interval {:?}", self.resync_min_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
@@ -455,6 +462,27 @@ async fn reloading_server_tls(
 }
 
 impl Args {
+    /// With `--enable-self-cluster-registration`: the shared client certificate's Secret (and
+    /// the resource proxy must not be off).
+    fn self_registration_secret(&self) -> anyhow::Result<Option<&str>> {
+        if self.enable_self_cluster_registration != Some(true) {
+            return Ok(None);
+        }
+        if self.enable_resource_proxy == Some(false) {
+            anyhow::bail!(
+                "--enable-self-cluster-registration needs the resource proxy (self-registered cluster secrets point \
+                 Argo CD at it): drop --enable-resource-proxy=false"
+            );
+        }
+        match self.self_registration_client_cert_secret.as_deref().filter(|s| !s.is_empty()) {
+            Some(name) => Ok(Some(name)),
+            None => anyhow::bail!(
+                "--enable-self-cluster-registration needs --self-registration-client-cert-secret: the Secret \
+                 (tls.crt, tls.key, ca.crt) with the client certificate Argo CD presents to the resource proxy"
+            ),
+        }
+    }
+
     /// `--resource-proxy-timeout`.
     fn resource_proxy_timeout(&self) -> anyhow::Result<std::time::Duration> {
         crate::flags::parse_duration(&self.resource_proxy_timeout)
@@ -476,7 +504,7 @@ async fn serve_resource_proxy(
     }
     let tls = match reloading_server_tls(args, secrets, Listener::ResourceProxy, cancel).await {
         Ok(tls) => tls,
-        Err(error) if args.enable_resource_proxy.is_none() => {
+        Err(error) if args.enable_resource_proxy.is_none() && args.enable_self_cluster_registration != Some(true) => {
             tracing::warn!(
                 error = format!("{error:#}"),
                 "the resource proxy is not served: its TLS material cannot be read (issue it with \
@@ -599,6 +627,13 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");
     }
     config.version = VERSION.to_string();
+    if let Some(secret) = args.self_registration_secret()? {
+        config.self_registration = Some(principal::registration::SelfRegistration {
+            resource_proxy_address: args.resource_proxy_address.clone(),
+            client_cert_secret: secret.to_owned(),
+            tokens: sessions.issuer().clone(),
+        });
+    }
     let principal = principal::Principal::new(config, client, principal::auth_layer_identity())
         .await
         .context("cannot start the principal")?;

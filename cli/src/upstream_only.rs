@@ -1,6 +1,5 @@
-//! Upstream flags of features this implementation does not have yet (the resource proxy, the
-//! Redis proxy, cross-hub HA, self-registration, SPIRE-specific flags, the agent's adoption
-//! policies), and tuning knobs of upstream internals that have no counterpart here. Each parses
+//! Upstream flags of features this implementation does not have yet (the Redis proxy, cross-hub
+//! HA, SPIRE-specific flags), and tuning knobs of upstream internals that have no counterpart here. Each parses
 //! with upstream's name and environment variable, so an upstream command line, manifest or
 //! `argocd-agent-params` ConfigMap reaches a clear answer: setting a feature's flag stops startup
 //! naming it ([`Unsupported`]); a knob without a counterpart is accepted and logged as having no
@@ -35,8 +34,6 @@ pub struct PrincipalOnly {
     spire_agent_socket: Option<String>,
     #[arg(long, env = "ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", hide = true)]
     spire_auth_method: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_SELF_REGISTRATION_CLIENT_CERT_SECRET", hide = true)]
-    self_registration_client_cert_secret: Option<String>,
     #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ENABLED", hide = true)]
     ha_enabled: Option<bool>,
     #[arg(long, env = "ARGOCD_PRINCIPAL_HA_PREFERRED_ROLE", hide = true)]
@@ -76,7 +73,6 @@ impl PrincipalOnly {
             .check("--redis-tls-insecure", self.redis_tls_insecure == Some(true))
             .check_opt("--spire-agent-socket (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
             .check_opt("--spire-auth-method (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_auth_method)
-            .check_opt("--self-registration-client-cert-secret", &self.self_registration_client_cert_secret)
             .check("--ha-enabled", self.ha_enabled == Some(true))
             .check_opt("--ha-preferred-role", &self.ha_preferred_role)
             .check_opt("--ha-peer-address", &self.ha_peer_address)

@@ -16,17 +16,32 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--enable-websocket", "--enable-self-cluster-registration"]].concat(), &[]);
+    let (ok, err) = run(&[&base[..], &["--enable-websocket", "--redis-server-address", "r:6379"]].concat(), &[]);
     assert!(!ok);
     assert!(
         err.contains("not supported yet")
             && err.contains("--enable-websocket")
-            && err.contains("--enable-self-cluster-registration"),
+            && err.contains("--redis-server-address"),
         "{err}"
     );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", "true")]);
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY", "false")]);
     assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--enable-self-cluster-registration"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--disable-redis-proxy"), "{err}");
+}
+
+#[test]
+fn self_registration_needs_its_client_certificate_and_the_resource_proxy() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--enable-self-cluster-registration"];
+    let (ok, err) = run(&base, &[]);
+    assert!(
+        !ok && err.contains("--self-registration-client-cert-secret") && !err.contains("not supported yet"),
+        "{err}"
+    );
+    let (ok, err) = run(
+        &[&base[..], &["--self-registration-client-cert-secret", "s", "--enable-resource-proxy=false"]].concat(),
+        &[],
+    );
+    assert!(!ok && err.contains("needs the resource proxy"), "{err}");
 }
 
 #[test]
@@ -104,19 +119,17 @@ fn unsupported_agent_flags_are_refused_by_name() {
     assert!(err.contains("not supported yet") && err.contains("--redis-addr"), "{err}");
 }
 
-/// Upstream's flags of features not here (Redis, HA, self-registration) stop
+/// Upstream's flags of features not here (Redis, HA) stop
 /// startup naming each, from the command line or upstream's environment variables; a knob of
 /// upstream internals is accepted with a warning saying why it does nothing; a bad duration in
 /// one is refused by name.
 #[test]
 fn upstream_only_flags_are_refused_or_explained_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
-    let (ok, err) = run(
-        &[&base[..], &["--ha-enabled", "--self-registration-client-cert-secret", "s"]].concat(),
-        &[("REDIS_PASSWORD", "s")],
-    );
+    let (ok, err) =
+        run(&[&base[..], &["--ha-enabled", "--ha-peer-address", "p:8443"]].concat(), &[("REDIS_PASSWORD", "s")]);
     assert!(!ok && err.contains("not supported yet"), "{err}");
-    for flag in ["--ha-enabled", "--self-registration-client-cert-secret", "--redis-password (REDIS_PASSWORD)"] {
+    for flag in ["--ha-enabled", "--ha-peer-address", "--redis-password (REDIS_PASSWORD)"] {
         assert!(err.contains(flag), "{flag}: {err}");
     }
     let agent =

@@ -50,6 +50,9 @@ pub struct PrincipalConfig {
     /// (`--resync-min-interval`): a misconfigured or looping agent cannot make the principal
     /// hash its resources more often.
     pub resync_min_interval: std::time::Duration,
+    /// `--enable-self-cluster-registration`: each agent that authenticates gets a cluster secret
+    /// for the hub's Argo CD ([`crate::registration`]).
+    pub self_registration: Option<crate::registration::SelfRegistration>,
     /// Destination-based mapping (`--destination-based-mapping`): a managed agent's
     /// Applications are the hub Applications whose `spec.destination.name` is its name, in the
     /// principal's namespace or any namespace `allowed_namespaces` covers; their namespace is
@@ -86,6 +89,7 @@ impl PrincipalConfig {
             max_message_bytes: MAX_MESSAGE_BYTES,
             label_selector: None,
             resync_min_interval: DEFAULT_RESYNC_MIN_INTERVAL,
+            self_registration: None,
             destination_based_mapping: false,
         }
     }

@@ -14,6 +14,7 @@
 
 pub mod authz;
 pub mod blocklist;
+pub mod cluster_secret;
 pub mod compression;
 pub mod config;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod metrics;
 mod otel;
 pub mod peer;
 mod proxy;
+pub mod registration;
 pub mod resync;
 pub mod route;
 pub mod service;
@@ -323,7 +325,19 @@ impl auth::SessionHook for SessionHook {
         self.authorizer.check_session(identity).map_err(|reason| {
             tracing::warn!(agent = %identity.name(), binding = %identity.binding(), %reason, "authentication refused");
             tonic::Status::permission_denied(reason)
-        })
+        })?;
+        if let Some(registration) = &self.hub.config.self_registration {
+            let agent = identity.name().as_str();
+            match registration.ensure(&self.hub.secrets.client(), &self.hub.config.namespace, agent).await {
+                Ok(registration::Registered::Current) => {}
+                Ok(done) => tracing::info!(%agent, outcome = ?done, "self-registration: cluster secret"),
+                Err(error) => {
+                    tracing::warn!(%agent, %error, "authentication refused: self-registration failed");
+                    return Err(tonic::Status::unauthenticated(error.to_string()));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn on_refreshed(

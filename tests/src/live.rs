@@ -8,33 +8,80 @@ use serde_json::{Value, json};
 use crate::topology::{ARGOCD_NS, Topology};
 
 /// A kubeconfig built from agent `agent`'s cluster secret on the hub, as Argo CD reads it:
-/// `server`, and `config.tlsClientConfig` (base64 PEM), written into `dir`.
+/// `server`, `config.tlsClientConfig` (base64 PEM) and `config.bearerToken`, written into `dir`.
 ///
 /// # Errors
 /// No such secret, or it lacks a field.
 pub async fn cluster_kubeconfig(t: &Topology, agent: &str, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    cluster_kubeconfig_via(t, agent, dir, None).await
+}
+
+/// [`cluster_kubeconfig`], with the server's `host:port` replaced by `proxy` (a self-registered
+/// secret names the address Argo CD reaches, not the test's loopback port); a bearer token in
+/// the secret goes in too.
+///
+/// # Errors
+/// No such secret, or it lacks a field.
+pub async fn cluster_kubeconfig_via(
+    t: &Topology,
+    agent: &str,
+    dir: &std::path::Path,
+    proxy: Option<std::net::SocketAddr>,
+) -> Result<std::path::PathBuf> {
     let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
     let secret = secrets.get(&format!("cluster-{agent}")).await?;
     let data = secret.data.context("cluster secret without data")?;
     let text = |k: &str| -> Result<String> {
         Ok(String::from_utf8(data.get(k).with_context(|| format!("no {k}"))?.0.clone())?)
     };
-    let server = text("server")?;
+    let mut server = text("server")?;
+    if let Some(proxy) = proxy {
+        let query = server.split_once('?').map(|(_, q)| format!("?{q}")).unwrap_or_default();
+        server = format!("https://{proxy}{query}");
+    }
     let config: Value = serde_json::from_str(&text("config")?)?;
     let tls = &config["tlsClientConfig"];
     let field = |k: &str| tls[k].as_str().map(str::to_owned).with_context(|| format!("no tlsClientConfig.{k}"));
+    let mut user = json!({"client-certificate-data": field("certData")?, "client-key-data": field("keyData")?});
+    if let Some(token) = config["bearerToken"].as_str().filter(|t| !t.is_empty()) {
+        user["token"] = json!(token);
+    }
     let kubeconfig = json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": agent, "cluster": {"server": server, "certificate-authority-data": field("caData")?}}],
-        "users": [{"name": agent, "user": {
-            "client-certificate-data": field("certData")?,
-            "client-key-data": field("keyData")?,
-        }}],
+        "users": [{"name": agent, "user": user}],
         "contexts": [{"name": agent, "context": {"cluster": agent, "user": agent}}],
         "current-context": agent,
     });
     let path = dir.join(format!("{agent}.kubeconfig"));
     std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
     Ok(path)
+}
+
+/// Issues a client certificate with CN `cn` from the hub's CA (`argocd-agent-ca`) and stores it
+/// with the CA in Secret `name` of the principal's namespace (`tls.crt`, `tls.key`, `ca.crt`), as
+/// `--self-registration-client-cert-secret` expects.
+///
+/// # Errors
+/// The CA cannot be read or used, or the Secret cannot be written.
+pub async fn issue_shared_client_cert(t: &Topology, name: &str, cn: &str) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
+    let ca = secrets.get("argocd-agent-ca").await?.data.context("CA secret without data")?;
+    let text =
+        |k: &str| -> Result<String> { Ok(String::from_utf8(ca.get(k).with_context(|| format!("CA {k}"))?.0.clone())?) };
+    let (ca_pem, ca_key) = (text("tls.crt")?, text("tls.key")?);
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key)?)?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let key = rcgen::KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert.pem(), "tls.key": key.serialize_pem(), "ca.crt": ca_pem},
+    }))?;
+    secrets.create(&kube::api::PostParams::default(), &secret).await?;
+    Ok(())
 }

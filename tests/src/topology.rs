@@ -356,6 +356,9 @@ impl Topology {
         if options.principal_args.iter().any(|a| a == "--namespace-create-enable") {
             hub_rbac.push("principal-namespace-create.yaml");
         }
+        if options.principal_args.iter().any(|a| a == "--enable-self-cluster-registration") {
+            hub_rbac.push("principal-self-registration.yaml");
+        }
         let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal", &hub_rbac).await?;
         let mut spoke_rbac = Vec::new();
         if options.agent_args.iter().any(|a| a == "--destination-based-mapping") {

@@ -1174,8 +1174,7 @@ async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()
     let scratch = tempfile::tempdir()?;
     let kubeconfig = tests::live::cluster_kubeconfig(&topo, name, scratch.path()).await?;
 
-    let mut seen = 0;
-    for (status, resource, expect) in [
+    for (seen, (status, resource, expect)) in [
         (
             200,
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web"}, "data": {"from": "go"}})
@@ -1183,7 +1182,10 @@ async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()
             "\"from\":\"go\"",
         ),
         (403, String::new(), "Forbidden"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let kubectl = Kubectl::new(&kubeconfig)?;
         let get = tokio::spawn(async move {
             kubectl.run(["get", "--raw", "/api/v1/namespaces/guestbook/configmaps/web?resourceVersion=0"]).await
@@ -1192,7 +1194,6 @@ async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()
             Ok(go.matching(|r| r["type"] == "GET" && r["target"] == "resource").get(seen).cloned())
         })
         .await?;
-        seen += 1;
         check_received(&req)?;
         let data = &req["data"];
         ensure!(

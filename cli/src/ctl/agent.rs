@@ -237,7 +237,7 @@ async fn load(secrets: &Secrets, agent: &str) -> anyhow::Result<ClusterSecret> {
             secrets.namespace()
         )
     })?;
-    ClusterSecret::from_secret(secret)
+    Ok(ClusterSecret::from_secret(secret)?)
 }
 
 async fn list(global: &GlobalFlags, args: &ListArgs) -> anyhow::Result<()> {
