@@ -6,7 +6,10 @@
 //! - every rendering and every overlay through `kubectl apply --dry-run=server` on a real
 //!   kube-apiserver with Istio's and the Prometheus Operator's CRDs installed;
 //! - the RBAC both renderings produce is the RBAC in `install/rbac/`, which every realkube
-//!   end-to-end test runs the principal and agents under;
+//!   end-to-end test runs the principal and agents under, with and without the optional
+//!   features (destination-based mapping, the resource proxy, namespace creation);
+//! - the resource proxy is opt-in in both charts and in kustomize, and turned on renders the same
+//!   Service, container port and parameters either way;
 //! - the argocd-agent-params mapping is the same in the chart and in kustomize, and every
 //!   environment variable it sets is one `argocd-agent` reads;
 //! - upstream's default argocd-agent-params ConfigMap, with the edits docs/install.md lists,
@@ -15,8 +18,9 @@
 //!   metrics the binaries export;
 //! - the Helm renderings applied for real to a hub and a spoke control plane, the principal and
 //!   a managed and an autonomous agent started from the rendered Deployments' environment (the
-//!   ConfigMap read back from the API server) with their rendered ServiceAccounts' tokens, and
-//!   Applications crossing in both modes.
+//!   ConfigMap read back from the API server) with their rendered ServiceAccounts' tokens,
+//!   Applications crossing in both modes, and kubectl reaching the managed agent's cluster through
+//!   the rendered resource proxy with the cluster secret `argocd-agentctl agent create` writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -33,6 +37,7 @@ use tests::install::{
     apply, container_args, container_env, documents, dry_run_server, find, helm, helm_template, install_addon_crds,
     kustomize, object_id, params_mapping, rbac_objects, try_helm_template,
 };
+use tests::kubectl::Kubectl;
 use tests::realkube::RealCluster;
 use tests::{ChildProcess, wait_for, workspace_binary, workspace_root};
 
@@ -59,6 +64,13 @@ fn chart_renderings() -> Vec<(&'static str, &'static str, &'static str, Value)> 
                     "jwt": {"secretName": "my-jwt"},
                     "otlpAddress": "otel-collector.monitoring:4317",
                     "additionalArgs": ["--metrics-agent-retention=30m"],
+                    "resourceProxy": {
+                        "enabled": true,
+                        "listenAddress": "0.0.0.0:9191",
+                        "address": "argocd-agent-resource-proxy.hub-system:9090",
+                        "timeout": "10s",
+                        "maxInFlight": 16,
+                    },
                 },
                 "service": {"type": "ClusterIP", "port": 8443, "annotations": {"example.com/x": "z"}},
                 "image": {"repository": "registry.invalid/argocd-agent-rs", "tag": "v9", "pullPolicy": "Always"},
@@ -110,6 +122,7 @@ fn chart_renderings() -> Vec<(&'static str, &'static str, &'static str, Value)> 
                 "heartbeatInterval": "30s",
                 "logFormat": "json",
                 "keepAliveInterval": "20s",
+                "enableResourceProxy": true,
                 "spiffe": {"enabled": true},
                 "podLabels": {"sidecar.istio.io/inject": "true"},
                 "serviceMonitor": {"enabled": true},
@@ -183,6 +196,7 @@ fn charts_lint_strict_and_render_with_default_and_non_default_values() {
         ("PrometheusRule", "argocd-agent-principal"),
         ("ConfigMap", "argocd-agent-principal-dashboard"),
         ("ClusterRole", "argocd-agent-principal-namespace-create"),
+        ("Service", "argocd-agent-resource-proxy"),
     ] {
         find(&on, kind, name).unwrap_or_else(|e| panic!("everything-on: {e}"));
         assert!(find(&off, kind, name).is_err(), "defaults render {kind} {name}, which is optional");
@@ -197,11 +211,6 @@ fn charts_lint_strict_and_render_with_default_and_non_default_values() {
 #[test]
 fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
     let cases = [
-        (
-            PRINCIPAL_CHART,
-            json!({"principal": {"resourceProxy": {"enabled": true}}}),
-            "principal.resourceProxy.enabled",
-        ),
         (PRINCIPAL_CHART, json!({"principal": {"redisProxy": {"enabled": true}}}), "principal.redisProxy.enabled"),
         (
             PRINCIPAL_CHART,
@@ -219,7 +228,6 @@ fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
             "principal.auth userpass:",
         ),
         (PRINCIPAL_CHART, json!({"replicaCount": 2}), "replicaCount"),
-        (AGENT_CHART, json!({"server": "p", "enableResourceProxy": true}), "enableResourceProxy"),
         (AGENT_CHART, json!({"server": "p", "enableWebSocket": true}), "enableWebSocket"),
         (AGENT_CHART, json!({"server": "p", "redisAddress": "redis.other:6379"}), "redisAddress"),
         (AGENT_CHART, json!({}), "server"),
@@ -229,16 +237,21 @@ fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
         assert!(!out.ok, "{chart} with {values}: rendered, but argocd-agent-rs does not support it");
         assert!(out.stderr.contains(key), "{chart} with {values}: the error does not name {key}:\n{}", out.stderr);
     }
-    // Upstream's own defaults for these keys are inert and render.
+    // Upstream's own defaults for these keys are inert and render; so do upstream's resource
+    // proxy values, on by default there (opt-in here).
     let upstream_defaults = json!({
         "principal": {"keepAlive": {"minInterval": "0"}, "pprof": {"port": "0"}, "eventProcessors": "10",
-                      "redis": {"server": {"address": "argocd-redis:6379"}, "compressionType": "gzip"}},
+                      "redis": {"server": {"address": "argocd-redis:6379"}, "compressionType": "gzip"},
+                      "resourceProxy": {"enabled": true, "secretName": "argocd-agent-resource-proxy-tls",
+                                        "tls": {"certPath": "", "keyPath": ""},
+                                        "ca": {"secretName": "argocd-agent-ca", "path": ""}},
+                      "resourceProxyAddress": "argocd-agent-resource-proxy:9090"},
     });
     helm_template(PRINCIPAL_CHART, "argocd", &upstream_defaults).expect("upstream's inert defaults render");
     helm_template(
         AGENT_CHART,
         "argocd",
-        &json!({"server": "p", "redisAddress": "argocd-redis:6379", "pprofPort": "0"}),
+        &json!({"server": "p", "redisAddress": "argocd-redis:6379", "pprofPort": "0", "enableResourceProxy": true}),
     )
     .expect("upstream's inert defaults render");
 }
@@ -257,6 +270,37 @@ fn assert_same_rbac(what: &str, got: &BTreeMap<String, Value>, want: &BTreeMap<S
     for (id, obj) in want {
         assert_eq!(&got[id], obj, "{what}: {id} grants something else than install/rbac/ (rules, roleRef or subjects)");
     }
+}
+
+/// `kubectl kustomize` of an overlay (as [`kustomize`] names it) with `components` of
+/// `install/kustomize/components/`, composed the way an operator's overlay does it.
+///
+/// # Errors
+/// kubectl fails (its stderr is in the error), or the overlay cannot be written.
+fn kustomize_with_components(base: &str, components: &[&str]) -> anyhow::Result<String> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().canonicalize()?;
+    // kustomize takes no absolute paths: reach the repository from the overlay's directory.
+    let up = "../".repeat(root.components().count().saturating_sub(1));
+    let relative = |p: PathBuf| -> anyhow::Result<String> {
+        let p = p.canonicalize().with_context(|| p.display().to_string())?;
+        Ok(format!("{up}{}", p.strip_prefix("/")?.display()))
+    };
+    let kustomization = json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [relative(tests::install::kustomize_dir(base))?],
+        "components": components
+            .iter()
+            .map(|c| relative(tests::install::kustomize_dir(&format!("components/{c}"))))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    });
+    std::fs::write(root.join("kustomization.yaml"), serde_yaml::to_string(&kustomization)?)?;
+    let out = Command::new(tests::bin_path::kubectl_path()?).arg("kustomize").arg(&root).output()?;
+    if !out.status.success() {
+        bail!("kubectl kustomize {base} + {components:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 #[test]
@@ -289,11 +333,58 @@ fn rendered_rbac_is_the_rbac_the_end_to_end_tests_run_under() {
         &render(AGENT_CHART, json!({"server": "p", "agentMode": "managed", "destinationBasedMapping": true})),
         &with_dbm,
     );
+    let resource_proxy = read_rbac("agent-resource-proxy.yaml");
+    let mut with_rp = agent.clone();
+    with_rp.extend(resource_proxy.clone());
+    for mode in ["managed", "autonomous"] {
+        assert_same_rbac(
+            &format!("helm agent ({mode}, enableResourceProxy)"),
+            &render(AGENT_CHART, json!({"server": "p", "agentMode": mode, "enableResourceProxy": true})),
+            &with_rp,
+        );
+    }
+    let mut with_dbm_rp = with_dbm.clone();
+    with_dbm_rp.extend(resource_proxy);
+    assert_same_rbac(
+        "helm agent (destinationBasedMapping, enableResourceProxy)",
+        &render(
+            AGENT_CHART,
+            json!({"server": "p", "agentMode": "managed",
+                   "destinationBasedMapping": true, "enableResourceProxy": true}),
+        ),
+        &with_dbm_rp,
+    );
+    // The principal's side of the resource proxy needs nothing beyond its Role (Secrets by name).
+    assert_same_rbac(
+        "helm principal (resourceProxy.enabled)",
+        &render(PRINCIPAL_CHART, json!({"principal": {"resourceProxy": {"enabled": true}}})),
+        &principal,
+    );
     let from_kustomize =
         |overlay: &str| rbac_objects(&documents(&kustomize(overlay).expect("kustomize")).expect("parse"));
     assert_same_rbac("kustomize principal", &from_kustomize("principal"), &principal);
     assert_same_rbac("kustomize agent-managed", &from_kustomize("agent-managed"), &agent);
     assert_same_rbac("kustomize agent-autonomous", &from_kustomize("agent-autonomous"), &agent);
+    let with_components = |base: &str, component: &str| {
+        rbac_objects(&documents(&kustomize_with_components(base, &[component]).expect("kustomize")).expect("parse"))
+    };
+    for base in ["agent-managed", "agent-autonomous"] {
+        assert_same_rbac(
+            &format!("kustomize {base} + components/agent-resource-proxy"),
+            &with_components(base, "agent-resource-proxy"),
+            &with_rp,
+        );
+    }
+    assert_same_rbac(
+        "kustomize principal + components/principal-resource-proxy",
+        &with_components("principal", "principal-resource-proxy"),
+        &principal,
+    );
+    assert_same_rbac(
+        "kustomize principal + components/principal-namespace-create",
+        &with_components("principal", "principal-namespace-create"),
+        &with_ns_create,
+    );
 
     // The mesh and SPIRE overlays only rename the agent's ServiceAccount (its SPIFFE ID names the
     // agent) and the principal's overlays add nothing: same rules.
@@ -306,6 +397,128 @@ fn rendered_rbac_is_the_rbac_the_end_to_end_tests_run_under() {
         };
         let rules = |m: &BTreeMap<String, Value>| -> Vec<Value> { m.values().map(|o| o["rules"].clone()).collect() };
         assert_eq!(rules(&got), rules(want), "kustomize {overlay}: other RBAC rules than install/rbac/");
+    }
+}
+
+// === The resource proxy ===
+
+/// `data[key]` of the rendering's argocd-agent-params ConfigMap.
+fn param(docs: &[Value], key: &str) -> Option<String> {
+    let cm = find(docs, "ConfigMap", "argocd-agent-params").unwrap_or_else(|e| panic!("{e:#}"));
+    cm["data"][key].as_str().map(str::to_string)
+}
+
+/// The principal container's port named `resource-proxy`.
+fn resource_proxy_port(docs: &[Value]) -> Option<Value> {
+    let d = find(docs, "Deployment", PRINCIPAL_CHART).unwrap_or_else(|e| panic!("{e:#}"));
+    d["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .and_then(|ports| ports.iter().find(|p| p["name"] == "resource-proxy"))
+        .cloned()
+}
+
+#[test]
+fn resource_proxy_is_opt_in_and_renders_alike_in_the_charts_and_kustomize() {
+    const SERVICE: &str = "argocd-agent-resource-proxy";
+    let helm = |chart: &str, values: Value| -> Vec<Value> {
+        documents(&helm_template(chart, "argocd", &values).expect("render")).expect("parse")
+    };
+    let kz = |overlay: &str| documents(&kustomize(overlay).expect("kustomize")).expect("parse");
+    let kz_with = |base: &str, component: &str| {
+        documents(&kustomize_with_components(base, &[component]).expect("kustomize")).expect("parse")
+    };
+
+    // The principal: off by default, saying so to the binary (unset would serve it whenever its
+    // Secret exists); on, the Service Argo CD reaches (upstream's name and port) and the port.
+    for (what, docs) in
+        [("helm principal (defaults)", helm(PRINCIPAL_CHART, json!({}))), ("kustomize principal", kz("principal"))]
+    {
+        assert_eq!(param(&docs, "principal.resource-proxy.enable").as_deref(), Some("false"), "{what}");
+        assert!(resource_proxy_port(&docs).is_none(), "{what}: a resource-proxy container port by default");
+        assert!(find(&docs, "Service", SERVICE).is_err(), "{what}: the {SERVICE} Service by default");
+    }
+    let on = [
+        (
+            "helm principal (resourceProxy.enabled)",
+            helm(PRINCIPAL_CHART, json!({"principal": {"resourceProxy": {"enabled": true}}})),
+        ),
+        ("kustomize principal + components/principal-resource-proxy", kz_with("principal", "principal-resource-proxy")),
+    ];
+    for (what, docs) in &on {
+        assert_eq!(param(docs, "principal.resource-proxy.enable").as_deref(), Some("true"), "{what}");
+        assert_eq!(
+            resource_proxy_port(docs),
+            Some(json!({"name": "resource-proxy", "containerPort": 9090, "protocol": "TCP"})),
+            "{what}: the container port"
+        );
+        let svc = find(docs, "Service", SERVICE).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        assert_eq!(svc["metadata"]["namespace"], "argocd", "{what}: {SERVICE}'s namespace");
+        assert_eq!(
+            svc["spec"]["ports"],
+            json!([{"name": "resource-proxy", "port": 9090, "targetPort": "resource-proxy", "protocol": "TCP"}]),
+            "{what}: {SERVICE}'s ports"
+        );
+        let d = find(docs, "Deployment", PRINCIPAL_CHART).expect("deployment");
+        for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
+            assert_eq!(
+                &d["spec"]["template"]["metadata"]["labels"][k], v,
+                "{what}: {SERVICE} does not select the principal"
+            );
+        }
+    }
+
+    // The chart's values reach the binary's variables, resolved as the kubelet does; the
+    // container port follows the listen address, and upstream's resourceProxyAddress is honoured.
+    let docs = helm(
+        PRINCIPAL_CHART,
+        json!({"principal": {"resourceProxy": {
+            "enabled": true, "secretName": "rp-tls", "ca": {"secretName": "rp-ca"},
+            "listenAddress": "127.0.0.1:9191", "address": "rp.hub.example:443", "timeout": "10s", "maxInFlight": 8,
+        }}}),
+    );
+    let cm = find(&docs, "ConfigMap", "argocd-agent-params").expect("params").clone();
+    let env = container_env(find(&docs, "Deployment", PRINCIPAL_CHART).expect("deployment"), &[cm]).expect("env");
+    for (var, want) in [
+        ("ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", "true"),
+        ("ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME", "rp-tls"),
+        ("ARGOCD_PRINCIPAL_RESOURCE_PROXY_CA_SECRET_NAME", "rp-ca"),
+        ("ARGOCD_PRINCIPAL_RESOURCE_PROXY_LISTEN_ADDRESS", "127.0.0.1:9191"),
+        ("ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS", "rp.hub.example:443"),
+        ("ARGOCD_PRINCIPAL_RESOURCE_PROXY_TIMEOUT", "10s"),
+        ("ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_IN_FLIGHT", "8"),
+    ] {
+        assert_eq!(env.get(var).map(String::as_str), Some(want), "{var}");
+    }
+    assert!(!env.contains_key("ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CERT_PATH"), "an empty value sets no variable");
+    assert_eq!(resource_proxy_port(&docs).expect("port")["containerPort"], 9191, "the port of listenAddress");
+    let docs = helm(PRINCIPAL_CHART, json!({"principal": {"resourceProxyAddress": "upstream.example:9090"}}));
+    assert_eq!(param(&docs, "principal.resource-proxy.address").as_deref(), Some("upstream.example:9090"));
+    let bad = try_helm_template(
+        PRINCIPAL_CHART,
+        "argocd",
+        &json!({"principal": {"resourceProxy": {"enabled": true, "listenAddress": "nowhere"}}}),
+    )
+    .expect("helm");
+    assert!(!bad.ok && bad.stderr.contains("principal.resourceProxy.listenAddress"), "{}", bad.stderr);
+
+    // The agents: off by default, saying so (each proxied request is then answered 403
+    // "disabled" instead of failing on RBAC); on with the value or the component.
+    for (what, docs, want) in [
+        ("helm agent (defaults)", helm(AGENT_CHART, json!({"server": "p"})), "false"),
+        (
+            "helm agent (enableResourceProxy)",
+            helm(AGENT_CHART, json!({"server": "p", "enableResourceProxy": true})),
+            "true",
+        ),
+        ("kustomize agent-managed", kz("agent-managed"), "false"),
+        ("kustomize agent-autonomous", kz("agent-autonomous"), "false"),
+        (
+            "kustomize agent-managed + components/agent-resource-proxy",
+            kz_with("agent-managed", "agent-resource-proxy"),
+            "true",
+        ),
+    ] {
+        assert_eq!(param(&docs, "agent.resource-proxy.enable").as_deref(), Some(want), "{what}");
     }
 }
 
@@ -397,6 +610,10 @@ fn upstream_principal_params() -> Vec<(&'static str, &'static str)> {
         ("principal.tls.server.root-ca-path", ""),
         ("principal.tls.client-cert.match-subject", "false"),
         ("principal.resource-proxy.secret-name", "argocd-agent-resource-proxy-tls"),
+        ("principal.resource-proxy.tls.cert-path", ""),
+        ("principal.resource-proxy.tls.key-path", ""),
+        ("principal.resource-proxy.ca.secret-name", "argocd-agent-ca"),
+        ("principal.resource-proxy.ca.path", ""),
         ("principal.jwt.allow-generate", "false"),
         ("principal.jwt.secret-name", "argocd-agent-jwt"),
         ("principal.jwt.key-path", ""),
@@ -449,13 +666,7 @@ fn upstream_agent_params() -> Vec<(&'static str, &'static str)> {
 /// of features missing here, which upstream sets by default. Empty values stay: they read as
 /// unset, as upstream's env helpers read them.
 fn migration_edits(keys: &[(&'static str, &'static str)]) -> BTreeMap<&'static str, &'static str> {
-    let drop_keys = [
-        "principal.resource-proxy.enable",
-        "principal.redis.server.address",
-        "principal.keep-alive.min-interval",
-        "agent.resource-proxy.enable",
-        "agent.redis.address",
-    ];
+    let drop_keys = ["principal.redis.server.address", "principal.keep-alive.min-interval", "agent.redis.address"];
     keys.iter().filter(|(k, _)| !drop_keys.contains(k)).map(|(k, v)| (*k, *v)).collect()
 }
 
@@ -673,6 +884,18 @@ async fn every_rendering_and_overlay_passes_server_side_dry_run() {
         );
         checked.push(format!("kustomize {overlay}: {}", docs.len()));
     }
+    for (base, component) in [
+        ("principal", "principal-resource-proxy"),
+        ("principal", "principal-namespace-create"),
+        ("agent-managed", "agent-resource-proxy"),
+    ] {
+        let yaml = kustomize_with_components(base, &[component]).expect("kustomize");
+        let name = format!("kustomize-{base}-{component}");
+        let out = dry_run_server(&cluster, &name, &yaml).unwrap_or_else(|e| panic!("{e:#}"));
+        let docs = documents(&yaml).expect("parse");
+        assert_eq!(out.matches("(server dry run)").count(), docs.len(), "{name}: not every object:\n{out}");
+        checked.push(format!("{name}: {}", docs.len()));
+    }
     // The dry-run refuses what the server would: a sanity check that it validates at all.
     let bad = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: x, namespace: argocd}\nspec: {action: NOT_AN_ACTION}\n";
     assert!(dry_run_server(&cluster, "bad", bad).is_err(), "the server accepted an invalid AuthorizationPolicy");
@@ -770,6 +993,30 @@ fn merged_kubeconfig(dir: &Path, hub: &RealCluster, spoke: &RealCluster) -> Path
     path
 }
 
+/// A kubeconfig from agent `agent`'s cluster secret on the hub (namespace argocd), as Argo CD
+/// reads it: `server` and `config.tlsClientConfig`.
+async fn cluster_secret_kubeconfig(hub: &RealCluster, agent: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(hub.client(), "argocd");
+    let data = secrets.get(&format!("cluster-{agent}")).await?.data.context("cluster secret without data")?;
+    let text = |k: &str| -> anyhow::Result<String> {
+        Ok(String::from_utf8(data.get(k).with_context(|| format!("no {k}"))?.0.clone())?)
+    };
+    let config: Value = serde_json::from_str(&text("config")?)?;
+    let tls = &config["tlsClientConfig"];
+    let kubeconfig = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": agent, "cluster": {
+            "server": text("server")?, "certificate-authority-data": tls["caData"]}}],
+        "users": [{"name": agent, "user": {
+            "client-certificate-data": tls["certData"], "client-key-data": tls["keyData"]}}],
+        "contexts": [{"name": agent, "context": {"cluster": agent, "user": agent}}],
+        "current-context": agent,
+    });
+    let path = dir.join(format!("{agent}-cluster.kubeconfig"));
+    std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
+    Ok(path)
+}
+
 async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     tests::http::get(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), path).await.ok()
 }
@@ -777,7 +1024,7 @@ async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
     const START: Duration = Duration::from_secs(90);
-    let (grpc, metrics, healthz) = (free_port(), free_port(), free_port());
+    let (grpc, metrics, healthz, resource_proxy) = (free_port(), free_port(), free_port(), free_port());
     let principal_values = json!({
         "principal": {
             "listen": {"host": "127.0.0.1", "port": grpc},
@@ -785,6 +1032,7 @@ async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
             "healthz": {"port": healthz},
             "allowedNamespaces": "agent-*",
             "log": {"level": "warn,cli=info", "format": "json"},
+            "resourceProxy": {"enabled": true, "listenAddress": format!("127.0.0.1:{resource_proxy}")},
         },
     });
     let hub = control_plane().await;
@@ -795,9 +1043,12 @@ async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
         [("agent-managed", "argocd", "managed"), ("agent-autonomous", "argocd-autonomous", "autonomous")]
     {
         let (m, h) = (free_port(), free_port());
+        // The resource proxy on the managed agent only (both share the spoke, and the chart's
+        // ClusterRoles are named after the release's full name).
         let values = json!({
             "server": "127.0.0.1", "serverPort": grpc.to_string(), "agentMode": mode,
             "metricsPort": m.to_string(), "healthzPort": h.to_string(), "logLevel": "info,agent=debug",
+            "enableResourceProxy": mode == "managed",
         });
         let docs = install(&spoke, AGENT_CHART, ns, &values).await;
         agents.push((agent, ns, mode, h, m, docs));
@@ -812,6 +1063,8 @@ async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
         &["pki", "issue", "principal", "--ip", "127.0.0.1", "--dns", "localhost", "--key-algorithm", "ecdsa-p256"],
     )
     .expect("pki issue principal");
+    ctl(&kc, &["pki", "issue", "resource-proxy", "--ip", "127.0.0.1", "--key-algorithm", "ecdsa-p256"])
+        .expect("pki issue resource-proxy");
     ctl(&kc, &["jwt", "create-key"]).expect("jwt create-key");
     for (agent, ns, ..) in &agents {
         hub.ensure_namespace(agent).await.expect("hub namespace of the agent");
@@ -846,6 +1099,16 @@ async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", principal.log_tail(40)));
     // principal.listen.host and .port took effect.
     assert_eq!(addr, format!("127.0.0.1:{grpc}"), "principal.listen.*");
+    // principal.resourceProxy.enabled and .listenAddress too.
+    let proxy = wait_for(START, "the resource proxy to listen", || {
+        principal.ensure_running()?;
+        Ok(principal
+            .stdout()
+            .lines()
+            .find_map(|l| l.strip_prefix("resource proxy listening on ").map(|a| a.trim().to_string())))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", principal.log_tail(40)));
+    assert_eq!(proxy, format!("127.0.0.1:{resource_proxy}"), "principal.resourceProxy.listenAddress");
     // principal.healthz.port: 200 once its watchers listed the hub, under its RBAC.
     tests::wait_until_async(START, "the principal's /healthz on principal.healthz.port", || async {
         matches!(http_get(healthz, "/healthz").await, Some((200, _)))
@@ -919,6 +1182,41 @@ async fn helm_install_runs_both_modes_under_its_own_rbac_and_params() {
     )
     .await
     .expect("autonomous mode");
+
+    // The resource proxy, as the hub's Argo CD uses it: kubectl with the cluster secret
+    // `argocd-agentctl agent create` writes reads a tracked object outside the managed agent's
+    // namespace (the chart's ClusterRoles: its Role covers its namespace only); the autonomous
+    // agent, installed with the default enableResourceProxy=false, answers that it is disabled.
+    spoke.ensure_namespace("guestbook").await.expect("namespace guestbook");
+    let tracking = json!({"argocd.argoproj.io/tracking-id": "guestbook:/ConfigMap:guestbook/tracked"});
+    let tracked: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "tracked", "annotations": tracking}})).expect("configmap");
+    Api::namespaced(spoke.client(), "guestbook").create(&PostParams::default(), &tracked).await.expect("create");
+    for (agent, ..) in &agents {
+        ctl(&kc, &["agent", "create", agent, "--resource-proxy-server", &proxy]).expect("agent create");
+    }
+    let kubectl = |agent: &'static str| {
+        let dir = dir.path();
+        let hub = &hub;
+        async move {
+            Kubectl::new(&cluster_secret_kubeconfig(hub, agent, dir).await.expect("cluster secret")).expect("kubectl")
+        }
+    };
+    let got = kubectl("agent-managed")
+        .await
+        .ok(["get", "configmap", "tracked", "-n", "guestbook", "-o", "name"])
+        .await
+        .unwrap_or_else(|e| panic!("through the resource proxy: {e:#}\n{}", logs()));
+    assert_eq!(got.trim(), "configmap/tracked");
+    let refused = kubectl("agent-autonomous")
+        .await
+        .fails(["get", "--raw", "/api/v1/namespaces/guestbook/configmaps/tracked"])
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        refused.stderr.contains("Forbidden") && refused.stderr.contains("resource proxy is disabled"),
+        "enableResourceProxy=false: {refused}"
+    );
 
     for mut p in running {
         p.sigterm_and_wait_async(Duration::from_secs(20)).await.expect("agent stops");

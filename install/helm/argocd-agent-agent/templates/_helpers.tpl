@@ -82,7 +82,6 @@ agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
 {{- if ne (toString $v.tlsClientInSecure) "false" }}{{ $bad = append $bad "tlsClientInSecure" }}{{ end -}}
 {{- if $v.enableWebSocket }}{{ $bad = append $bad "enableWebSocket" }}{{ end -}}
 {{- if not (has (toString $v.pprofPort) (list "" "0")) }}{{ $bad = append $bad "pprofPort" }}{{ end -}}
-{{- if $v.enableResourceProxy }}{{ $bad = append $bad "enableResourceProxy" }}{{ end -}}
 {{- if not (has (toString $v.redisAddress) (list "" "argocd-redis:6379")) }}{{ $bad = append $bad "redisAddress" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $v.auth) }}{{ $bad = append $bad "auth userpass:" }}{{ end -}}
 {{- if $bad -}}

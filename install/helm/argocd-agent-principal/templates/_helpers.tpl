@@ -76,6 +76,15 @@ principal.jwt.key-path=ARGOCD_PRINCIPAL_JWT_KEY_PATH
 principal.auth=ARGOCD_PRINCIPAL_AUTH
 principal.websocket.enable=ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET
 principal.resource-proxy.enable=ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY
+principal.resource-proxy.secret-name=ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME
+principal.resource-proxy.tls.cert-path=ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CERT_PATH
+principal.resource-proxy.tls.key-path=ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_KEY_PATH
+principal.resource-proxy.ca.secret-name=ARGOCD_PRINCIPAL_RESOURCE_PROXY_CA_SECRET_NAME
+principal.resource-proxy.ca.path=ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CA_PATH
+principal.resource-proxy.address=ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS
+principal.resource-proxy.listen-address=ARGOCD_PRINCIPAL_RESOURCE_PROXY_LISTEN_ADDRESS
+principal.resource-proxy.timeout=ARGOCD_PRINCIPAL_RESOURCE_PROXY_TIMEOUT
+principal.resource-proxy.max-in-flight=ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_IN_FLIGHT
 principal.keep-alive.min-interval=ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL
 principal.pprof.port=ARGOCD_PRINCIPAL_PPROF_PORT
 principal.redis.server.address=ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS
@@ -100,7 +109,6 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- if $p.tls.clientCert.require }}{{ $bad = append $bad "principal.tls.clientCert.require" }}{{ end -}}
 {{- if $p.tls.clientCert.matchSubject }}{{ $bad = append $bad "principal.tls.clientCert.matchSubject" }}{{ end -}}
 {{- if $p.redisProxy.enabled }}{{ $bad = append $bad "principal.redisProxy.enabled" }}{{ end -}}
-{{- if $p.resourceProxy.enabled }}{{ $bad = append $bad "principal.resourceProxy.enabled" }}{{ end -}}
 {{- if $p.websocket.enable }}{{ $bad = append $bad "principal.websocket.enable" }}{{ end -}}
 {{- if not (has (toString $p.keepAlive.minInterval) (list "" "0" "0s")) }}{{ $bad = append $bad "principal.keepAlive.minInterval" }}{{ end -}}
 {{- if not (has (toString $p.pprof.port) (list "" "0")) }}{{ $bad = append $bad "principal.pprof.port" }}{{ end -}}
@@ -109,6 +117,16 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- if $bad -}}
 {{- fail (printf "argocd-agent-rs does not support these yet: %s. Reset them to their defaults (docs/install.md, \"Migrating from upstream's chart\")." (join ", " $bad)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The resource proxy's container port: the port of principal.resourceProxy.listenAddress. */}}
+{{- define "argocd-agent-principal.resourceProxyPort" -}}
+{{- $listen := toString .Values.principal.resourceProxy.listenAddress -}}
+{{- $port := regexFind "[0-9]+$" $listen -}}
+{{- if not $port -}}
+{{- fail (printf "principal.resourceProxy.listenAddress %q: expected HOST:PORT" $listen) -}}
+{{- end -}}
+{{- $port -}}
 {{- end -}}
 
 {{- define "argocd-agent-principal.image" -}}

@@ -1,0 +1,144 @@
+//! Live resources through the resource proxy beside the same reads made directly against the
+//! agent's API server, in the same run.
+//!
+//! One topology: a spawned principal serving the resource proxy and one managed agent, embedded
+//! hub and spoke API servers, mTLS everywhere. The client is kube-rs with the cluster secret's
+//! credentials (what the hub's Argo CD uses) for "proxy", and the spoke's admin kubeconfig for
+//! "direct". Each round reads one tracked ConfigMap N times, sequentially (latency) and from 8
+//! tasks at once (throughput), alternating "direct" and "proxy" so load from other processes
+//! falls on both. A proxied read is: TLS to the proxy, an event to the agent over its stream,
+//! the agent's managed check (one GET) and its read (the GET the answer carries), the answer back.
+//!
+//! Run: `cargo build --release -p cli && cargo bench -p tests --bench live` (sizes: BENCH_LIVE_N,
+//! BENCH_LIVE_ROUNDS; BENCH_QUICK=1 for a smoke run). Figures are printed, never asserted.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tests::bench::{AGENT, env, percentile};
+use tests::topology::{Mode, StartOptions, Topology, ensure_namespace};
+
+type Res<T> = anyhow::Result<T>;
+
+const CONCURRENCY: usize = 8;
+
+async fn client_from(path: &std::path::Path, strip_query: bool) -> Res<kube::Client> {
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    if strip_query {
+        // The `?agentName=` of the cluster secret's server URL is informational (the proxy
+        // routes by credentials); kube-rs would append paths after it.
+        for c in &mut kubeconfig.clusters {
+            if let Some(cluster) = c.cluster.as_mut()
+                && let Some(server) = cluster.server.as_mut()
+            {
+                *server = server.split('?').next().unwrap_or_default().to_owned();
+            }
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Per-request latencies of `n` sequential reads, and the wall time of `n` reads from
+/// [`CONCURRENCY`] tasks.
+async fn measure(api: &Api<ConfigMap>, n: usize) -> Res<(Vec<Duration>, Duration)> {
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        api.get("ui").await?;
+        lat.push(t.elapsed());
+    }
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..CONCURRENCY {
+        let api = api.clone();
+        let share = n / CONCURRENCY + usize::from(w < n % CONCURRENCY);
+        tasks.spawn(async move {
+            for _ in 0..share {
+                api.get("ui").await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok((lat, started.elapsed()))
+}
+
+#[derive(Default)]
+struct Totals {
+    lat: Vec<Duration>,
+    wall: Duration,
+    reads: usize,
+}
+
+impl Totals {
+    fn add(&mut self, (lat, wall): (Vec<Duration>, Duration), n: usize) {
+        self.lat.extend(lat);
+        self.wall += wall;
+        self.reads += n;
+    }
+
+    fn line(&mut self, name: &str) -> (Duration, f64) {
+        self.lat.sort();
+        let p50 = percentile(&self.lat, 0.50);
+        let rate = self.reads as f64 / self.wall.as_secs_f64().max(1e-9);
+        println!(
+            "{name:>7}: p50 {:>8.2?}  p99 {:>8.2?}  max {:>8.2?}  ({} sequential reads)  {rate:>7.0} reads/s from {CONCURRENCY} tasks",
+            p50,
+            percentile(&self.lat, 0.99),
+            self.lat.last().copied().unwrap_or_default(),
+            self.lat.len(),
+        );
+        (p50, rate)
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let n = env("BENCH_LIVE_N", if quick { 20 } else { 400 });
+    let rounds = env("BENCH_LIVE_ROUNDS", if quick { 1 } else { 5 });
+    let options = StartOptions { resource_proxy: true, ..StartOptions::default() };
+    let t = Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?;
+    let proxy_addr = t.resource_proxy_addr().context("the resource proxy")?;
+    t.ctl(&["agent", "create", AGENT, "--resource-proxy-server", &proxy_addr.to_string()])?;
+    let scratch = tempfile::tempdir()?;
+    let spoke = t.spoke(AGENT)?;
+    ensure_namespace(&spoke, "guestbook").await?;
+    let direct: Api<ConfigMap> = Api::namespaced(spoke, "guestbook");
+    direct
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "ui",
+                "annotations": {"argocd.argoproj.io/tracking-id": "gb:/ConfigMap:guestbook/ui"}},
+                "data": {"k": "v".repeat(512)}}))?,
+        )
+        .await?;
+    let proxied: Api<ConfigMap> = Api::namespaced(
+        client_from(&tests::live::cluster_kubeconfig(&t, AGENT, scratch.path()).await?, true).await?,
+        "guestbook",
+    );
+    // Warm both (TLS sessions, the agent's first discovery).
+    measure(&direct, 5).await?;
+    measure(&proxied, 5).await?;
+
+    println!("live resources: {rounds} rounds x {n} reads of one ConfigMap, direct and through the proxy, alternating");
+    let (mut d, mut p) = (Totals::default(), Totals::default());
+    for _ in 0..rounds {
+        d.add(measure(&direct, n).await?, n);
+        p.add(measure(&proxied, n).await?, n);
+    }
+    let (dp50, drate) = d.line("direct");
+    let (pp50, prate) = p.line("proxy");
+    println!(
+        "  proxy / direct: p50 latency x{:.2}, throughput x{:.2}",
+        pp50.as_secs_f64() / dp50.as_secs_f64().max(1e-9),
+        prate / drate.max(1e-9)
+    );
+    Ok(())
+}
