@@ -52,6 +52,7 @@ fn once_converges_and_leaves_no_process_behind() -> Result<()> {
     ensure!(status.success(), "quickstart --once failed ({status}):\n{}", qs.log_tail(60));
     let out = qs.stdout();
     assert!(out.contains("every demo Application reached the other side with status"), "{out}");
+    assert!(out.contains("read from the managed spoke through the resource proxy"), "{out}");
     for row in
         ["agent-managed/guestbook", "agent-autonomous/helm-guestbook", "argocd/guestbook", "argocd/helm-guestbook"]
     {

@@ -65,10 +65,19 @@ impl ChildProc {
             let stdout = child.stdout.take().context("stdout")?;
             let mut lines = BufReader::new(stdout).lines();
             let wait = async {
+                // Lines before the awaited one go to the log too (the principal announces its
+                // resource proxy first).
+                let mut before = String::new();
                 while let Some(line) = lines.next_line().await? {
                     if let Some(rest) = line.strip_prefix(prefix) {
+                        let mut f = tokio::fs::OpenOptions::new().append(true).open(log).await?;
+                        f.write_all(format!("{before}{line}\n").as_bytes()).await?;
+                        // tokio's File hands writes to a blocking thread: flush before anyone reads.
+                        f.flush().await?;
                         return Ok::<_, std::io::Error>(Some(rest.trim().to_string()));
                     }
+                    before.push_str(&line);
+                    before.push('\n');
                 }
                 Ok(None)
             };

@@ -7,6 +7,7 @@
 
 mod children;
 mod controller;
+mod live;
 mod table;
 
 use std::path::PathBuf;
@@ -235,6 +236,20 @@ impl Quickstart {
             ])
             .await?;
         }
+        if !secret_exists(&hub_c, "argocd-agent-resource-proxy-tls").await? {
+            self.ctl(&[
+                "--principal-context",
+                HUB,
+                "pki",
+                "issue",
+                "resource-proxy",
+                "--ip",
+                "127.0.0.1",
+                "--key-algorithm",
+                "ecdsa-p256",
+            ])
+            .await?;
+        }
         if !secret_exists(&hub_c, "argocd-agent-jwt").await? {
             self.ctl(&["--principal-context", HUB, "jwt", "create-key"]).await?;
         }
@@ -284,6 +299,8 @@ impl Quickstart {
             "127.0.0.1:0",
             "--healthz-address",
             "127.0.0.1:0",
+            "--resource-proxy-listen-address",
+            "127.0.0.1:0",
         ]
         .iter()
         .map(|s| (*s).to_string())
@@ -299,6 +316,19 @@ impl Quickstart {
         let addr = addr.context("the principal did not report its address")?;
         let port = addr.rsplit(':').next().context("principal address")?.to_string();
         println!("  principal listening on {addr} (mTLS, --auth mtls:subject:CN=([^,]+))");
+        let proxy = live::proxy_addr(&self.log("principal"))?;
+        // The managed agent's cluster secret, as the hub's Argo CD would use it (rewritten for
+        // this run's proxy port when an earlier run left one).
+        let verb =
+            if secret_exists(&hub_c, &format!("cluster-{MANAGED_AGENT}")).await? { "reconfigure" } else { "create" };
+        self.ctl(&["--principal-context", HUB, "agent", verb, MANAGED_AGENT, "--resource-proxy-server", &proxy])
+            .await?;
+        live::demo_object(&managed_c).await?;
+        let live_kubeconfig =
+            live::kubeconfig(&hub_c, ARGOCD_NS, MANAGED_AGENT, &self.dir.join("live-agent-managed.kubeconfig")).await?;
+        println!(
+            "  resource proxy on {proxy}: the {MANAGED_AGENT} cluster secret (argocd-agentctl agent create) reaches it"
+        );
 
         for (agent, mode, context) in
             [(MANAGED_AGENT, "managed", MANAGED), (AUTONOMOUS_AGENT, "autonomous", AUTONOMOUS)]
@@ -358,11 +388,28 @@ impl Quickstart {
         println!();
         println!("Try: kubectl --kubeconfig {kc} --context hub apply -f <an Application in namespace {MANAGED_AGENT}>");
         println!("     kubectl --kubeconfig {kc} --context managed get applications -n argocd --watch");
+        println!(
+            "Live resources (the hub's view of a spoke, through the principal): kubectl --kubeconfig {} get configmap {} -n {} -o yaml",
+            live_kubeconfig.display(),
+            live::DEMO_NAME,
+            live::DEMO_NS
+        );
         println!("Logs: {}", self.dir.join("logs").display());
         println!();
 
         let clients = Clusters { hub: hub_c, managed: managed_c, autonomous: autonomous_c };
-        if self.args.once { self.wait_converged(&clients).await } else { self.live_table(&clients).await }
+        if self.args.once {
+            self.wait_converged(&clients).await?;
+            live::read_through_proxy(&live_kubeconfig).await?;
+            println!(
+                "quickstart: {}/{} read from the managed spoke through the resource proxy",
+                live::DEMO_NS,
+                live::DEMO_NAME
+            );
+            Ok(())
+        } else {
+            self.live_table(&clients).await
+        }
     }
 
     fn check_children(&mut self) -> anyhow::Result<()> {
