@@ -7,9 +7,13 @@
 //!   kube-apiserver with Istio's and the Prometheus Operator's CRDs installed;
 //! - the RBAC both renderings produce is the RBAC in `install/rbac/`, which every realkube
 //!   end-to-end test runs the principal and agents under, with and without the optional
-//!   features (destination-based mapping, the resource proxy, namespace creation);
+//!   features (destination-based mapping, the resource proxy, namespace creation,
+//!   self-registration);
 //! - the resource proxy is opt-in in both charts and in kustomize, and turned on renders the same
 //!   Service, container port and parameters either way;
+//! - self-registration is opt-in in the principal chart and in kustomize, renders the same
+//!   parameters and grant either way, and is refused without the resource proxy (by the chart
+//!   when rendering, by the binary at start);
 //! - the argocd-agent-params mapping is the same in the chart and in kustomize, and every
 //!   environment variable it sets is one `argocd-agent` reads;
 //! - upstream's default argocd-agent-params ConfigMap, with the edits docs/install.md lists,
@@ -71,6 +75,7 @@ fn chart_renderings() -> Vec<(&'static str, &'static str, &'static str, Value)> 
                         "timeout": "10s",
                         "maxInFlight": 16,
                     },
+                    "selfRegistration": {"enabled": true, "clientCertSecret": "hub-self-registration-client"},
                 },
                 "service": {"type": "ClusterIP", "port": 8443, "annotations": {"example.com/x": "z"}},
                 "image": {"repository": "registry.invalid/argocd-agent-rs", "tag": "v9", "pullPolicy": "Always"},
@@ -197,6 +202,8 @@ fn charts_lint_strict_and_render_with_default_and_non_default_values() {
         ("ConfigMap", "argocd-agent-principal-dashboard"),
         ("ClusterRole", "argocd-agent-principal-namespace-create"),
         ("Service", "argocd-agent-resource-proxy"),
+        ("Role", "argocd-agent-principal-self-registration"),
+        ("RoleBinding", "argocd-agent-principal-self-registration"),
     ] {
         find(&on, kind, name).unwrap_or_else(|e| panic!("everything-on: {e}"));
         assert!(find(&off, kind, name).is_err(), "defaults render {kind} {name}, which is optional");
@@ -385,6 +392,28 @@ fn rendered_rbac_is_the_rbac_the_end_to_end_tests_run_under() {
         &with_components("principal", "principal-namespace-create"),
         &with_ns_create,
     );
+    // Self-registration adds its own Role (Secrets create, update); it needs the proxy on.
+    let mut with_self_registration = principal.clone();
+    with_self_registration.extend(read_rbac("principal-self-registration.yaml"));
+    assert_same_rbac(
+        "helm principal (resourceProxy.enabled, selfRegistration.enabled)",
+        &render(
+            PRINCIPAL_CHART,
+            json!({"principal": {"resourceProxy": {"enabled": true}, "selfRegistration": {"enabled": true}}}),
+        ),
+        &with_self_registration,
+    );
+    assert_same_rbac(
+        "kustomize principal + components/principal-resource-proxy, principal-self-registration",
+        &rbac_objects(
+            &documents(
+                &kustomize_with_components("principal", &["principal-resource-proxy", "principal-self-registration"])
+                    .expect("kustomize"),
+            )
+            .expect("parse"),
+        ),
+        &with_self_registration,
+    );
 
     // The mesh and SPIRE overlays only rename the agent's ServiceAccount (its SPIFFE ID names the
     // agent) and the principal's overlays add nothing: same rules.
@@ -520,6 +549,115 @@ fn resource_proxy_is_opt_in_and_renders_alike_in_the_charts_and_kustomize() {
     ] {
         assert_eq!(param(&docs, "agent.resource-proxy.enable").as_deref(), Some(want), "{what}");
     }
+}
+
+// === Self-registration ===
+
+/// The data of the rendering's argocd-agent-params ConfigMap, with the metrics and health ports
+/// off: the binary is started while other tests start it too.
+fn params_data(docs: &[Value]) -> BTreeMap<String, String> {
+    let cm = find(docs, "ConfigMap", "argocd-agent-params").unwrap_or_else(|e| panic!("{e:#}"));
+    let mut data: BTreeMap<String, String> = cm["data"]
+        .as_object()
+        .unwrap_or_else(|| panic!("argocd-agent-params without data"))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_else(|| panic!("{k}: not a string")).to_string()))
+        .collect();
+    for key in ["principal.metrics.port", "principal.healthz.port"] {
+        data.insert(key.to_string(), "0".to_string());
+    }
+    data
+}
+
+/// What `argocd-agent principal` says when started from the rendering's Deployment and params.
+fn principal_says(docs: &[Value]) -> String {
+    let data = params_data(docs);
+    let data: BTreeMap<&str, &str> = data.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let deployment = find(docs, "Deployment", PRINCIPAL_CHART).unwrap_or_else(|e| panic!("{e:#}"));
+    check_settings("principal", deployment, &data)
+}
+
+#[test]
+fn self_registration_is_opt_in_needs_the_resource_proxy_and_renders_alike_in_the_chart_and_kustomize() {
+    const ROLE: &str = "argocd-agent-principal-self-registration";
+    const SECRET: &str = "argocd-agent-self-registration-client";
+    let helm = |values: Value| -> Vec<Value> {
+        documents(&helm_template(PRINCIPAL_CHART, "argocd", &values).expect("render")).expect("parse")
+    };
+    let kz_with = |components: &[&str]| {
+        documents(&kustomize_with_components("principal", components).expect("kustomize")).expect("parse")
+    };
+    let both = json!({"principal": {"resourceProxy": {"enabled": true}, "selfRegistration": {"enabled": true}}});
+
+    // Off by default, saying so; no Secret named, no grant. The resource proxy alone leaves it off.
+    for (what, docs) in [
+        ("helm principal (defaults)", helm(json!({}))),
+        ("helm principal (resourceProxy.enabled)", helm(json!({"principal": {"resourceProxy": {"enabled": true}}}))),
+        ("kustomize principal", documents(&kustomize("principal").expect("kustomize")).expect("parse")),
+        ("kustomize principal + components/principal-resource-proxy", kz_with(&["principal-resource-proxy"])),
+    ] {
+        assert_eq!(param(&docs, "principal.self-registration.enabled").as_deref(), Some("false"), "{what}");
+        assert_eq!(param(&docs, "principal.self-registration.client-cert-secret"), None, "{what}");
+        for kind in ["Role", "RoleBinding"] {
+            assert!(find(&docs, kind, ROLE).is_err(), "{what}: the {kind} {ROLE} by default");
+        }
+    }
+
+    // On, with the resource proxy: the same parameters either way, resolved to the binary's
+    // variables as the kubelet does, the grant, and a binary that takes them all (on to the
+    // missing cluster, where it would read the client certificate's Secret).
+    for (what, docs) in [
+        ("helm principal (resourceProxy.enabled, selfRegistration.enabled)", helm(both.clone())),
+        (
+            "kustomize principal + components/principal-resource-proxy, principal-self-registration",
+            kz_with(&["principal-resource-proxy", "principal-self-registration"]),
+        ),
+    ] {
+        let cm = find(&docs, "ConfigMap", "argocd-agent-params").expect("params").clone();
+        let env = container_env(find(&docs, "Deployment", PRINCIPAL_CHART).expect("deployment"), &[cm]).expect("env");
+        for (var, want) in [
+            ("ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", "true"),
+            ("ARGOCD_PRINCIPAL_SELF_REGISTRATION_CLIENT_CERT_SECRET", SECRET),
+            ("ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", "true"),
+        ] {
+            assert_eq!(env.get(var).map(String::as_str), Some(want), "{what}: {var}");
+        }
+        for kind in ["Role", "RoleBinding"] {
+            let o = find(&docs, kind, ROLE).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+            assert_eq!(o["metadata"]["namespace"], "argocd", "{what}: {kind} {ROLE} outside the principal's namespace");
+        }
+        let said = principal_says(&docs);
+        assert!(!said.contains("error: --") && !said.contains("not supported yet"), "{what}: {said}");
+        assert!(said.contains("/nonexistent/kubeconfig"), "{what}: stopped before reaching the cluster: {said}");
+    }
+    let docs = helm(json!({"principal": {"resourceProxy": {"enabled": true},
+                                         "selfRegistration": {"enabled": true, "clientCertSecret": "mine"}}}));
+    assert_eq!(param(&docs, "principal.self-registration.client-cert-secret").as_deref(), Some("mine"));
+
+    // Without the resource proxy: the chart refuses to render, naming the value; kustomize cannot
+    // refuse, so the component alone gives a principal that refuses to start, saying why.
+    let out =
+        try_helm_template(PRINCIPAL_CHART, "argocd", &json!({"principal": {"selfRegistration": {"enabled": true}}}))
+            .expect("helm");
+    assert!(!out.ok, "selfRegistration without the resource proxy rendered");
+    assert!(
+        out.stderr.contains("principal.selfRegistration.enabled needs principal.resourceProxy.enabled=true"),
+        "the error does not say what is missing:\n{}",
+        out.stderr
+    );
+    let out = try_helm_template(
+        PRINCIPAL_CHART,
+        "argocd",
+        &json!({"principal": {"resourceProxy": {"enabled": true}, "selfRegistration": {"enabled": true, "clientCertSecret": ""}}}),
+    )
+    .expect("helm");
+    assert!(!out.ok && out.stderr.contains("principal.selfRegistration.clientCertSecret"), "{}", out.stderr);
+    let said = principal_says(&kz_with(&["principal-self-registration"]));
+    assert!(
+        said.contains("--enable-self-cluster-registration needs the resource proxy")
+            && !said.contains("/nonexistent/kubeconfig"),
+        "kustomize principal + components/principal-self-registration alone: {said}"
+    );
 }
 
 // === The argocd-agent-params mapping ===
@@ -884,13 +1022,14 @@ async fn every_rendering_and_overlay_passes_server_side_dry_run() {
         );
         checked.push(format!("kustomize {overlay}: {}", docs.len()));
     }
-    for (base, component) in [
-        ("principal", "principal-resource-proxy"),
-        ("principal", "principal-namespace-create"),
-        ("agent-managed", "agent-resource-proxy"),
+    for (base, components) in [
+        ("principal", &["principal-resource-proxy"][..]),
+        ("principal", &["principal-namespace-create"]),
+        ("principal", &["principal-resource-proxy", "principal-self-registration"]),
+        ("agent-managed", &["agent-resource-proxy"]),
     ] {
-        let yaml = kustomize_with_components(base, &[component]).expect("kustomize");
-        let name = format!("kustomize-{base}-{component}");
+        let yaml = kustomize_with_components(base, components).expect("kustomize");
+        let name = format!("kustomize-{base}-{}", components.join("-"));
         let out = dry_run_server(&cluster, &name, &yaml).unwrap_or_else(|e| panic!("{e:#}"));
         let docs = documents(&yaml).expect("parse");
         assert_eq!(out.matches("(server dry run)").count(), docs.len(), "{name}: not every object:\n{out}");

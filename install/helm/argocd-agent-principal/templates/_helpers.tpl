@@ -92,6 +92,7 @@ principal.destination-based-mapping=ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING
 principal.label-selector=ARGOCD_PRINCIPAL_LABEL_SELECTOR
 principal.event-processors=ARGOCD_PRINCIPAL_EVENT_PROCESSORS
 principal.self-registration.enabled=ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION
+principal.self-registration.client-cert-secret=ARGOCD_PRINCIPAL_SELF_REGISTRATION_CLIENT_CERT_SECRET
 principal.agent-version-check=ARGOCD_PRINCIPAL_AGENT_VERSION_CHECK
 principal.otlp.address=ARGOCD_PRINCIPAL_OTLP_ADDRESS
 {{- end -}}
@@ -112,10 +113,27 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- if $p.websocket.enable }}{{ $bad = append $bad "principal.websocket.enable" }}{{ end -}}
 {{- if not (has (toString $p.keepAlive.minInterval) (list "" "0" "0s")) }}{{ $bad = append $bad "principal.keepAlive.minInterval" }}{{ end -}}
 {{- if not (has (toString $p.pprof.port) (list "" "0")) }}{{ $bad = append $bad "principal.pprof.port" }}{{ end -}}
-{{- if and (hasKey $p "selfRegistration") ($p.selfRegistration | default dict).enabled }}{{ $bad = append $bad "principal.selfRegistration.enabled" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $p.auth) }}{{ $bad = append $bad "principal.auth userpass:" }}{{ end -}}
 {{- if $bad -}}
 {{- fail (printf "argocd-agent-rs does not support these yet: %s. Reset them to their defaults (docs/install.md, \"Migrating from upstream's chart\")." (join ", " $bad)) -}}
+{{- end -}}
+{{- include "argocd-agent-principal.checkSelfRegistration" . -}}
+{{- end -}}
+
+{{/*
+principal.selfRegistration.enabled: what the principal would refuse at start, refused here.
+The cluster secrets it writes point Argo CD at the resource proxy, and carry the client
+certificate of clientCertSecret.
+*/}}
+{{- define "argocd-agent-principal.checkSelfRegistration" -}}
+{{- $p := .Values.principal -}}
+{{- if $p.selfRegistration.enabled -}}
+{{- if not $p.resourceProxy.enabled -}}
+{{- fail "principal.selfRegistration.enabled needs principal.resourceProxy.enabled=true: self-registered cluster secrets point Argo CD at the resource proxy (docs/install.md, \"Self-registration\")" -}}
+{{- end -}}
+{{- if not $p.selfRegistration.clientCertSecret -}}
+{{- fail "principal.selfRegistration.enabled needs principal.selfRegistration.clientCertSecret: the Secret (tls.crt, tls.key, ca.crt) with the client certificate Argo CD presents to the resource proxy" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
