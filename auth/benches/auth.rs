@@ -232,6 +232,7 @@ impl Pki {
         let server_key = KeyPair::generate()?;
         let server_cert = server.signed_by(&server_key, &issuer)?;
         let server_config = auth::tls::server_config(ServerTlsSettings {
+            require_client_cert: false,
             cert_chain: vec![server_cert.der().clone()],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
             client_ca: Some(vec![CertificateDer::from(ca_der.to_vec())]),

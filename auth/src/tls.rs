@@ -43,6 +43,10 @@ pub struct ServerTlsSettings {
     /// CA certificates that issue agent client certificates; `None` requests no client
     /// certificate (no `mtls` authentication possible then).
     pub client_ca: Option<Vec<CertificateDer<'static>>>,
+    /// With `client_ca`: refuse the handshake of a client without a certificate that chains to
+    /// it (`--require-client-certs`); otherwise such a client reaches the auth layer, which
+    /// decides.
+    pub require_client_cert: bool,
     /// TLS versions and cipher suites (upstream's principal default: TLS 1.3 only).
     pub policy: crate::tls_policy::TlsPolicy,
 }
@@ -99,9 +103,12 @@ pub fn server_config(settings: ServerTlsSettings) -> Result<Arc<ServerConfig>, T
             for (index, ca) in cas.into_iter().enumerate() {
                 roots.add(ca).map_err(|source| TlsError::BadClientCa { index, source })?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
-                .build()?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if settings.require_client_cert {
+                verifier.build()?
+            } else {
+                verifier.allow_unauthenticated().build()?
+            };
             builder.with_client_cert_verifier(verifier)
         }
     };

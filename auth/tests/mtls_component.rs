@@ -103,6 +103,7 @@ impl Principal {
         let ca = Ca::new("argocd-agent-ca");
         let server_leaf = ca.server();
         let tls = auth::tls::server_config(ServerTlsSettings {
+            require_client_cert: false,
             cert_chain: vec![CertificateDer::from(server_leaf.der.clone())],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_leaf.key_der.clone())),
             client_ca: Some(vec![ca.der.clone()]),

@@ -61,10 +61,13 @@ pub struct Args {
     /// CA file (instead of the secret).
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_PATH")]
     pub root_ca_path: Option<PathBuf>,
-    /// Require a client certificate at the TLS layer.
+    /// Refuse the TLS handshake of a client without a certificate issued by the CA (with --auth
+    /// mtls a certificate is needed anyway; the auth layer then refuses with a gRPC status).
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CLIENT_CERT_REQUIRE", default_value_t = false)]
     pub require_client_certs: bool,
-    /// Require the client certificate subject to match the agent name.
+    /// Every call's client certificate CN must be the calling agent's name (whatever --auth
+    /// identified it by, e.g. spiffe:jwt over TLS); not checked on a plaintext listener, as
+    /// upstream.
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CLIENT_CERT_MATCH_SUBJECT", default_value_t = false)]
     pub client_cert_subject_match: bool,
     /// Lowest TLS version (tls1.1, tls1.2 or tls1.3; TLS 1.2 is the lowest ever negotiated).
@@ -302,10 +305,7 @@ impl Args {
         let mut u = Unsupported::default();
         u.check("--enable-websocket", self.enable_websocket == Some(true))
             .check_opt("--redis-server-address", &self.redis_server_address)
-            .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false))
-            // TLS client-cert knobs come with later work; refuse non-defaults.
-            .check("--require-client-certs", self.require_client_certs)
-            .check("--client-cert-subject-match", self.client_cert_subject_match);
+            .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false));
         self.upstream.check(&mut u);
         u.finish("argocd-agent principal")?;
         self.notes()?;
@@ -414,7 +414,11 @@ async fn server_material(args: &Args, secrets: &Secrets, which: Listener) -> any
 }
 
 /// The TLS server configuration of [`server_material`].
-fn server_tls(policy: &auth::tls_policy::TlsPolicy, material: &[String]) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+fn server_tls(
+    policy: &auth::tls_policy::TlsPolicy,
+    require_client_cert: bool,
+    material: &[String],
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     use rustls_pki_types::pem::PemObject as _;
     let [cert, key, ca] = material else { anyhow::bail!("certificate, key and CA expected") };
     let parse_certs = |pem: &str, what: &str| -> anyhow::Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
@@ -429,6 +433,7 @@ fn server_tls(policy: &auth::tls_policy::TlsPolicy, material: &[String]) -> anyh
         key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
             .context("the server key is not a PEM private key")?,
         client_ca: Some(parse_certs(ca, "the CA certificate")?),
+        require_client_cert,
         policy: policy.clone(),
     };
     auth::tls::server_config(settings).context("cannot build the TLS server configuration")
@@ -444,7 +449,10 @@ async fn reloading_server_tls(
 ) -> anyhow::Result<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>> {
     let policy = args.tls_policy()?;
     let material = server_material(args, secrets, which).await?;
-    let initial = server_tls(&policy, &material)?;
+    // The agents' listener refuses a client without a certificate at the handshake with
+    // --require-client-certs; the resource proxy answers such a client with a Status (401).
+    let require = which == Listener::Agents && args.require_client_certs;
+    let initial = server_tls(&policy, require, &material)?;
     let load = {
         let (args, secrets) = (args.clone(), secrets.clone());
         move || {
@@ -453,7 +461,7 @@ async fn reloading_server_tls(
         }
     };
     let every = crate::reload::interval(&args.tls_reload_interval)?;
-    let build = move |m: &[String]| server_tls(&policy, m);
+    let build = move |m: &[String]| server_tls(&policy, require, m);
     let what = match which {
         Listener::Agents => "principal TLS",
         Listener::ResourceProxy => "resource proxy TLS",
@@ -619,6 +627,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     (config.namespace_create_pattern, config.namespace_create_labels) = args.namespace_create()?;
     config.event_processors = args.event_processors.map(|n| n as usize);
     config.destination_based_mapping = args.destination_based_mapping == Some(true);
+    config.client_cert_subject_match = args.client_cert_subject_match && !args.insecure_plaintext;
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     config.resync_min_interval =
         crate::flags::parse_duration(&args.resync_min_interval).context("--resync-min-interval")?;

@@ -46,6 +46,8 @@ pub(crate) struct Authorizer {
     hub: Arc<Hub>,
     identity: IdentityFn,
     blocklist: Arc<Blocklist>,
+    /// Reads a client certificate's CN (`--client-cert-subject-match`).
+    cn_reader: Option<auth::MtlsAuthenticator>,
 }
 
 impl std::fmt::Debug for Authorizer {
@@ -56,7 +58,10 @@ impl std::fmt::Debug for Authorizer {
 
 impl Authorizer {
     pub(crate) fn new(hub: Arc<Hub>, identity: IdentityFn, blocklist: Arc<Blocklist>) -> Self {
-        Self { hub, identity, blocklist }
+        let cn_reader = regex::Regex::new(auth::DEFAULT_SUBJECT_REGEX)
+            .ok()
+            .map(|r| auth::MtlsAuthenticator::new(auth::IdentitySource::Subject, r));
+        Self { hub, identity, blocklist, cn_reader }
     }
 
     /// The permit for a call with these extensions and metadata, or the status it is refused
@@ -70,6 +75,9 @@ impl Authorizer {
             return Err(Status::permission_denied(format!(
                 "agent {agent:?} is not covered by the principal's --allowed-namespaces or equals its namespace"
             )));
+        }
+        if self.hub.config.client_cert_subject_match {
+            self.subject_matches(extensions, &agent)?;
         }
         let grant = StreamGrant::of(extensions, &agent);
         if let Some(expires_at) = grant.expires_at
@@ -86,6 +94,28 @@ impl Authorizer {
         }
         self.blocklist.record_stream(&agent, grant.binding.clone());
         Ok(Permit { agent, mode: caller.mode, grant })
+    }
+
+    /// `--client-cert-subject-match`: the call's client certificate must name `agent` in its CN
+    /// (upstream `clientCertificateMatches`).
+    fn subject_matches(&self, extensions: &http::Extensions, agent: &str) -> Result<(), Status> {
+        let transport = auth::TransportIdentity::from_extensions(extensions);
+        let Some(leaf) = transport.peer_certificates().and_then(<[_]>::first) else {
+            return Err(Status::unauthenticated(format!(
+                "agent {agent:?} presented no client certificate (--client-cert-subject-match)"
+            )));
+        };
+        match self.cn_reader.as_ref().map(|r| r.agent_name(leaf)) {
+            Some(Ok(cn)) if cn.as_str() == agent => Ok(()),
+            Some(Ok(cn)) => Err(Status::unauthenticated(format!(
+                "the client certificate's CN {:?} is not agent {agent:?} (--client-cert-subject-match)",
+                cn.as_str()
+            ))),
+            Some(Err(e)) => Err(Status::unauthenticated(format!(
+                "agent {agent:?}: the client certificate names no agent in its CN: {e} (--client-cert-subject-match)"
+            ))),
+            None => Err(Status::internal("the certificate subject reader is unavailable")),
+        }
     }
 
     /// Whether the access token of `grant` was revoked since.

@@ -53,6 +53,9 @@ pub struct PrincipalConfig {
     /// `--enable-self-cluster-registration`: each agent that authenticates gets a cluster secret
     /// for the hub's Argo CD ([`crate::registration`]).
     pub self_registration: Option<crate::registration::SelfRegistration>,
+    /// `--client-cert-subject-match`: every call's client certificate CN must be the agent's
+    /// name.
+    pub client_cert_subject_match: bool,
     /// Destination-based mapping (`--destination-based-mapping`): a managed agent's
     /// Applications are the hub Applications whose `spec.destination.name` is its name, in the
     /// principal's namespace or any namespace `allowed_namespaces` covers; their namespace is
@@ -90,6 +93,7 @@ impl PrincipalConfig {
             label_selector: None,
             resync_min_interval: DEFAULT_RESYNC_MIN_INTERVAL,
             self_registration: None,
+            client_cert_subject_match: false,
             destination_based_mapping: false,
         }
     }

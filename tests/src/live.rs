@@ -66,21 +66,12 @@ pub async fn cluster_kubeconfig_via(
 /// # Errors
 /// The CA cannot be read or used, or the Secret cannot be written.
 pub async fn issue_shared_client_cert(t: &Topology, name: &str, cn: &str) -> Result<()> {
+    let (cert, key, ca_pem) = t.issue_client_cert(cn, &[]).await?;
     let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
-    let ca = secrets.get("argocd-agent-ca").await?.data.context("CA secret without data")?;
-    let text =
-        |k: &str| -> Result<String> { Ok(String::from_utf8(ca.get(k).with_context(|| format!("CA {k}"))?.0.clone())?) };
-    let (ca_pem, ca_key) = (text("tls.crt")?, text("tls.key")?);
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key)?)?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let key = rcgen::KeyPair::generate()?;
-    let cert = params.signed_by(&key, &issuer)?;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": name},
         "type": "kubernetes.io/tls",
-        "stringData": {"tls.crt": cert.pem(), "tls.key": key.serialize_pem(), "ca.crt": ca_pem},
+        "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": ca_pem},
     }))?;
     secrets.create(&kube::api::PostParams::default(), &secret).await?;
     Ok(())

@@ -90,6 +90,10 @@ pub struct StartOptions {
     /// principal starts, which listens for it on a free loopback port
     /// ([`Topology::resource_proxy_addr`]).
     pub resource_proxy: bool,
+    /// `--auth` of the principal instead of the transport's default (with native mTLS:
+    /// `mtls:subject:CN=([^,]+)`); agent certificates then also carry the SPIFFE URI SAN
+    /// `spiffe://cluster.local/ns/argocd/sa/<agent>`, for `mtls:uri:` methods.
+    pub auth: Option<String>,
 }
 
 impl Default for StartOptions {
@@ -101,6 +105,7 @@ impl Default for StartOptions {
             principal_args: Vec::new(),
             agent_args: Vec::new(),
             resource_proxy: false,
+            auth: None,
         }
     }
 }
@@ -229,6 +234,8 @@ pub struct Topology {
     principal_port: Option<u16>,
     /// Extra flags for the next principal start ([`Self::set_principal_args`]).
     principal_args: Vec<String>,
+    /// The principal's `--auth`, when not the transport's default.
+    auth: Option<String>,
     /// Extra flags for the next agent starts ([`Self::set_agent_args`]).
     agent_args: Vec<String>,
 }
@@ -392,6 +399,7 @@ impl Topology {
             principal: None,
             principal_port: None,
             principal_args: options.principal_args.clone(),
+            auth: options.auth.clone(),
             agent_args: options.agent_args.clone(),
         };
 
@@ -415,7 +423,7 @@ impl Topology {
             let mut args =
                 vec!["--agent-context", name, "pki", "issue", "agent", name, "--key-algorithm", "ecdsa-p256"];
             args.extend(["--out-dir", &pki]);
-            if transport.principal_sidecar() {
+            if transport.principal_sidecar() || t.auth.is_some() {
                 // The agent's SVID: spiffe://cluster.local/ns/argocd/sa/<name>.
                 args.extend(["--spiffe-trust-domain", "cluster.local"]);
             }
@@ -486,9 +494,10 @@ impl Topology {
     pub async fn start_principal(&mut self) -> anyhow::Result<()> {
         let port = self.principal_port.unwrap_or(0).to_string();
         let mut cmd = Command::new(workspace_binary("argocd-agent")?);
-        let auth = match self.transport {
-            Transport::Mtls => "mtls:subject:CN=([^,]+)",
-            Transport::Mesh | Transport::PrincipalSidecarOnly => "xfcc:",
+        let auth = match (&self.auth, self.transport) {
+            (Some(auth), _) => auth.as_str(),
+            (None, Transport::Mtls) => "mtls:subject:CN=([^,]+)",
+            (None, Transport::Mesh | Transport::PrincipalSidecarOnly) => "xfcc:",
         };
         cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", ARGOCD_NS, "--auth", auth])
             .args(["--listen-host", "127.0.0.1"]);
@@ -530,6 +539,30 @@ impl Topology {
             self.principal_sidecar = Some(sidecar);
         }
         Ok(())
+    }
+
+    /// A client certificate issued by the hub's CA (`argocd-agent-ca`), as `argocd-agentctl` would
+    /// but with any CN and URI SANs: `(cert PEM, key PEM, CA PEM)`.
+    ///
+    /// # Errors
+    /// The CA cannot be read or used.
+    pub async fn issue_client_cert(&self, cn: &str, uris: &[&str]) -> anyhow::Result<(String, String, String)> {
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.hub(), ARGOCD_NS);
+        let ca = secrets.get("argocd-agent-ca").await?.data.context("CA secret without data")?;
+        let text = |k: &str| -> anyhow::Result<String> {
+            Ok(String::from_utf8(ca.get(k).with_context(|| format!("CA {k}"))?.0.clone())?)
+        };
+        let (ca_pem, ca_key) = (text("tls.crt")?, text("tls.key")?);
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key)?)?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        for uri in uris {
+            params.subject_alt_names.push(rcgen::SanType::URI((*uri).try_into()?));
+        }
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem(), ca_pem))
     }
 
     /// Where the principal's resource proxy listens, if it serves one (from its startup line).

@@ -226,11 +226,6 @@ fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
         ),
         (
             PRINCIPAL_CHART,
-            json!({"principal": {"tls": {"clientCert": {"require": true}}}}),
-            "principal.tls.clientCert.require",
-        ),
-        (
-            PRINCIPAL_CHART,
             json!({"principal": {"auth": "userpass:/app/config/userpass/passwd"}}),
             "principal.auth userpass:",
         ),

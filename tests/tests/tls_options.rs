@@ -89,3 +89,55 @@ fn cipher_suite_list_prints_gos_names_and_unknown_ones_are_refused_by_name() -> 
     );
     Ok(())
 }
+
+/// `--require-client-certs`: a client without a certificate is refused at the handshake (without
+/// the flag it reaches the auth layer, as the test above shows). `--client-cert-subject-match`:
+/// with agents identified by their SPIFFE URI SAN (`mtls:uri:`), an agent whose certificate's CN
+/// names someone else is refused on the stream, one whose CN is its name syncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_and_their_subject_matched_when_configured() -> Result<()> {
+    let (good, odd) = ("cm1", "cm2");
+    let options = StartOptions {
+        start_agents: false,
+        auth: Some("mtls:uri:^spiffe://cluster.local/ns/argocd/sa/([a-z0-9-]+)$".to_owned()),
+        principal_args: ["--require-client-certs", "--client-cert-subject-match"].map(String::from).to_vec(),
+        ..StartOptions::default()
+    };
+    let mut t = Topology::start_with_options(&[(good, Mode::Managed), (odd, Mode::Managed)], options).await?;
+    let addr = t.principal_addr().context("principal address")?;
+    let bare = s_client(addr, &["-tls1_3"])?;
+    // TLS 1.3 reports the refused client certificate after the handshake's last flight: OpenSSL
+    // sees the alert when it reads, so look for it rather than for a failed exit.
+    let text = match &bare {
+        Ok(t) | Err(t) => t,
+    };
+    ensure!(
+        text.contains("certificate required"),
+        "a client without a certificate must be refused at the handshake: {text}"
+    );
+
+    // cm2's certificate names it in its URI SAN (so mtls:uri: identifies it as cm2), but its CN
+    // is someone else's.
+    let (cert, key, ca) =
+        t.issue_client_cert("intruder", &[&format!("spiffe://cluster.local/ns/argocd/sa/{odd}")]).await?;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(t.spoke(odd)?, ARGOCD_NS);
+    let secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "argocd-agent-client-tls"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": ca}}))?;
+    secrets.replace("argocd-agent-client-tls", &PostParams::default(), &secret).await?;
+    t.start_agent(good).await?;
+    t.start_agent(odd).await?;
+
+    let hub = apps(&t.hub(), good);
+    let spoke = apps(&t.spoke(good)?, ARGOCD_NS);
+    hub.create(&PostParams::default(), &tests::fixtures::app_with_path("matched", good, "v1")?).await?;
+    converge(&t, &spoke, "matched", "an Application to the agent whose CN is its name", path_is("v1")).await?;
+    tests::wait_until_async(std::time::Duration::from_secs(30), "cm2 refused for its CN", || async {
+        t.principal_log_lines("is not agent").iter().any(|l| l.contains("intruder"))
+            || t.any_log_contains("\"intruder\" is not agent")
+    })
+    .await
+    .with_context(|| t.logs())?;
+    ensure!(t.principal_connects(odd) == 0, "cm2 must never hold a stream:\n{}", t.logs());
+    Ok(())
+}

@@ -107,8 +107,6 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- if gt (int .Values.replicaCount) 1 }}{{ $bad = append $bad "replicaCount > 1 (no HA yet)" }}{{ end -}}
 {{- if $p.namespaceCreate.pattern }}{{ $bad = append $bad "principal.namespaceCreate.pattern" }}{{ end -}}
 {{- if $p.namespaceCreate.labels }}{{ $bad = append $bad "principal.namespaceCreate.labels" }}{{ end -}}
-{{- if $p.tls.clientCert.require }}{{ $bad = append $bad "principal.tls.clientCert.require" }}{{ end -}}
-{{- if $p.tls.clientCert.matchSubject }}{{ $bad = append $bad "principal.tls.clientCert.matchSubject" }}{{ end -}}
 {{- if $p.redisProxy.enabled }}{{ $bad = append $bad "principal.redisProxy.enabled" }}{{ end -}}
 {{- if $p.websocket.enable }}{{ $bad = append $bad "principal.websocket.enable" }}{{ end -}}
 {{- if not (has (toString $p.keepAlive.minInterval) (list "" "0" "0s")) }}{{ $bad = append $bad "principal.keepAlive.minInterval" }}{{ end -}}
