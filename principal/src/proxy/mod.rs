@@ -11,7 +11,8 @@
 //! withdrawn from the agent's queue, and an agent can only ever answer its own requests.
 //!
 //! The HTTP surface is a tower stack: tower-http sets and propagates `x-request-id`, traces each
-//! request (with `Authorization` redacted) and bounds the body; [`handle`] does the rest.
+//! request (with `Authorization` redacted), bounds the body's size and how long it may stall;
+//! `ResourceProxy::handle` does the rest.
 
 mod pending;
 mod status;
@@ -76,6 +77,11 @@ struct Caller {
     /// The leaf client certificate (DER), if one was presented.
     cert: Option<Vec<u8>>,
 }
+
+/// Longest a client may take to send a request's headers (HTTP/1.1; upstream: 5 s).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a request body may pause between chunks.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The `/version` answer: upstream's fixed version, so Argo CD sees the same server version
 /// through either proxy.
@@ -155,13 +161,18 @@ impl ResourceProxy {
                 }),
             )
             .propagate_x_request_id()
+            // A body trickling in slower than this is cut off (the handler answers 413).
+            .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(BODY_TIMEOUT))
             .layer(tower_http::limit::RequestBodyLimitLayer::new(limit))
             .service_fn(move |req| {
                 let (proxy, caller) = (proxy.clone(), caller.clone());
                 async move { Ok::<_, Infallible>(proxy.handle(&caller, req).await) }
             });
         let service = hyper_util::service::TowerToHyperService::new(service);
-        let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        // Upstream's read-header time-out (5 s): a client that opens a connection and sends
+        // nothing does not hold it.
+        builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
         let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
         tokio::pin!(conn);
         let result = tokio::select! {
