@@ -31,7 +31,10 @@
 //! - **reconnects** with [`agent::backoff::BackoffConfig`] (exponential, jittered) when a
 //!   stream ends or a connection fails.
 //!
-//! Not simulated: a spoke API server (the spoke is an in-memory map) and TLS.
+//! Not simulated: a spoke API server (the spoke is an in-memory map), and TLS unless
+//! [`LoadConfig::mtls`] is set: then every agent dials the principal over TLS with its own client
+//! certificate (the principal runs `--auth mtls:...`) and authenticates with `mtls`, as
+//! `argocd-agent agent --creds mtls:any` does, instead of forwarding an identity.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -103,6 +106,21 @@ pub struct LoadConfig {
     /// interval, the first after a share of it that depends on the agent's number (`None`:
     /// never).
     pub periodic_resync: Option<Duration>,
+    /// Native mTLS instead of forwarded identities (`None`: plaintext h2c with
+    /// `x-forwarded-client-cert`); [`Self::principal_addr`] is then `https://...`.
+    pub mtls: Option<ClientTls>,
+}
+
+/// Makes agent `n`'s TLS towards the principal: its own client certificate (whose subject the
+/// principal's `--auth mtls:...` maps to its name) and the CA it verifies the principal with.
+/// Called once per agent, before its first connect; every reconnect uses the same configuration.
+#[derive(Clone)]
+pub struct ClientTls(pub Arc<dyn Fn(usize) -> anyhow::Result<agent::transport::AgentTls> + Send + Sync>);
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientTls")
+    }
 }
 
 impl LoadConfig {
@@ -124,6 +142,7 @@ impl LoadConfig {
             sa_namespace: "agents".to_owned(),
             agent_namespace: agent::DEFAULT_NAMESPACE.to_owned(),
             periodic_resync: None,
+            mtls: None,
         }
     }
 
@@ -452,6 +471,8 @@ struct Sim {
     shared: Arc<Shared>,
     index: usize,
     xfcc: AsciiMetadataValue,
+    /// TLS with the agent's own client certificate ([`LoadConfig::mtls`]); `None`: h2c + XFCC.
+    tls: Option<agent::transport::AgentTls>,
     session: Session,
     /// The principal refused the session: refresh (or authenticate) before the next stream.
     renew: bool,
@@ -475,12 +496,27 @@ async fn run_agent(shared: Arc<Shared>, index: usize, delay: Duration, cancel: C
     let Ok(xfcc) = AsciiMetadataValue::try_from(shared.config.xfcc(n)) else {
         return;
     };
+    let tls = match &shared.config.mtls {
+        None => None,
+        Some(make) => match (make.0)(n) {
+            Ok(tls) => Some(tls),
+            Err(_) => {
+                shared.counters.dial_failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        },
+    };
     let header = xfcc.clone();
-    let creds = Credentials::new().with_call_metadata(Arc::new(move |md: &mut MetadataMap| {
-        md.insert(XFCC, header.clone());
-    }));
+    let (creds, method) = if tls.is_some() {
+        (Credentials::new(), auth::MtlsAuthenticator::METHOD)
+    } else {
+        let creds = Credentials::new().with_call_metadata(Arc::new(move |md: &mut MetadataMap| {
+            md.insert(XFCC, header.clone());
+        }));
+        (creds, auth::HeaderAuthenticator::METHOD)
+    };
     let params = AuthParams {
-        method: auth::HeaderAuthenticator::METHOD.to_owned(),
+        method: method.to_owned(),
         credentials: Default::default(),
         mode: shared.config.mode,
         version: VERSION.to_owned(),
@@ -490,6 +526,7 @@ async fn run_agent(shared: Arc<Shared>, index: usize, delay: Duration, cancel: C
         shared: shared.clone(),
         index,
         xfcc,
+        tls,
         session: Session { shared, creds, params },
         renew: false,
         mailbox: Arc::new(Mailbox::new(RetryPolicy::default())),
@@ -577,7 +614,7 @@ impl Sim {
 
     async fn connect_and_serve(&mut self, cancel: &CancellationToken) -> Outcome {
         let cfg = &self.shared.config;
-        let channel = match agent::transport::connect(&cfg.principal_addr, None, cfg.keepalive).await {
+        let channel = match agent::transport::connect(&cfg.principal_addr, self.tls.as_ref(), cfg.keepalive).await {
             Ok(c) => c,
             Err(_) => {
                 self.counters().dial_failed.fetch_add(1, Ordering::Relaxed);
@@ -602,7 +639,9 @@ impl Sim {
         if let Some(token) = self.session.creds.access_token().and_then(|t| AsciiMetadataValue::try_from(t).ok()) {
             request.metadata_mut().insert(agent::credentials::AUTHORIZATION, token);
         }
-        request.metadata_mut().insert(XFCC, self.xfcc.clone());
+        if self.tls.is_none() {
+            request.metadata_mut().insert(XFCC, self.xfcc.clone());
+        }
         let inbound = match client.subscribe(request).await {
             Ok(r) => r.into_inner(),
             Err(status) => {
