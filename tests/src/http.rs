@@ -33,6 +33,31 @@ pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(&series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The leaf certificate a TLS server (the principal) presents to a new connection, verified against
+/// `ca` (no client certificate:
+/// the principal lets such handshakes through to its auth layer).
+///
+/// # Errors
+/// The connection or the handshake fails, or no certificate is presented.
+pub async fn presented_certificate(
+    addr: SocketAddr,
+    ca: &rustls_pki_types::CertificateDer<'static>,
+) -> anyhow::Result<rustls_pki_types::CertificateDer<'static>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone())?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await?;
+    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate presented")?;
+    Ok(leaf.clone().into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -39,7 +39,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tests::loadgen::{ClientTls, LoadConfig, LoadGen, Snapshot, procstat};
 use tests::topology::{ARGOCD_NS, StartOptions, Topology};
@@ -158,24 +158,6 @@ fn mtls_load(
     config.first = first;
     config.mtls = Some(ClientTls(Arc::new(move |n| tls.get(&n).cloned().context("no certificate for this agent"))));
     Ok(config)
-}
-
-/// The leaf certificate the principal presents to a new TLS connection (no client certificate:
-/// the principal lets such handshakes through to its auth layer).
-async fn presented(addr: SocketAddr, ca: &CertificateDer<'static>) -> Result<CertificateDer<'static>> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone())?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = ServerName::IpAddress(addr.ip().into());
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
-    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate presented")?;
-    Ok(leaf.clone().into_owned())
 }
 
 fn leaf_in(path: &Path) -> Result<CertificateDer<'static>> {
@@ -311,7 +293,7 @@ async fn until_presented(
     let deadline = Instant::now() + ROTATION;
     let mut old = 0;
     loop {
-        match presented(addr, ca).await {
+        match tests::http::presented_certificate(addr, ca).await {
             Ok(c) if c == *want => return Ok((Instant::now(), old)),
             Ok(_) => old += 1,
             Err(e) => bail!("a TLS handshake with the principal failed during the rotation: {e:#}"),
@@ -378,7 +360,7 @@ async fn run(source: Source) -> Result<()> {
         .with_context(|| format!("{:?}\n{}", load.snapshot(), t.logs()))?;
     fan_out(&t, &[&load], "connected").await?;
     no_stream_dropped(&t, &[&load], "before any rotation").await?;
-    let old_leaf = presented(addr, &old_ca_der).await?;
+    let old_leaf = tests::http::presented_certificate(addr, &old_ca_der).await?;
     ensure!(old_leaf == leaf_in(&pki.join("principal.crt"))?, "the principal presents the issued certificate");
 
     // Idle CPU for comparison (a measurement window, not synchronisation).
@@ -414,7 +396,10 @@ async fn run(source: Source) -> Result<()> {
         .wait_all_resynced(started, SLOW, |_, _| {})
         .await
         .with_context(|| format!("new agents after the rotation: {:?}\n{}", fresh.snapshot(), t.logs()))?;
-    ensure!(presented(addr, &old_ca_der).await? == new_leaf, "handshakes keep presenting the new certificate");
+    ensure!(
+        tests::http::presented_certificate(addr, &old_ca_der).await? == new_leaf,
+        "handshakes keep presenting the new certificate"
+    );
     no_stream_dropped(&t, &[&load, &fresh], "after new agents joined").await?;
 
     // 2. A new CA. An agent with its certificate is refused while the principal trusts the old CA only.
@@ -469,7 +454,10 @@ async fn run(source: Source) -> Result<()> {
     let started = Instant::now();
     let old_after = LoadGen::start(mtls_load(addr, n + FRESH + 2, 1, &old_ca, &old_ca_der)?);
     old_after.wait_all_resynced(started, SLOW, |_, _| {}).await.with_context(|| t.logs())?;
-    ensure!(presented(addr, &old_ca_der).await? == new_leaf, "the CA's rotation left the server certificate alone");
+    ensure!(
+        tests::http::presented_certificate(addr, &old_ca_der).await? == new_leaf,
+        "the CA's rotation left the server certificate alone"
+    );
     let all = [&load, &fresh, &old_after];
     let fanout_after_ca = fan_out(&t, &[&load, &fresh, &newca, &old_after], "after the CA").await?;
     let s = sum(&all);

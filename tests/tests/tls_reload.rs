@@ -5,15 +5,13 @@
 //! compromise) reconnects with the new one by itself. Upstream reads both once at start
 //! (upstream #1057: every rotation is a restart and a reconnect storm).
 
-use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use kube::api::{Patch, PatchParams, PostParams};
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use tests::apps::{apps, converge, path_is};
 use tests::topology::{ARGOCD_NS, Mode, StartOptions, Topology};
@@ -27,24 +25,6 @@ fn leaf_in(path: &std::path::Path) -> Result<CertificateDer<'static>> {
         .next()
         .context("no certificate")?
         .context("not PEM")
-}
-
-/// The leaf certificate the principal presents to a new TLS connection (no client certificate:
-/// the principal lets such handshakes through to its auth layer).
-async fn presented(addr: SocketAddr, ca: &CertificateDer<'static>) -> Result<CertificateDer<'static>> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone())?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = ServerName::IpAddress(addr.ip().into());
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
-    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate presented")?;
-    Ok(leaf.clone().into_owned())
 }
 
 /// SHA-256 of a certificate file's DER, as `openssl x509 -fingerprint -sha256` prints it (what
@@ -78,7 +58,7 @@ async fn reissued_certificates_are_used_without_restarts_and_live_streams_stay()
 
     // The principal's certificate, reissued in its Secret: new connections get it, the agent's
     // stream stays up and keeps syncing.
-    let old = presented(addr, &ca).await?;
+    let old = tests::http::presented_certificate(addr, &ca).await?;
     ensure!(old == leaf_in(&pki.join("principal.crt"))?, "the principal presents the issued certificate");
     t.issue_principal_certificate(true)?;
     let new = leaf_in(&pki.join("principal.crt"))?;
@@ -86,7 +66,7 @@ async fn reissued_certificates_are_used_without_restarts_and_live_streams_stay()
     tests::wait_until_async(Duration::from_secs(30), "the principal to present its reissued certificate", || {
         let new = new.clone();
         let ca = ca.clone();
-        async move { presented(addr, &ca).await.is_ok_and(|c| c == new) }
+        async move { tests::http::presented_certificate(addr, &ca).await.is_ok_and(|c| c == new) }
     })
     .await
     .with_context(|| t.logs())?;
