@@ -58,10 +58,7 @@ impl std::fmt::Debug for Authorizer {
 
 impl Authorizer {
     pub(crate) fn new(hub: Arc<Hub>, identity: IdentityFn, blocklist: Arc<Blocklist>) -> Self {
-        let cn_reader = regex::Regex::new(auth::DEFAULT_SUBJECT_REGEX)
-            .ok()
-            .map(|r| auth::MtlsAuthenticator::new(auth::IdentitySource::Subject, r));
-        Self { hub, identity, blocklist, cn_reader }
+        Self { hub, identity, blocklist, cn_reader: crate::ident::cn_reader() }
     }
 
     /// The permit for a call with these extensions and metadata, or the status it is refused

@@ -82,3 +82,12 @@ impl StreamGrant {
             .unwrap_or_default()
     }
 }
+
+/// Reads the agent name from a client certificate's CN as upstream does (`CN=([^,]+)` over the
+/// subject rendered as Go renders it): the resource proxy's callers, `--client-cert-subject-match`.
+/// `None` only if that constant regex did not compile.
+pub(crate) fn cn_reader() -> Option<auth::MtlsAuthenticator> {
+    regex::Regex::new(auth::DEFAULT_SUBJECT_REGEX)
+        .ok()
+        .map(|regex| auth::MtlsAuthenticator::new(auth::IdentitySource::Subject, regex))
+}

@@ -89,10 +89,7 @@ const VERSION: &str = r#"{"major":"1","minor":"28","gitVersion":"v1.28.5+argocd-
 
 impl ResourceProxy {
     pub(crate) fn new(hub: Arc<Hub>, config: ProxyConfig) -> Self {
-        let names = regex::Regex::new(auth::DEFAULT_SUBJECT_REGEX)
-            .ok()
-            .map(|regex| Arc::new(auth::MtlsAuthenticator::new(auth::IdentitySource::Subject, regex)));
-        Self { hub, config: Arc::new(config), names }
+        Self { hub, config: Arc::new(config), names: crate::ident::cn_reader().map(Arc::new) }
     }
 
     /// Serves HTTPS on `listener` with the TLS configuration `tls` holds (re-read for every
