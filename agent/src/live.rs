@@ -181,13 +181,10 @@ async fn run(client: &kube::Client, req: &ResourceRequest) -> Result<Answer, kub
         if method != "GET" || !req.name.is_empty() {
             return Ok(Answer::failure(400, "a request without a resource can only read discovery"));
         }
-        let path = match (req.group.as_str(), req.version.as_str()) {
-            ("", "") => "/apis".to_owned(),
-            (group, "") => format!("/apis/{}", segment(group)),
-            ("", version) => format!("/api/{}", segment(version)),
-            (group, version) => format!("/apis/{}/{}", segment(group), segment(version)),
+        return match target.discovery_path() {
+            Ok(path) => send(client, "GET", &path, "", Vec::new(), None).await,
+            Err(e) => Ok(Answer::failure(400, &e.to_string())),
         };
-        return send(client, "GET", &path, "", Vec::new(), None).await;
     }
     let path = match target.path() {
         Ok(p) => p,
@@ -253,10 +250,6 @@ fn patch_type(req: &ResourceRequest) -> &'static str {
         Some("application/apply-patch+yaml") => "application/apply-patch+yaml",
         _ => "application/merge-patch+json",
     }
-}
-
-fn segment(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 fn query(req: &ResourceRequest) -> String {
@@ -349,10 +342,9 @@ async fn owner_managed(
 
 /// The plural resource of `kind` in `api_version`, and whether it is namespaced, from discovery.
 async fn resolve(client: &kube::Client, api_version: &str, kind: &str) -> Result<Option<(String, bool)>, kube::Error> {
-    let path = match api_version.split_once('/') {
-        Some((group, version)) => format!("/apis/{}/{}", segment(group), segment(version)),
-        None => format!("/api/{}", segment(api_version)),
-    };
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let target = ApiResource { group: group.to_owned(), version: version.to_owned(), ..ApiResource::default() };
+    let Ok(path) = target.discovery_path() else { return Ok(None) };
     let answer = send(client, "GET", &path, "", Vec::new(), None).await?;
     let Ok(list) = serde_json::from_str::<serde_json::Value>(&answer.body) else { return Ok(None) };
     Ok(list["resources"].as_array().and_then(|resources| {

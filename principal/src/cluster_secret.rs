@@ -288,6 +288,48 @@ impl ClusterSecret {
         self.annotation(ANNOTATION_SKIP_RECONCILE) == Some("true")
     }
 
+    /// A kubeconfig reaching this secret's cluster through the resource proxy with its
+    /// credentials, as Argo CD uses them: the server URL, the CA, the client certificate and
+    /// key, and the bearer token of a self-registered secret. JSON, which kubectl reads as YAML.
+    ///
+    /// # Errors
+    /// The secret holds no CA (a client could not verify the proxy).
+    pub fn kubeconfig(&self) -> Result<serde_json::Value, ClusterSecretError> {
+        let tls = &self.config.tls_client_config;
+        if tls.ca_data.0.is_empty() {
+            return Err(ClusterSecretError(format!(
+                "cluster secret {} has no config.tlsClientConfig.caData to verify the resource proxy with",
+                self.secret_name()
+            )));
+        }
+        let b64 = |bytes: &ByteString| serde_json::to_value(bytes).unwrap_or_default();
+        let mut user = serde_json::Map::new();
+        if !tls.cert_data.0.is_empty() {
+            user.insert("client-certificate-data".to_owned(), b64(&tls.cert_data));
+            user.insert("client-key-data".to_owned(), b64(&tls.key_data));
+        }
+        if !self.config.bearer_token.is_empty() {
+            user.insert("token".to_owned(), self.config.bearer_token.clone().into());
+        }
+        let name = if self.name.is_empty() { self.secret_name() } else { &self.name };
+        Ok(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": name, "cluster": {"server": self.server, "certificate-authority-data": b64(&tls.ca_data)}}],
+            "users": [{"name": name, "user": user}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+            "current-context": name,
+        }))
+    }
+
+    /// A kube-rs client for [`Self::kubeconfig`].
+    ///
+    /// # Errors
+    /// As [`Self::kubeconfig`] and [`proxy_client`].
+    pub async fn client(&self) -> Result<kube::Client, ClusterSecretError> {
+        proxy_client(&self.kubeconfig()?).await
+    }
+
     /// How Argo CD authenticates to the resource proxy with this secret.
     #[must_use]
     pub fn auth_kind(&self) -> &'static str {
@@ -300,6 +342,27 @@ impl ClusterSecret {
             (true, true, true) => "none",
         }
     }
+}
+
+/// A kube-rs client for a kubeconfig reaching the resource proxy (as [`ClusterSecret::kubeconfig`]
+/// writes, or kubectl reads). The `?agentName=` query of the server URL is dropped: kube-rs
+/// appends request paths to the server URL, which would put them after the query, and the proxy
+/// routes by credentials, not by the query (as upstream's).
+///
+/// # Errors
+/// The kubeconfig is not one kube-rs reads, or its TLS material is unusable.
+pub async fn proxy_client(kubeconfig: &serde_json::Value) -> Result<kube::Client, ClusterSecretError> {
+    let bad = |e: &dyn std::fmt::Display| ClusterSecretError(format!("unusable resource-proxy kubeconfig: {e}"));
+    let mut config: kube::config::Kubeconfig = serde_json::from_value(kubeconfig.clone()).map_err(|e| bad(&e))?;
+    for c in &mut config.clusters {
+        if let Some(server) = c.cluster.as_mut().and_then(|c| c.server.as_mut()) {
+            server.truncate(server.find('?').unwrap_or(server.len()));
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(&e))?;
+    kube::Client::try_from(config).map_err(|e| bad(&e))
 }
 
 /// Whether a secret is an agent's cluster secret: a cluster secret with the agent-name label or
@@ -365,5 +428,25 @@ mod tests {
         assert_eq!(config.username, "u");
         let back: serde_json::Value = serde_json::to_value(&config).unwrap();
         assert_eq!(back, serde_json::from_str::<serde_json::Value>(json).unwrap());
+    }
+
+    #[test]
+    fn kubeconfig_carries_what_argo_cd_uses() {
+        let mut config = ClusterConfig::default();
+        config.tls_client_config.set("cert", "key", "ca");
+        config.bearer_token = "jwt".into();
+        let cs =
+            ClusterSecret::new("argocd", "a-1", server_url("127.0.0.1:9090", "a-1").unwrap(), BTreeMap::new(), config);
+        let kc = cs.kubeconfig().unwrap();
+        assert_eq!(kc["clusters"][0]["cluster"]["server"], "https://127.0.0.1:9090?agentName=a-1");
+        assert_eq!(kc["clusters"][0]["cluster"]["certificate-authority-data"], "Y2E=");
+        assert_eq!(kc["users"][0]["user"]["client-certificate-data"], "Y2VydA==");
+        assert_eq!(kc["users"][0]["user"]["token"], "jwt");
+        assert_eq!(kc["current-context"], "a-1");
+
+        let mut no_ca = cs.clone();
+        no_ca.config.tls_client_config.ca_data = ByteString(Vec::new());
+        let err = no_ca.kubeconfig().unwrap_err().to_string();
+        assert!(err.contains("cluster-a-1") && err.contains("caData"), "{err}");
     }
 }

@@ -25,23 +25,6 @@ type Res<T> = anyhow::Result<T>;
 
 const CONCURRENCY: usize = 8;
 
-async fn client_from(path: &std::path::Path, strip_query: bool) -> Res<kube::Client> {
-    let mut kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-    if strip_query {
-        // The `?agentName=` of the cluster secret's server URL is informational (the proxy
-        // routes by credentials); kube-rs would append paths after it.
-        for c in &mut kubeconfig.clusters {
-            if let Some(cluster) = c.cluster.as_mut()
-                && let Some(server) = cluster.server.as_mut()
-            {
-                *server = server.split('?').next().unwrap_or_default().to_owned();
-            }
-        }
-    }
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// Per-request latencies of `n` sequential reads, and the wall time of `n` reads from
 /// [`CONCURRENCY`] tasks.
 async fn measure(api: &Api<ConfigMap>, n: usize) -> Res<(Vec<Duration>, Duration)> {
@@ -107,7 +90,6 @@ async fn main() -> Res<()> {
     let t = Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?;
     let proxy_addr = t.resource_proxy_addr().context("the resource proxy")?;
     t.ctl(&["agent", "create", AGENT, "--resource-proxy-server", &proxy_addr.to_string()])?;
-    let scratch = tempfile::tempdir()?;
     let spoke = t.spoke(AGENT)?;
     ensure_namespace(&spoke, "guestbook").await?;
     let direct: Api<ConfigMap> = Api::namespaced(spoke, "guestbook");
@@ -119,10 +101,7 @@ async fn main() -> Res<()> {
                 "data": {"k": "v".repeat(512)}}))?,
         )
         .await?;
-    let proxied: Api<ConfigMap> = Api::namespaced(
-        client_from(&tests::live::cluster_kubeconfig(&t, AGENT, scratch.path()).await?, true).await?,
-        "guestbook",
-    );
+    let proxied: Api<ConfigMap> = Api::namespaced(tests::live::cluster_client(&t, AGENT).await?, "guestbook");
     // Warm both (TLS sessions, the agent's first discovery).
     measure(&direct, 5).await?;
     measure(&proxied, 5).await?;

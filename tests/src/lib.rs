@@ -24,6 +24,7 @@ pub mod kubectl;
 pub mod live;
 pub mod loadgen;
 pub mod otlp;
+pub mod pki;
 pub mod process;
 pub mod realkube;
 pub mod spire;

@@ -3,7 +3,8 @@
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use serde_json::{Value, json};
+use principal::cluster_secret::ClusterSecret;
+use serde_json::json;
 
 use crate::topology::{ARGOCD_NS, Topology};
 
@@ -28,35 +29,29 @@ pub async fn cluster_kubeconfig_via(
     dir: &std::path::Path,
     proxy: Option<std::net::SocketAddr>,
 ) -> Result<std::path::PathBuf> {
-    let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
-    let secret = secrets.get(&format!("cluster-{agent}")).await?;
-    let data = secret.data.context("cluster secret without data")?;
-    let text = |k: &str| -> Result<String> {
-        Ok(String::from_utf8(data.get(k).with_context(|| format!("no {k}"))?.0.clone())?)
-    };
-    let mut server = text("server")?;
+    let mut cs = cluster_secret(t, agent).await?;
     if let Some(proxy) = proxy {
-        let query = server.split_once('?').map(|(_, q)| format!("?{q}")).unwrap_or_default();
-        server = format!("https://{proxy}{query}");
+        let query = cs.server.split_once('?').map(|(_, q)| format!("?{q}")).unwrap_or_default();
+        cs.server = format!("https://{proxy}{query}");
     }
-    let config: Value = serde_json::from_str(&text("config")?)?;
-    let tls = &config["tlsClientConfig"];
-    let field = |k: &str| tls[k].as_str().map(str::to_owned).with_context(|| format!("no tlsClientConfig.{k}"));
-    let mut user = json!({"client-certificate-data": field("certData")?, "client-key-data": field("keyData")?});
-    if let Some(token) = config["bearerToken"].as_str().filter(|t| !t.is_empty()) {
-        user["token"] = json!(token);
-    }
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": agent, "cluster": {"server": server, "certificate-authority-data": field("caData")?}}],
-        "users": [{"name": agent, "user": user}],
-        "contexts": [{"name": agent, "context": {"cluster": agent, "user": agent}}],
-        "current-context": agent,
-    });
     let path = dir.join(format!("{agent}.kubeconfig"));
-    std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
+    std::fs::write(&path, serde_json::to_string(&cs.kubeconfig()?)?)?;
     Ok(path)
+}
+
+/// A kube-rs client reaching `agent`'s cluster through the resource proxy with its cluster
+/// secret's credentials, as the hub's Argo CD does.
+///
+/// # Errors
+/// No such secret, or it is unusable.
+pub async fn cluster_client(t: &Topology, agent: &str) -> Result<kube::Client> {
+    Ok(cluster_secret(t, agent).await?.client().await?)
+}
+
+async fn cluster_secret(t: &Topology, agent: &str) -> Result<ClusterSecret> {
+    let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
+    let name = principal::cluster_secret::secret_name(agent);
+    Ok(ClusterSecret::from_secret(secrets.get(&name).await.with_context(|| format!("secret {name}"))?)?)
 }
 
 /// Issues a client certificate with CN `cn` from the hub's CA (`argocd-agent-ca`) and stores it

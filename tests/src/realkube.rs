@@ -19,9 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair};
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -81,27 +79,13 @@ struct Pki {
 impl Pki {
     fn create(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let ca_key = KeyPair::generate()?;
-        let mut ca = CertificateParams::new(Vec::<String>::new())?;
-        ca.distinguished_name.push(DnType::CommonName, "realkube test CA");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        let ca_cert = ca.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca, ca_key);
-
-        let serving_key = KeyPair::generate()?;
-        let mut serving =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string(), "kubernetes".to_string()])?;
-        serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
-        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let serving_cert = serving.signed_by(&serving_key, &issuer)?;
-
-        let admin_key = KeyPair::generate()?;
+        let ca = crate::pki::Ca::generate("realkube test CA")?;
+        let serving = ca.server("kube-apiserver", &["127.0.0.1", "localhost", "kubernetes"], &[])?;
         let mut admin = CertificateParams::new(Vec::<String>::new())?;
         admin.distinguished_name.push(DnType::CommonName, "realkube-admin");
         admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
         admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let admin_cert = admin.signed_by(&admin_key, &issuer)?;
+        let admin = ca.issue(admin)?;
 
         let sa_key = KeyPair::generate()?;
 
@@ -114,11 +98,11 @@ impl Pki {
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
         };
-        std::fs::write(&pki.ca_crt, ca_cert.pem())?;
-        std::fs::write(&pki.serving_crt, serving_cert.pem())?;
-        std::fs::write(&pki.serving_key, serving_key.serialize_pem())?;
-        std::fs::write(&pki.admin_crt, admin_cert.pem())?;
-        std::fs::write(&pki.admin_key, admin_key.serialize_pem())?;
+        std::fs::write(&pki.ca_crt, &ca.pem)?;
+        std::fs::write(&pki.serving_crt, &serving.cert)?;
+        std::fs::write(&pki.serving_key, &serving.key)?;
+        std::fs::write(&pki.admin_crt, &admin.cert)?;
+        std::fs::write(&pki.admin_key, &admin.key)?;
         std::fs::write(&pki.sa_key, sa_key.serialize_pem())?;
         std::fs::write(&pki.sa_pub, sa_key.public_key_pem())?;
         Ok(pki)

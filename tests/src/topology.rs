@@ -547,22 +547,23 @@ impl Topology {
     /// # Errors
     /// The CA cannot be read or used.
     pub async fn issue_client_cert(&self, cn: &str, uris: &[&str]) -> anyhow::Result<(String, String, String)> {
+        let ca = self.hub_ca().await?;
+        let issued = ca.client(cn, uris)?;
+        Ok((issued.cert, issued.key, ca.pem))
+    }
+
+    /// The CA `argocd-agentctl pki init` stored in the hub's `argocd-agent-ca` Secret
+    /// (`tls.crt`, `tls.key`).
+    ///
+    /// # Errors
+    /// The Secret cannot be read or holds no usable CA.
+    pub async fn hub_ca(&self) -> anyhow::Result<crate::pki::Ca> {
         let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.hub(), ARGOCD_NS);
         let ca = secrets.get("argocd-agent-ca").await?.data.context("CA secret without data")?;
         let text = |k: &str| -> anyhow::Result<String> {
-            Ok(String::from_utf8(ca.get(k).with_context(|| format!("CA {k}"))?.0.clone())?)
+            Ok(String::from_utf8(ca.get(k).with_context(|| format!("argocd-agent-ca has no {k}"))?.0.clone())?)
         };
-        let (ca_pem, ca_key) = (text("tls.crt")?, text("tls.key")?);
-        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key)?)?;
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        for uri in uris {
-            params.subject_alt_names.push(rcgen::SanType::URI((*uri).try_into()?));
-        }
-        let key = rcgen::KeyPair::generate()?;
-        let cert = params.signed_by(&key, &issuer)?;
-        Ok((cert.pem(), key.serialize_pem(), ca_pem))
+        crate::pki::Ca::from_pem(&text("tls.crt")?, &text("tls.key")?)
     }
 
     /// Where the principal's resource proxy listens, if it serves one (from its startup line).
@@ -701,11 +702,15 @@ impl Topology {
             "--server-port",
             &port,
         ])
-        .args(["--namespace", ARGOCD_NS, "--kubecontext", name, "--log-level", "debug"])
+        .args(["--kubecontext", name, "--log-level", "debug"])
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
         .env("NO_COLOR", "1");
+        // The agent's namespace, unless its extra flags name another.
+        if !self.agent_args.iter().any(|a| a == "--namespace") {
+            cmd.args(["--namespace", ARGOCD_NS]);
+        }
         if transport == Transport::Mesh {
             // Plaintext to its own sidecar, identity from the SVID the sidecar presents.
             let heartbeat = mesh_options.heartbeat.map_or_else(|| "0".to_string(), |d| format!("{}ms", d.as_millis()));

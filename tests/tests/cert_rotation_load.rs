@@ -35,13 +35,11 @@ use agent::transport::AgentTls;
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tests::loadgen::{ClientTls, LoadConfig, LoadGen, Snapshot, procstat};
+use tests::pki::Ca;
 use tests::topology::{ARGOCD_NS, StartOptions, Topology};
 
 const RELOAD: &str = "1s";
@@ -81,52 +79,6 @@ fn agents() -> usize {
     std::env::var("CERT_ROTATION_AGENTS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(100)
 }
 
-/// A CA made here (the new one of the CA rotation, or the topology's read back from its Secret).
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn generate(name: &str) -> Result<Self> {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        let pem = params.self_signed(&key)?.pem();
-        Ok(Self { pem, issuer: Issuer::new(params, key) })
-    }
-
-    /// The CA `argocd-agentctl pki init` stored in the hub's `argocd-agent-ca` (`tls.crt`, `tls.key`).
-    async fn from_hub(t: &Topology) -> Result<Self> {
-        let secret = Api::<Secret>::namespaced(t.hub(), ARGOCD_NS).get("argocd-agent-ca").await?;
-        let field = |k: &str| -> Result<String> {
-            let data =
-                secret.data.as_ref().and_then(|d| d.get(k)).with_context(|| format!("argocd-agent-ca has no {k}"))?;
-            Ok(String::from_utf8(data.0.clone())?)
-        };
-        let pem = field("tls.crt")?;
-        let key = KeyPair::from_pem(&field("tls.key")?)?;
-        Ok(Self { issuer: Issuer::from_ca_cert_pem(&pem, key)?, pem })
-    }
-
-    fn der(&self) -> Result<CertificateDer<'static>> {
-        CertificateDer::from_pem_slice(self.pem.as_bytes()).context("CA PEM")
-    }
-
-    /// A client certificate for agent `name` (subject CN, as `pki issue agent`): (cert, key) PEM.
-    fn issue_agent(&self, name: &str) -> Result<(String, String)> {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        Ok((params.signed_by(&key, &self.issuer)?.pem(), key.serialize_pem()))
-    }
-}
-
 /// Agent TLS: the client certificate (cert, key PEM) and `server_ca` to verify the principal with.
 fn client_tls(server_ca: &CertificateDer<'static>, cert: &str, key: &str) -> Result<AgentTls> {
     let mut roots = rustls::RootCertStore::empty();
@@ -151,8 +103,8 @@ fn mtls_load(
 ) -> Result<LoadConfig> {
     let mut tls = BTreeMap::new();
     for n in first..first + count {
-        let (cert, key) = ca.issue_agent(&format!("agent-{n}"))?;
-        tls.insert(n, client_tls(server_ca, &cert, &key)?);
+        let issued = ca.client(&format!("agent-{n}"), &[])?;
+        tls.insert(n, client_tls(server_ca, &issued.cert, &issued.key)?);
     }
     let mut config = LoadConfig::new(format!("https://{addr}"), count);
     config.first = first;
@@ -315,7 +267,7 @@ async fn run(source: Source) -> Result<()> {
         StartOptions { principal_args: vec!["--tls-reload-interval".into(), RELOAD.into()], ..StartOptions::default() };
     let mut t = Topology::start_with_options(&[], options).await?;
     let pki = t.pki_dir();
-    let old_ca = Ca::from_hub(&t).await?;
+    let old_ca = t.hub_ca().await?;
     let old_ca_der = old_ca.der()?;
     ensure!(old_ca_der == leaf_in(&pki.join("ca.crt"))?, "the hub's CA is the one in the PKI directory");
     let mut projected = None;

@@ -23,9 +23,9 @@ use protocol::pb::cloudevents::CloudEvent;
 use protocol::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use protocol::pb::eventstreamapi::event_stream_server::{EventStream, EventStreamServer};
 use protocol::pb::eventstreamapi::{Event, PingRequest, PongReply, PushSummary};
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType};
 use rustls_pki_types::{CertificateDer, ServerName};
 use tests::envoy::{EnvoySidecar, SidecarKind, SidecarParams, render, template, validate};
+use tests::pki::Ca;
 use tests::wait_for_async;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
@@ -55,42 +55,16 @@ struct Pki {
 
 impl Pki {
     fn new() -> Result<Self> {
-        let mut ca_params = CertificateParams::default();
-        ca_params.distinguished_name.push(DnType::CommonName, "envoy-test-ca");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_key = KeyPair::generate()?;
-        let ca_cert = ca_params.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca_params, ca_key);
-
-        let mut server = CertificateParams::new(vec!["localhost".to_string()])?;
-        server.distinguished_name.push(DnType::CommonName, "argocd-agent-principal");
-        server.subject_alt_names.push(SanType::IpAddress([127, 0, 0, 1].into()));
-        server.subject_alt_names.push(SanType::URI(PRINCIPAL_ID.try_into()?));
-        server.is_ca = IsCa::ExplicitNoCa;
-        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let server_key = KeyPair::generate()?;
-        let server_cert = server.signed_by(&server_key, &issuer)?;
-
-        let mut agent = CertificateParams::default();
-        agent.distinguished_name.push(DnType::CommonName, "agent-1");
-        agent.subject_alt_names = vec![SanType::URI(AGENT_ID.try_into()?)];
-        agent.is_ca = IsCa::ExplicitNoCa;
-        agent.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let agent_key = KeyPair::generate()?;
-        let agent_cert = agent.signed_by(&agent_key, &issuer)?;
+        let ca = Ca::generate("envoy-test-ca")?;
+        let server = ca.server("argocd-agent-principal", &["localhost", "127.0.0.1"], &[PRINCIPAL_ID])?;
+        let agent = ca.client("agent-1", &[AGENT_ID])?;
 
         let dir = tempfile::Builder::new().prefix("envoy-pki-").tempdir()?;
-        let pki = Self {
-            ca_pem: ca_cert.pem(),
-            ca_der: ca_cert.der().clone(),
-            agent_cert_pem: agent_cert.pem(),
-            agent_key_pem: agent_key.serialize_pem(),
-            dir,
-        };
+        let pki = Self { ca_der: ca.der()?, ca_pem: ca.pem, agent_cert_pem: agent.cert, agent_key_pem: agent.key, dir };
         for (name, pem) in [
             ("ca.pem", pki.ca_pem.clone()),
-            ("principal.pem", server_cert.pem()),
-            ("principal-key.pem", server_key.serialize_pem()),
+            ("principal.pem", server.cert),
+            ("principal-key.pem", server.key),
             ("agent.pem", pki.agent_cert_pem.clone()),
             ("agent-key.pem", pki.agent_key_pem.clone()),
         ] {

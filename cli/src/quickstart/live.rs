@@ -51,37 +51,16 @@ pub(super) async fn kubeconfig(
     let secrets: Api<Secret> = Api::namespaced(hub.clone(), namespace);
     let name = principal::cluster_secret::secret_name(agent);
     let cs = ClusterSecret::from_secret(secrets.get(&name).await.with_context(|| format!("secret {name}"))?)?;
-    let tls = &cs.config.tls_client_config;
-    // ByteString serializes as base64, which is what kubeconfig's *-data fields hold.
-    let b64 = |bytes: &k8s_openapi::ByteString| -> anyhow::Result<serde_json::Value> {
-        anyhow::ensure!(!bytes.0.is_empty(), "the cluster secret {name} lacks TLS data");
-        Ok(serde_json::to_value(bytes)?)
-    };
-    // kubectl keeps the `?agentName=` of the server URL; the proxy ignores it, as upstream's.
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": agent, "cluster": {"server": cs.server, "certificate-authority-data": b64(&tls.ca_data)?}}],
-        "users": [{"name": agent, "user": {"client-certificate-data": b64(&tls.cert_data)?, "client-key-data": b64(&tls.key_data)?}}],
-        "contexts": [{"name": agent, "context": {"cluster": agent, "user": agent}}],
-        "current-context": agent,
-    });
-    std::fs::write(out, serde_json::to_string_pretty(&kubeconfig)?)
+    std::fs::write(out, serde_json::to_string_pretty(&cs.kubeconfig()?)?)
         .with_context(|| format!("cannot write {}", out.display()))?;
     Ok(out.to_path_buf())
 }
 
 /// Reads the demo ConfigMap through the proxy with `kubeconfig`, as kubectl would.
 pub(super) async fn read_through_proxy(kubeconfig: &Path) -> anyhow::Result<()> {
-    let mut config = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    for c in &mut config.clusters {
-        if let Some(server) = c.cluster.as_mut().and_then(|c| c.server.as_mut()) {
-            // kube-rs appends paths to the server URL; the query would end up before them.
-            *server = server.split('?').next().unwrap_or_default().to_owned();
-        }
-    }
-    let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default()).await?;
-    let api: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config)?, DEMO_NS);
+    let text = std::fs::read_to_string(kubeconfig).with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+    let client = principal::cluster_secret::proxy_client(&serde_json::from_str(&text)?).await?;
+    let api: Api<ConfigMap> = Api::namespaced(client, DEMO_NS);
     api.get(DEMO_NAME).await.context("reading the demo ConfigMap through the resource proxy")?;
     Ok(())
 }

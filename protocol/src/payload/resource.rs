@@ -277,6 +277,36 @@ const SEGMENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b':');
 
 impl ApiResource {
+    /// The discovery path of this target's group and version, for a request without a
+    /// resource: `/apis`, `/apis/<group>`, `/api/<version>` or `/apis/<group>/<version>`, every
+    /// segment checked and escaped.
+    ///
+    /// # Errors
+    ///
+    /// An [`ApiPathError`] naming the segment that cannot be part of a path.
+    pub fn discovery_path(&self) -> Result<String, ApiPathError> {
+        Ok(match (self.group.as_str(), self.version.as_str()) {
+            ("", "") => "/apis".to_owned(),
+            (group, "") => format!("/apis/{}", self.checked(group)?),
+            ("", version) => format!("/api/{}", self.checked(version)?),
+            (group, version) => format!("/apis/{}/{}", self.checked(group)?, self.checked(version)?),
+        })
+    }
+
+    /// `segment` escaped for a path, or the error naming it: empty, `.`, `..`, or with `/` or a
+    /// control character in it.
+    fn checked(&self, segment: &str) -> Result<String, ApiPathError> {
+        if segment.is_empty()
+            || segment == "."
+            || segment == ".."
+            || segment.contains('/')
+            || segment.chars().any(char::is_control)
+        {
+            return Err(ApiPathError::BadSegment { path: format!("{self:?}"), segment: segment.to_owned() });
+        }
+        Ok(percent_encoding::utf8_percent_encode(segment, SEGMENT).to_string())
+    }
+
     /// The target of a resource request.
     #[must_use]
     pub fn of(req: &ResourceRequest) -> Self {
@@ -298,17 +328,7 @@ impl ApiResource {
     /// An [`ApiPathError`] naming the segment that cannot be part of a path.
     pub fn path(&self) -> Result<String, ApiPathError> {
         let describe = || format!("{self:?}");
-        let check = |segment: &str| -> Result<String, ApiPathError> {
-            if segment.is_empty()
-                || segment == "."
-                || segment == ".."
-                || segment.contains('/')
-                || segment.chars().any(char::is_control)
-            {
-                return Err(ApiPathError::BadSegment { path: describe(), segment: segment.to_owned() });
-            }
-            Ok(percent_encoding::utf8_percent_encode(segment, SEGMENT).to_string())
-        };
+        let check = |segment: &str| self.checked(segment);
         if !self.version.starts_with('v') {
             return Err(ApiPathError::BadVersion { path: describe(), segment: self.version.clone() });
         }
@@ -421,6 +441,20 @@ mod tests {
         ] {
             let ApiPath::Resource(target) = ApiPath::parse(path).expect(path) else { panic!("{path}") };
             assert_eq!(target.path().expect(path), path);
+        }
+    }
+
+    #[test]
+    fn discovery_paths_render_checked() {
+        let at = |group: &str, version: &str| {
+            ApiResource { group: group.into(), version: version.into(), ..ApiResource::default() }.discovery_path()
+        };
+        assert_eq!(at("", "").unwrap(), "/apis");
+        assert_eq!(at("apps", "").unwrap(), "/apis/apps");
+        assert_eq!(at("", "v1").unwrap(), "/api/v1");
+        assert_eq!(at("argoproj.io", "v1alpha1").unwrap(), "/apis/argoproj.io/v1alpha1");
+        for (group, version) in [("..", ""), ("a/b", "v1"), ("apps", ".."), ("", "v1/x")] {
+            assert!(at(group, version).is_err(), "{group:?} {version:?}");
         }
     }
 
