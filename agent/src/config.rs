@@ -105,6 +105,8 @@ pub struct AgentConfig {
     pub heartbeat_interval: Option<Duration>,
     /// HTTP/2 keepalive PING interval (`--keep-alive-ping-interval`; `None` = off).
     pub keepalive: Option<Duration>,
+    /// HTTP/2, or gRPC over WebSocket (`--enable-websocket`); see [`crate::transport::Wire`].
+    pub wire: crate::transport::Wire,
     /// Notified when the principal refuses the stream's session (`Unauthenticated`: expired,
     /// revoked, blocklisted), so the credentials' owner refreshes or authenticates at once; the
     /// reconnect then picks up the new token from [`Self::credentials`].
@@ -135,6 +137,12 @@ pub struct AgentConfig {
     /// Globs of namespaces besides [`Self::namespace`] that may hold Applications
     /// (`--allowed-namespaces`).
     pub allowed_namespaces: Vec<String>,
+    /// The principal's namespace, as its `Authenticate` answered (`AuthResponse.principalNamespace`).
+    /// Under destination-based mapping, an Application from that namespace is kept in
+    /// [`Self::namespace`] instead, marked `argocd.argoproj.io/namespace-remapped=true`, when the
+    /// two differ (upstream §4.2). `None`: not known (credentials supplied without a session),
+    /// and nothing is remapped.
+    pub principal_namespace: Option<String>,
     /// Managed: an Application of another source in the way of the principal's.
     pub mismatch_policy: MismatchPolicy,
     /// Managed: an Application made here in the way of one the principal creates.
@@ -144,6 +152,9 @@ pub struct AgentConfig {
     /// Execute the principal's resource-proxy requests (`--enable-resource-proxy`, upstream's
     /// default on); off, each is answered 403 saying so.
     pub enable_resource_proxy: bool,
+    /// This cluster's Argo CD Redis, which answers the principal's Redis-proxy requests
+    /// (`--redis-addr` and friends); `None`: each is answered with an error saying so.
+    pub redis: Option<crate::redis::RedisConfig>,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -179,6 +190,7 @@ impl AgentConfig {
             retry: RetryPolicy::default(),
             heartbeat_interval: None,
             keepalive: Some(DEFAULT_KEEPALIVE),
+            wire: crate::transport::Wire::Http2,
             max_message_bytes: protocol::pb::MAX_MESSAGE_BYTES,
             renew_session: None,
             session: None,
@@ -188,10 +200,12 @@ impl AgentConfig {
             destination_based_mapping: false,
             create_namespace: false,
             allowed_namespaces: Vec::new(),
+            principal_namespace: None,
             mismatch_policy: MismatchPolicy::default(),
             adoption_policy: AdoptionPolicy::default(),
             on_recreate: RecreateAction::default(),
             enable_resource_proxy: true,
+            redis: None,
         }
     }
 

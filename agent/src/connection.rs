@@ -118,6 +118,8 @@ impl Sender {
 
 /// Runs the state machine until `cancel` fires.
 pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
+    // Redis-proxy subscriptions outlive a stream (the principal pings them on the next one).
+    let redis = Arc::new(crate::redis::Redis::new(spoke.config.redis.as_ref()));
     let mut state = State::Disconnected { attempt: 0 };
     // Whether the next stream starts with a resync: after start and after every stream the
     // principal accepted; not after a refused one, whose resync requests are still queued.
@@ -153,7 +155,7 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
             State::Connected(stream) => {
                 spoke.connected.store(true, Ordering::Relaxed);
                 crate::metrics::global().connected();
-                serve(&spoke, *stream, &cancel).await;
+                serve(&spoke, &redis, *stream, &cancel).await;
                 spoke.connected.store(false, Ordering::Relaxed);
                 crate::metrics::global().disconnected();
                 resync_due = true;
@@ -170,7 +172,7 @@ async fn connect(
 ) -> Result<Stream, ConnectError> {
     let cfg = &spoke.config;
     let addr = cfg.principal_addr.clone();
-    let channel = crate::transport::connect(&addr, cfg.tls.as_ref(), cfg.keepalive).await?;
+    let channel = crate::transport::connect_over(&addr, cfg.tls.as_ref(), cfg.keepalive, cfg.wire).await?;
     let mut client = crate::compression::event_stream_client(channel, cfg.compression)
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
@@ -206,7 +208,7 @@ async fn connect(
     }
 }
 
-async fn serve(spoke: &Arc<Spoke>, stream: Stream, cancel: &CancellationToken) {
+async fn serve(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, stream: Stream, cancel: &CancellationToken) {
     let Stream { mut inbound, sender } = stream;
     // Ends with the stream: the next one starts its own.
     let _periodic =
@@ -214,7 +216,7 @@ async fn serve(spoke: &Arc<Spoke>, stream: Stream, cancel: &CancellationToken) {
     let silence_limit = spoke.config.stream_silence_limit();
     loop {
         match link::recv::next(&mut inbound, cancel, silence_limit).await {
-            Next::Message(msg) => on_message(spoke, msg).await,
+            Next::Message(msg) => on_message(spoke, redis, msg).await,
             Next::Stopped => break,
             Next::Silent(silent_for) => {
                 tracing::warn!(
@@ -261,11 +263,17 @@ fn session_refused(spoke: &Spoke, status: &tonic::Status) {
 }
 
 /// Handles one message from the principal by the ACK policy of [`link::recv`].
-async fn on_message(spoke: &Arc<Spoke>, msg: WireEvent) {
+async fn on_message(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, msg: WireEvent) {
     crate::metrics::global().event_received();
     let Inbound::Event(ev) = link::recv::receive(&spoke.mailbox, "principal", msg) else {
         return;
     };
+    if crate::redis::is_request(&ev) {
+        // Answered from this cluster's Redis in the background; acknowledged now.
+        let result = crate::redis::accept(spoke, redis, &ev);
+        link::recv::settle(&spoke.mailbox, &ev, &result);
+        return;
+    }
     if crate::live::is_request(&ev) {
         // Executed in the background and answered by a `response`; acknowledged now.
         let result = crate::live::accept(spoke, &ev);

@@ -73,6 +73,22 @@ pub enum InboundError {
         /// The name.
         name: String,
     },
+    /// Destination-based mapping: an Application of the principal's namespace is kept in the
+    /// agent's, where the principal's Application of that name from the agent's namespace
+    /// already is (or the other way round). The one here stays.
+    #[error(
+        "Application {name:?} of hub namespace {hub_namespace} would be kept here as {namespace}/{name}, which holds the Application of hub namespace {held_hub_namespace}: Applications of the principal's namespace move to the agent's under destination-based mapping, so rename one of the two on the hub"
+    )]
+    NamespaceCollision {
+        /// The namespace here.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// The hub namespace of the refused Application.
+        hub_namespace: String,
+        /// The hub namespace of the one here.
+        held_hub_namespace: String,
+    },
     /// Destination-based mapping with `--create-namespace`: the namespace could not be created.
     #[error("cannot create namespace {namespace}: {source}")]
     NamespaceCreate {

@@ -1,25 +1,32 @@
 //! Events from the principal: apply them to the spoke, then ACK.
 
 use link::lock;
-use protocol::argocd::annotations::{LAST_APPLIED_CONFIGURATION, PRINCIPAL_UID, REFRESH, SOURCE_UID};
+use protocol::argocd::annotations::{
+    LAST_APPLIED_CONFIGURATION, NAMESPACE_REMAPPED, PRINCIPAL_UID, REFRESH, SOURCE_UID,
+};
 use protocol::argocd::{AppProject, Application, ApplicationDestination, OperationState};
 use protocol::{Event, EventType, Payload, Target};
 
 use crate::config::AgentMode;
 pub use crate::error::InboundError;
 use crate::resync;
-use crate::spoke::{Spoke, clear_server_fields, shipped};
+use crate::spoke::{Placement, Spoke, clear_server_fields, shipped};
 
 /// The destination name agent copies point at.
 pub use protocol::argocd::application::IN_CLUSTER_NAME;
 
-/// The spoke copy of a hub Application (managed mode, upstream §4.2).
-pub(crate) fn to_spoke(incoming: &Application, ns: &str, principal_uid: Option<&str>) -> Application {
+/// The spoke copy of a hub Application (managed mode, upstream §4.2), kept `at` its place here.
+pub(crate) fn to_spoke(incoming: &Application, at: Placement<'_>, principal_uid: Option<&str>) -> Application {
     let mut app = incoming.clone();
     let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
     clear_server_fields(&mut app.metadata);
-    app.metadata.namespace = Some(ns.to_owned());
+    app.metadata.namespace = Some(at.namespace.to_owned());
     app.metadata.remove_annotation(LAST_APPLIED_CONFIGURATION);
+    // Only this agent says whether its copy was moved.
+    app.metadata.remove_annotation(NAMESPACE_REMAPPED);
+    if at.remapped {
+        app.metadata.set_annotation(NAMESPACE_REMAPPED, "true");
+    }
     app.metadata.set_annotation(SOURCE_UID, source_uid);
     if let Some(uid) = principal_uid {
         app.metadata.set_annotation(PRINCIPAL_UID, uid);
@@ -45,8 +52,8 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
             upsert_managed(spoke, &app, ev.principal_uid.as_deref(), ev.event_type == EventType::Create).await
         }
         (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
-            let (ns, name) = spoke_key(spoke, &app)?;
-            let ns = ns.to_owned();
+            let (at, name) = spoke_key(spoke, &app)?;
+            let ns = at.namespace.to_owned();
             // Events of different resources are not ordered: a delete of an older hub
             // incarnation (other UID) must not remove the copy of a newer one.
             let incoming_uid = app.metadata.uid.as_deref().filter(|u| !u.is_empty());
@@ -58,6 +65,11 @@ pub(crate) async fn process(spoke: &Spoke, ev: &Event) -> Result<(), InboundErro
                 };
                 if incoming_uid.is_some_and(|uid| uid != local_uid) {
                     tracing::info!(app = %name, "delete for an older incarnation of this Application; ignored");
+                    return Ok(());
+                }
+                if collides(spoke, &local, at) && !same_source(&local, &app) {
+                    tracing::info!(app = %name, %ns, hub_namespace = ?app.metadata.namespace,
+                        "delete for a hub Application whose name is taken here by another; ignored");
                     return Ok(());
                 }
             }
@@ -117,11 +129,20 @@ async fn upsert_managed(
     principal_uid: Option<&str>,
     create: bool,
 ) -> Result<(), InboundError> {
-    let (ns, name) = spoke_key(spoke, incoming)?;
+    let (at, name) = spoke_key(spoke, incoming)?;
+    let ns = at.namespace;
     let key = (ns.to_owned(), name.clone());
+    let existing = spoke.apps.get::<Application>(ns, &name).await?;
+    // Another hub Application holds this place here (one from the principal's namespace
+    // and one from the agent's, of one name): the first one stays.
+    let taken = existing.as_ref().filter(|e| collides(spoke, e, at) && !same_source(e, incoming));
     if incoming.is_being_deleted() {
         // The hub is deleting it (finalizers pending there): delete here; our `delete` goes
         // up once the local object is gone, and the principal then completes its deletion.
+        if taken.is_some() || existing.is_none() {
+            spoke.send_object(EventType::Delete, Target::Application, &incoming.metadata, incoming);
+            return Ok(());
+        }
         spoke.managed.expect_delete(key.clone());
         if !spoke.apps.delete(ns, &name).await? {
             spoke.managed.cancel_delete(&key);
@@ -129,8 +150,10 @@ async fn upsert_managed(
         }
         return Ok(());
     }
-    let local = to_spoke(incoming, ns, principal_uid);
-    let existing = spoke.apps.get::<Application>(ns, &name).await?;
+    if let Some(other) = taken {
+        return Err(collision(spoke, incoming, other, ns, name));
+    }
+    let local = to_spoke(incoming, at, principal_uid);
     if let Some(existing) = &existing {
         match identity(spoke, existing, incoming, principal_uid) {
             Identity::Same => {}
@@ -263,20 +286,49 @@ async fn create_in_namespace(spoke: &Spoke, ns: &str, name: &str, app: &Applicat
     }
 }
 
-/// The namespace and name of the spoke Application an event from the principal is about.
-fn spoke_key<'a>(spoke: &'a Spoke, incoming: &'a Application) -> Result<(&'a str, String), InboundError> {
+/// Where the spoke Application an event from the principal is about is kept, and its name.
+fn spoke_key<'a>(spoke: &'a Spoke, incoming: &'a Application) -> Result<(Placement<'a>, String), InboundError> {
     Ok((
         spoke.app_namespace(incoming.metadata.namespace.as_deref())?,
         incoming.metadata.name.clone().unwrap_or_default(),
     ))
 }
 
+/// Whether `existing` holds the place `at` for another hub Application (see
+/// [`Spoke::holds_other`]).
+fn collides(spoke: &Spoke, existing: &Application, at: Placement<'_>) -> bool {
+    spoke.holds_other(&existing.metadata, at)
+}
+
+/// Whether `existing` is the copy of the hub Application `incoming`.
+fn same_source(existing: &Application, incoming: &Application) -> bool {
+    let uid = incoming.metadata.source_uid().or(incoming.metadata.uid.as_deref()).filter(|u| !u.is_empty());
+    uid.is_some() && existing.metadata.source_uid() == uid
+}
+
+/// The error that refuses `incoming`, whose place here `other` holds (see [`collides`]).
+fn collision(spoke: &Spoke, incoming: &Application, other: &Application, ns: &str, name: String) -> InboundError {
+    let err = InboundError::NamespaceCollision {
+        namespace: ns.to_owned(),
+        name,
+        hub_namespace: incoming.metadata.namespace.clone().unwrap_or_default(),
+        held_hub_namespace: spoke.hub_namespace(&other.metadata).to_owned(),
+    };
+    tracing::warn!(error = %err, "refused an Application");
+    err
+}
+
 async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool) -> Result<(), InboundError> {
-    let (ns, name) = spoke_key(spoke, incoming)?;
-    spoke.managed.update_source(&(ns.to_owned(), name.clone()), |src| src.operation.clone_from(&incoming.operation));
+    let (at, name) = spoke_key(spoke, incoming)?;
+    let ns = at.namespace;
+    let mut other = None;
     let written = spoke
         .apps
         .update::<Application, _>(ns, &name, |cur| {
+            if collides(spoke, cur, at) && !same_source(cur, incoming) {
+                other = Some(cur.clone());
+                return false;
+            }
             let before = cur.clone();
             if cur.is_terminating() && incoming.operation.is_some() {
                 return false; // upstream ignores a new operation while terminating
@@ -290,6 +342,10 @@ async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool
             *cur != before
         })
         .await?;
+    if let Some(other) = other {
+        return Err(collision(spoke, incoming, &other, ns, name));
+    }
+    spoke.managed.update_source(&(ns.to_owned(), name.clone()), |src| src.operation.clone_from(&incoming.operation));
     match written {
         Some(_) => Ok(()),
         None => Err(InboundError::Missing { name, namespace: ns.to_owned() }),
@@ -297,10 +353,16 @@ async fn set_operation(spoke: &Spoke, incoming: &Application, refresh_only: bool
 }
 
 async fn terminate(spoke: &Spoke, incoming: &Application) -> Result<(), InboundError> {
-    let (ns, name) = spoke_key(spoke, incoming)?;
+    let (at, name) = spoke_key(spoke, incoming)?;
+    let ns = at.namespace;
+    let mut other = None;
     let written = spoke
         .apps
         .update::<Application, _>(ns, &name, |cur| {
+            if collides(spoke, cur, at) && !same_source(cur, incoming) {
+                other = Some(cur.clone());
+                return false;
+            }
             if cur.is_terminating() {
                 return false;
             }
@@ -310,6 +372,9 @@ async fn terminate(spoke: &Spoke, incoming: &Application) -> Result<(), InboundE
             true
         })
         .await?;
+    if let Some(other) = other {
+        return Err(collision(spoke, incoming, &other, ns, name));
+    }
     match written {
         Some(_) => Ok(()),
         None => Err(InboundError::Missing { name, namespace: ns.to_owned() }),
@@ -359,7 +424,7 @@ mod tests {
             "status": {"health": {"status": "Healthy"}},
         }))
         .unwrap_or_default();
-        let local = to_spoke(&hub, "argocd", Some("principal-uid"));
+        let local = to_spoke(&hub, Placement { namespace: "argocd", remapped: false }, Some("principal-uid"));
         assert_eq!(local.metadata.namespace.as_deref(), Some("argocd"));
         assert_eq!(local.metadata.source_uid(), Some("hub-uid"));
         assert_eq!(local.metadata.annotation(PRINCIPAL_UID), Some("principal-uid"));
@@ -368,5 +433,20 @@ mod tests {
         let dest = local.spec.destination.unwrap_or_default();
         assert_eq!((dest.name.as_deref(), dest.server.as_deref()), (Some(IN_CLUSTER_NAME), None));
         assert_eq!(dest.namespace.as_deref(), Some("guestbook"));
+    }
+
+    #[test]
+    fn only_the_agent_marks_a_moved_copy() {
+        let mut hub: Application = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "argocd", "uid": "hub-uid"},
+            "spec": {"destination": {"name": "agent-1", "namespace": "guestbook"}},
+        }))
+        .unwrap_or_default();
+        let moved = to_spoke(&hub, Placement { namespace: "argocd-agent", remapped: true }, None);
+        assert_eq!(moved.metadata.namespace.as_deref(), Some("argocd-agent"));
+        assert_eq!(moved.metadata.annotation(NAMESPACE_REMAPPED), Some("true"));
+        hub.metadata.set_annotation(NAMESPACE_REMAPPED, "true");
+        let kept = to_spoke(&hub, Placement { namespace: "argocd", remapped: false }, None);
+        assert_eq!(kept.metadata.annotation(NAMESPACE_REMAPPED), None, "a mark on the hub copy means nothing here");
     }
 }

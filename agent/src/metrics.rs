@@ -45,6 +45,8 @@ pub struct AgentMetrics {
     reconnects: CounterVec,
     resyncs: CounterVec,
     resync_duration: HistogramVec,
+    redis_requests: CounterVec,
+    redis_errors: CounterVec,
 }
 
 impl Default for AgentMetrics {
@@ -111,6 +113,25 @@ impl AgentMetrics {
                 &["mode"],
                 DEFAULT_BUCKETS,
             ),
+            redis_requests: CounterVec::new(
+                "argocd_agent_redis_proxy_requests_total",
+                "The total number of Redis-proxy requests from the principal, by command (get, subscribe, ping).",
+                &["command"],
+            ),
+            redis_errors: CounterVec::new(
+                "argocd_agent_redis_proxy_errors_total",
+                "The total number of Redis-proxy requests from the principal that failed, by command.",
+                &["command"],
+            ),
+        }
+    }
+
+    /// A Redis-proxy request (`command`: get, subscribe, ping) was answered; `failed` if with an
+    /// error.
+    pub fn redis_request(&self, command: &str, failed: bool) {
+        self.redis_requests.inc(&[command]);
+        if failed {
+            self.redis_errors.inc(&[command]);
         }
     }
 
@@ -259,7 +280,7 @@ impl AgentMetrics {
                 age.map_or(0.0, |a| a.as_secs_f64()),
             );
         }
-        for family in [&self.reconnects, &self.discarded, &self.resyncs] {
+        for family in [&self.reconnects, &self.discarded, &self.resyncs, &self.redis_requests, &self.redis_errors] {
             family.encode(&mut out);
         }
         for family in [&self.event_processing, &self.propagation, &self.resync_duration] {

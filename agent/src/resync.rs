@@ -80,7 +80,8 @@ async fn managed_held(spoke: &Spoke) -> Result<Vec<(&'static str, ObjectMeta, Op
     let repos = shipped::held::<Secret>(spoke).await?;
     let gpg = shipped::held::<ConfigMap>(spoke).await?;
     let mut held = Vec::new();
-    held.extend(apps.into_iter().map(|a| (RESYNC_KIND_APPLICATION, a.metadata.clone(), checksum_of(&a))));
+    // Applications as the principal knows them (one moved from its namespace, in that one).
+    held.extend(apps.into_iter().map(|a| (RESYNC_KIND_APPLICATION, spoke.hub_meta(&a.metadata), checksum_of(&a))));
     held.extend(projects.into_iter().map(|p| (RESYNC_KIND_APP_PROJECT, p.metadata.clone(), checksum_of(&p))));
     held.extend(repos.into_iter().map(|r| (RESYNC_KIND_REPOSITORY, r.metadata.clone(), repo_checksum(&r))));
     held.extend(gpg.into_iter().map(|c| (RESYNC_KIND_GPG_KEY, c.metadata.clone(), gpg_checksum(&c))));
@@ -165,13 +166,15 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             Ok(())
         }
         (AgentMode::Managed, Payload::SyncedResource(res)) => {
-            // Applications keep the hub's namespace under destination-based mapping.
-            let res_ns =
-                if res.kind == RESYNC_KIND_APPLICATION { spoke.app_namespace(Some(&res.namespace))? } else { ns };
             let (meta, checksum) = if res.kind == RESYNC_KIND_APPLICATION {
-                match spoke.apps.get::<Application>(res_ns, &res.name).await? {
-                    Some(a) => (Some(a.metadata.clone()), checksum_of(&a)),
-                    None => (None, None),
+                // Applications keep the hub's namespace under destination-based mapping (the
+                // principal's own moves to the agent's): the copy here of the one named, if any.
+                let at = spoke.app_namespace(Some(&res.namespace))?;
+                match spoke.apps.get::<Application>(at.namespace, &res.name).await? {
+                    Some(a) if !spoke.holds_other(&a.metadata, at) => {
+                        (Some(spoke.hub_meta(&a.metadata)), checksum_of(&a))
+                    }
+                    _ => (None, None),
                 }
             } else if res.kind == RESYNC_KIND_APP_PROJECT {
                 match spoke.projects.get::<AppProject>(ns, &res.name).await? {
@@ -194,7 +197,8 @@ pub(crate) async fn handle(spoke: &Spoke, ev: &Event, payload: Payload) -> Resul
             let req = match meta {
                 Some(m) => request_update(&res.kind, &m, checksum),
                 None => {
-                    RequestUpdate { name: res.name, namespace: res_ns.to_owned(), kind: res.kind, ..Default::default() }
+                    let namespace = if res.kind == RESYNC_KIND_APPLICATION { res.namespace } else { ns.to_owned() };
+                    RequestUpdate { name: res.name, namespace, kind: res.kind, ..Default::default() }
                 }
             };
             send(spoke, EventType::RequestUpdate, &req);

@@ -36,6 +36,8 @@ pub struct Session {
     renew: Arc<Notify>,
     /// gzip on the `Authentication` calls (`--enable-compression`, as upstream's agent).
     compression: bool,
+    /// How a redial reaches the principal (`--enable-websocket`).
+    wire: crate::transport::Wire,
 }
 
 impl std::fmt::Debug for Session {
@@ -56,6 +58,7 @@ impl Session {
             params,
             renew: Arc::new(Notify::new()),
             compression: false,
+            wire: crate::transport::Wire::Http2,
         }
     }
 
@@ -75,6 +78,13 @@ impl Session {
     #[must_use]
     pub fn with_compression(mut self, on: bool) -> Self {
         self.compression = on;
+        self
+    }
+
+    /// The same session, redialling over `wire` (the wire its channel was made with).
+    #[must_use]
+    pub fn over(mut self, wire: crate::transport::Wire) -> Self {
+        self.wire = wire;
         self
     }
 
@@ -106,7 +116,7 @@ impl Session {
 
     /// Moves the session to a new connection made with the current TLS configuration.
     fn redial(&self, redial: &Redial) {
-        match crate::transport::lazy_channel(&redial.addr, Some(&redial.tls), redial.keepalive) {
+        match crate::transport::lazy_channel_over(&redial.addr, Some(&redial.tls), redial.keepalive, self.wire) {
             Ok(channel) => *self.channel.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = channel,
             Err(e) => tracing::warn!(error = %e, "cannot redial the principal; the session keeps its connection"),
         }

@@ -4,6 +4,11 @@
 //! the current SVID on every handshake, so a rotation reaches the next connection), or from a
 //! configuration the caller replaces as certificates are reissued ([`AgentTls::Reloading`]: each
 //! new connection uses the latest one).
+//!
+//! Calls travel as native gRPC over HTTP/2 ([`Wire::Http2`]) or, with `--enable-websocket`, as
+//! gRPC over WebSocket on HTTP/1.1 ([`Wire::WebSocket`], grpc-http1's framing, one WebSocket per
+//! call): the channel then talks HTTP/2 to an in-process server that opens a WebSocket to the
+//! principal for each call ([`link::grpcws`]). Either way callers get a tonic [`Channel`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -75,6 +80,11 @@ pub enum TransportError {
     /// The TLS server name is not a DNS name or IP address.
     #[error("TLS server name {0:?} is not a DNS name or IP address")]
     BadServerName(String),
+    /// The WebSocket transport needs TLS it drives itself.
+    #[error(
+        "the WebSocket transport (--enable-websocket) needs a rustls TLS configuration, not tonic's ClientTlsConfig"
+    )]
+    WebSocketNeedsRustls,
     /// TCP/TLS/HTTP2 connection failed.
     #[error("cannot connect to the principal at {addr}: {source}")]
     Dial {
@@ -132,6 +142,14 @@ impl RustlsConnector {
         Ok(Some(Self { config, server_name }))
     }
 
+    /// The connector for a WebSocket connection: the current configuration offering ALPN
+    /// `http/1.1` only (what the connection speaks).
+    fn http1_connector(&self) -> tokio_rustls::TlsConnector {
+        let mut config = (**self.config.borrow()).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+
     /// The connector for a new connection: the current configuration, with ALPN `h2` added
     /// when it has none.
     fn connector(&self) -> tokio_rustls::TlsConnector {
@@ -171,6 +189,18 @@ impl RustlsConnector {
     }
 }
 
+/// How calls travel to the principal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wire {
+    /// Native gRPC over HTTP/2 (h2 with TLS, h2c in plaintext).
+    #[default]
+    Http2,
+    /// gRPC over WebSocket on HTTP/1.1 (`--enable-websocket`), framed as upstream's
+    /// `golang.stackrox.io/grpc-http1` frames it: one WebSocket connection per call. For
+    /// networks whose proxies pass only HTTP/1.1. HTTP/2 keepalive becomes WebSocket pings.
+    WebSocket,
+}
+
 /// A channel to `addr` that connects on first use (and reconnects after failures on later
 /// calls), with `tls` when given and HTTP/2 keepalive PINGs every `keepalive` when given.
 ///
@@ -182,6 +212,25 @@ pub fn lazy_channel(
     tls: Option<&AgentTls>,
     keepalive: Option<Duration>,
 ) -> Result<Channel, TransportError> {
+    lazy_channel_over(addr, tls, keepalive, Wire::Http2)
+}
+
+/// [`lazy_channel`] over `wire`.
+///
+/// # Errors
+///
+/// As [`lazy_channel`]; [`TransportError::WebSocketNeedsRustls`] for [`Wire::WebSocket`] with
+/// [`AgentTls::Tonic`].
+pub fn lazy_channel_over(
+    addr: &str,
+    tls: Option<&AgentTls>,
+    keepalive: Option<Duration>,
+    wire: Wire,
+) -> Result<Channel, TransportError> {
+    if wire == Wire::WebSocket {
+        let (endpoint, dialer) = websocket(addr, tls, keepalive)?;
+        return Ok(endpoint.connect_with_connector_lazy(dialer.connector()));
+    }
     let endpoint = endpoint(addr, tls, keepalive)?;
     match tls {
         None => Ok(endpoint.connect_lazy()),
@@ -206,8 +255,28 @@ pub async fn connect(
     tls: Option<&AgentTls>,
     keepalive: Option<Duration>,
 ) -> Result<Channel, TransportError> {
-    let endpoint = endpoint(addr, tls, keepalive)?;
+    connect_over(addr, tls, keepalive, Wire::Http2).await
+}
+
+/// [`connect`] over `wire`. With [`Wire::WebSocket`] the channel's connection is in-process:
+/// the principal is dialled by each call, and a call that cannot reach it fails with
+/// `UNAVAILABLE` naming why.
+///
+/// # Errors
+///
+/// As [`lazy_channel_over`], or [`TransportError::Dial`] when the connection fails.
+pub async fn connect_over(
+    addr: &str,
+    tls: Option<&AgentTls>,
+    keepalive: Option<Duration>,
+    wire: Wire,
+) -> Result<Channel, TransportError> {
     let dial = |source| TransportError::Dial { addr: addr.to_owned(), source };
+    if wire == Wire::WebSocket {
+        let (endpoint, dialer) = websocket(addr, tls, keepalive)?;
+        return endpoint.connect_with_connector(dialer.connector()).await.map_err(dial);
+    }
+    let endpoint = endpoint(addr, tls, keepalive)?;
     match tls {
         None => endpoint.connect().await.map_err(dial),
         Some(AgentTls::Tonic(config)) => endpoint
@@ -220,5 +289,135 @@ pub async fn connect(
             Some(connector) => endpoint.connect_with_connector(connector.service()).await.map_err(dial),
             None => endpoint.connect().await.map_err(dial),
         },
+    }
+}
+
+// === WebSocket ===
+
+/// How long opening one call's WebSocket (TCP, TLS, upgrade) may take.
+pub const WEBSOCKET_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bytes buffered each way between the channel and the in-process server.
+const LOCAL_BUFFER: usize = 64 << 10;
+
+/// The endpoint the channel dials (in-process, so plaintext HTTP/2 without keepalive) and the
+/// dialer that opens each call's WebSocket to the principal at `addr`.
+fn websocket(
+    addr: &str,
+    tls: Option<&AgentTls>,
+    keepalive: Option<Duration>,
+) -> Result<(Endpoint, Arc<WebSocketDialer>), TransportError> {
+    let bad = |source| TransportError::BadAddress { addr: addr.to_owned(), source };
+    let tls = match tls {
+        None => None,
+        Some(AgentTls::Tonic(_)) => return Err(TransportError::WebSocketNeedsRustls),
+        Some(tls) => RustlsConnector::new(tls)?,
+    };
+    let uri = Endpoint::from_shared(addr.to_owned()).map_err(bad)?.uri().clone();
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
+    let port = uri.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
+    let authority = uri.authority().map_or_else(|| format!("{host}:{port}"), ToString::to_string);
+    let endpoint = Endpoint::from_shared(format!("http://{authority}"))
+        .map_err(bad)?
+        .user_agent(concat!("argocd-agent/v", env!("CARGO_PKG_VERSION")))
+        .map_err(bad)?;
+    let options = link::grpcws::ClientOptions {
+        max_message_bytes: protocol::pb::MAX_MESSAGE_BYTES,
+        keepalive,
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
+    };
+    Ok((endpoint, Arc::new(WebSocketDialer { host, port, authority, tls, options })))
+}
+
+/// Opens one WebSocket per call to the principal.
+struct WebSocketDialer {
+    host: String,
+    port: u16,
+    /// `host:port` as the `Host` header names it.
+    authority: String,
+    tls: Option<RustlsConnector>,
+    options: link::grpcws::ClientOptions,
+}
+
+/// A connection to the principal, TLS or not.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
+impl WebSocketDialer {
+    /// What the channel dials: a new in-process HTTP/2 server whose calls go out as WebSockets.
+    fn connector(
+        self: Arc<Self>,
+    ) -> impl tower::Service<
+        Uri,
+        Response = TokioIo<tokio::io::DuplexStream>,
+        Error = std::io::Error,
+        Future = impl Future<Output = std::io::Result<TokioIo<tokio::io::DuplexStream>>> + Send,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(move |_: Uri| {
+            let this = self.clone();
+            async move {
+                let (local, server) = tokio::io::duplex(LOCAL_BUFFER);
+                let service = hyper::service::service_fn(move |request| this.clone().call(request));
+                let connection = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .max_frame_size(1 << 20)
+                    .serve_connection(TokioIo::new(server), service);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "in-process HTTP/2 connection of the WebSocket transport ended");
+                    }
+                });
+                Ok(TokioIo::new(local))
+            }
+        })
+    }
+
+    /// One call: open its WebSocket and carry it.
+    async fn call(
+        self: Arc<Self>,
+        request: http::Request<hyper::body::Incoming>,
+    ) -> Result<http::Response<link::grpcws::Body>, std::convert::Infallible> {
+        let (head, body) = request.into_parts();
+        let path = head.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
+        let opened = tokio::time::timeout(WEBSOCKET_DIAL_TIMEOUT, self.open(path, &head.headers)).await;
+        let ws = match opened {
+            Ok(Ok(ws)) => ws,
+            Ok(Err(e)) => {
+                return Ok(link::grpcws::status_response(&tonic::Status::unavailable(format!(
+                    "cannot open a WebSocket to the principal at {}: {e}",
+                    self.authority
+                ))));
+            }
+            Err(_) => {
+                return Ok(link::grpcws::status_response(&tonic::Status::unavailable(format!(
+                    "opening a WebSocket to the principal at {} took longer than {WEBSOCKET_DIAL_TIMEOUT:?}",
+                    self.authority
+                ))));
+            }
+        };
+        Ok(link::grpcws::forward(ws, body, self.options).await)
+    }
+
+    async fn open(
+        &self,
+        path: &str,
+        headers: &http::HeaderMap,
+    ) -> Result<tokio_tungstenite::WebSocketStream<Box<dyn Io>>, Box<dyn std::error::Error + Send + Sync>> {
+        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        tcp.set_nodelay(true)?;
+        let io: Box<dyn Io> = match &self.tls {
+            Some(tls) => Box::new(tls.http1_connector().connect(tls.server_name.clone(), tcp).await.map_err(|e| {
+                if e.to_string().contains("NoApplicationProtocol") {
+                    format!("{e} (the principal does not offer HTTP/1.1: does it run with --enable-websocket?)").into()
+                } else {
+                    Box::<dyn std::error::Error + Send + Sync>::from(e)
+                }
+            })?),
+            None => Box::new(tcp),
+        };
+        let max = self.options.max_message_bytes;
+        Ok(link::grpcws::handshake(io, &self.authority, path, headers, max).await?)
     }
 }

@@ -127,8 +127,10 @@ pub struct Args {
     /// do that here).
     #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL")]
     pub full_detail: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", hide = true)]
+    /// Reach the principal with gRPC over WebSocket on HTTP/1.1 (upstream's grpc-http1 framing,
+    /// one WebSocket per call), for proxies that pass only HTTP/1.1; the principal needs
+    /// --enable-websocket too.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET")]
     pub enable_websocket: Option<bool>,
     /// gzip-compress every call to the principal; it answers compressed (upstream's name and
     /// behaviour; both principals decompress it).
@@ -177,9 +179,9 @@ pub struct Args {
     /// agent always does); refused in autonomous mode, where it would sync nothing.
     #[arg(long, env = "ARGOCD_AGENT_IGNORE_UNMANAGED_APPS")]
     pub ignore_unmanaged_apps: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "REDIS_ADDR", hide = true)]
-    pub redis_addr: Option<String>,
+    /// This cluster's Argo CD Redis, read for the principal's Redis proxy.
+    #[command(flatten)]
+    pub redis: crate::redis_proxy::AgentRedis,
     /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
     #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS")]
     pub otlp_address: Option<String>,
@@ -189,7 +191,7 @@ pub struct Args {
     /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
     #[arg(long, env = "ARGOCD_AGENT_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
     pub otlp_sampling_ratio: f64,
-    /// Upstream's flags of features not here yet (Redis, adoption policies, ...) and knobs of
+    /// Upstream's flags of features not here yet (SPIRE-specific flags, ...) and knobs of
     /// upstream internals without a counterpart.
     #[command(flatten)]
     pub upstream: crate::upstream_only::AgentOnly,
@@ -202,12 +204,11 @@ impl Args {
     /// Names every unsupported flag that was set, or the missing required flag.
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
-        u.check("--enable-websocket", self.enable_websocket == Some(true))
-            .check_opt("--redis-addr", &self.redis_addr)
-            .check("--creds userpass", self.creds.starts_with("userpass:"));
+        u.check("--creds userpass", self.creds.starts_with("userpass:"));
         self.upstream.check(&mut u);
         u.finish("argocd-agent agent")?;
         self.upstream.notes()?;
+        self.redis.check()?;
         crate::upstream_only::debug_knob_notes(self.pprof_port, self.full_detail.as_deref(), "agent::connection")?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
@@ -473,7 +474,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
         None => Some(agent::config::DEFAULT_KEEPALIVE),
     };
-    let channel = agent::transport::lazy_channel(&addr, transport.tls.as_ref(), keepalive)
+    let wire = if args.enable_websocket == Some(true) {
+        agent::transport::Wire::WebSocket
+    } else {
+        agent::transport::Wire::Http2
+    };
+    let channel = agent::transport::lazy_channel_over(&addr, transport.tls.as_ref(), keepalive, wire)
         .with_context(|| format!("--server-address {:?}", args.server_address))?;
 
     let mut creds = auth::Credentials::new();
@@ -487,7 +493,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         version: VERSION.to_string(),
         agent_namespace: args.namespace.clone(),
     };
-    let mut session = agent::session::Session::new(channel, creds, params).with_compression(args.enable_compression);
+    let mut session =
+        agent::session::Session::new(channel, creds, params).with_compression(args.enable_compression).over(wire);
     if let Some(tls) = &transport.tls {
         session = session.redialing(&addr, tls, keepalive);
     }
@@ -511,6 +518,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         agent::AgentConfig::new(addr, name.clone(), mode).with_session(session, transport.call_metadata.clone());
     config.tls = transport.tls.clone();
     config.keepalive = keepalive;
+    config.wire = wire;
     config.max_message_bytes = args.grpc_max_message_size;
     config.compression = args.enable_compression;
     config.resync_interval = Some(crate::flags::parse_duration(&args.resync_interval).context("--resync-interval")?)
@@ -519,10 +527,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.destination_based_mapping = args.destination_based_mapping == Some(true);
     config.create_namespace = args.create_namespace == Some(true);
     config.allowed_namespaces = args.allowed_namespaces.clone();
+    config.principal_namespace = Some(info.namespace.clone()).filter(|ns| !ns.is_empty());
     config.mismatch_policy = args.source_uid_mismatch_policy;
     config.adoption_policy = args.adoption_policy;
     config.on_recreate = args.on_application_recreate;
     config.enable_resource_proxy = args.enable_resource_proxy != Some(false);
+    config.redis = Some(args.redis.config(&secrets).await?);
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {
         tracing::info!(

@@ -12,6 +12,7 @@ mod observability;
 mod otel;
 mod principal_cmd;
 mod quickstart;
+mod redis_proxy;
 mod reload;
 mod signals;
 mod tls;

@@ -187,15 +187,13 @@ pub struct Args {
     /// Proxied requests of one agent in flight at once; more are answered 429.
     #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_IN_FLIGHT", default_value_t = 64)]
     pub resource_proxy_max_in_flight: u32,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", hide = true)]
+    /// Also take gRPC over WebSocket on HTTP/1.1 on the agents' port (upstream's grpc-http1
+    /// framing), for agents behind proxies that pass only HTTP/1.1; native HTTP/2 keeps working.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET")]
     pub enable_websocket: Option<bool>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS", hide = true)]
-    pub redis_server_address: Option<String>,
-    /// Not supported yet.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY", hide = true)]
-    pub disable_redis_proxy: Option<bool>,
+    /// The Redis proxy (docs/live-resources.md).
+    #[command(flatten)]
+    pub redis: crate::redis_proxy::PrincipalRedis,
     /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
     #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS")]
     pub otlp_address: Option<String>,
@@ -231,7 +229,7 @@ pub struct Args {
     /// time, in order); unset or 0: no limit.
     #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS")]
     pub event_processors: Option<u32>,
-    /// Upstream's flags of features not here yet (resource proxy, Redis, HA, ...).
+    /// Upstream's flags of features not here yet (cross-hub HA, SPIRE-specific flags).
     #[command(flatten)]
     pub upstream: crate::upstream_only::PrincipalOnly,
 }
@@ -277,6 +275,7 @@ impl Args {
             self.full_detail.as_deref(),
             "principal::service",
         )?);
+        notes.extend(self.redis.check()?);
         Ok(notes)
     }
 
@@ -303,9 +302,6 @@ impl Args {
     /// Names every such flag that was set.
     pub fn check_supported(&self) -> anyhow::Result<()> {
         let mut u = Unsupported::default();
-        u.check("--enable-websocket", self.enable_websocket == Some(true))
-            .check_opt("--redis-server-address", &self.redis_server_address)
-            .check("--disable-redis-proxy=false", self.disable_redis_proxy == Some(false));
         self.upstream.check(&mut u);
         u.finish("argocd-agent principal")?;
         self.notes()?;
@@ -643,6 +639,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             tokens: sessions.issuer().clone(),
         });
     }
+    let max_message_bytes = config.max_message_bytes;
     let principal = principal::Principal::new(config, client, principal::auth_layer_identity())
         .await
         .context("cannot start the principal")?;
@@ -658,6 +655,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     });
     // Before the agents' listener announces itself: once it has, both are up.
     serve_resource_proxy(&args, &secrets, &principal, sessions.issuer(), &cancel).await?;
+    let redis_tls = crate::redis_proxy::ListenerTls {
+        policy: args.tls_policy()?,
+        reload_every: crate::reload::interval(&args.tls_reload_interval)?,
+    };
+    crate::redis_proxy::serve_principal(&args.redis, redis_tls, &secrets, &principal, &cancel).await?;
     let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
     let listener = tokio::net::TcpListener::bind((host, args.listen_port))
         .await
@@ -674,6 +676,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             version_check: version_check(&args)?,
         },
     };
+    let websocket = (args.enable_websocket == Some(true)).then(|| {
+        tracing::info!("gRPC over WebSocket (HTTP/1.1) accepted on the agents' port too (--enable-websocket)");
+        principal::websocket::WebSocketOptions { max_message_bytes, ..Default::default() }
+    });
     let served = if args.insecure_plaintext {
         tracing::warn!(
             "serving plaintext gRPC (--insecure-plaintext): only behind a mesh sidecar on loopback, or for tests"
@@ -681,17 +687,30 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         // TCP_NODELAY: without it, small event frames wait for the peer's delayed ACK (~40 ms per
         // event through a sidecar).
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        principal.serve_agents(Some(auth), incoming, cancel).await
+        if let Some(options) = websocket {
+            principal.serve_agents(Some(auth), principal::websocket::with_websocket(incoming, options), cancel).await
+        } else {
+            principal.serve_agents(Some(auth), incoming, cancel).await
+        }
     } else {
         // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
         let incoming = match &workload_tls {
+            Some((_identity, tls)) if websocket.is_some() => {
+                auth::tls::TlsIncoming::new(listener, principal::websocket::offer_http1(tls))
+            }
             Some((_identity, tls)) => auth::tls::TlsIncoming::new(listener, tls.clone()),
-            None => auth::tls::TlsIncoming::reloading(
-                listener,
-                reloading_server_tls(&args, &secrets, Listener::Agents, &cancel).await?,
-            ),
+            None => {
+                let tls = reloading_server_tls(&args, &secrets, Listener::Agents, &cancel).await?;
+                // WebSocket clients and HTTP/1.1 proxies may offer only ALPN http/1.1.
+                let tls = if websocket.is_some() { principal::websocket::offer_http1_reloading(tls) } else { tls };
+                auth::tls::TlsIncoming::reloading(listener, tls)
+            }
         };
-        principal.serve_agents(Some(auth), incoming, cancel).await
+        if let Some(options) = websocket {
+            principal.serve_agents(Some(auth), principal::websocket::with_websocket(incoming, options), cancel).await
+        } else {
+            principal.serve_agents(Some(auth), incoming, cancel).await
+        }
     };
     served.context("the gRPC server failed")
 }

@@ -1,5 +1,5 @@
-//! Upstream flags of features this implementation does not have yet (the Redis proxy, cross-hub
-//! HA, SPIRE-specific flags), and tuning knobs of upstream internals that have no counterpart here. Each parses
+//! Upstream flags of features this implementation does not have yet (cross-hub HA,
+//! SPIRE-specific flags), and tuning knobs of upstream internals that have no counterpart here. Each parses
 //! with upstream's name and environment variable, so an upstream command line, manifest or
 //! `argocd-agent-params` ConfigMap reaches a clear answer: setting a feature's flag stops startup
 //! naming it ([`Unsupported`]); a knob without a counterpart is accepted and logged as having no
@@ -10,26 +10,6 @@ use crate::unsupported::Unsupported;
 /// The principal's.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PrincipalOnly {
-    #[arg(long, env = "REDIS_PASSWORD", hide = true)]
-    redis_password: Option<String>,
-    #[arg(long, env = "REDIS_CREDS_DIR_PATH", hide = true)]
-    redis_creds_dir_path: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE", hide = true)]
-    redis_compression_type: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_ENABLED", hide = true)]
-    redis_tls_enabled: Option<bool>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_CERT_PATH", hide = true)]
-    redis_proxy_server_tls_cert: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_KEY_PATH", hide = true)]
-    redis_proxy_server_tls_key: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_SECRET_NAME", hide = true)]
-    redis_proxy_server_tls_secret_name: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_CA_PATH", hide = true)]
-    redis_ca_path: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_CA_SECRET_NAME", hide = true)]
-    redis_ca_secret_name: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_INSECURE", hide = true)]
-    redis_tls_insecure: Option<bool>,
     #[arg(long, env = "ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", hide = true)]
     spire_agent_socket: Option<String>,
     #[arg(long, env = "ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", hide = true)]
@@ -61,17 +41,7 @@ pub struct PrincipalOnly {
 impl PrincipalOnly {
     /// Records every flag that was set to use a missing feature.
     pub fn check(&self, u: &mut Unsupported) {
-        u.check_opt("--redis-password (REDIS_PASSWORD)", &self.redis_password)
-            .check_opt("--redis-creds-dir-path (REDIS_CREDS_DIR_PATH)", &self.redis_creds_dir_path)
-            .check_opt("--redis-compression-type", &self.redis_compression_type)
-            .check("--redis-tls-enabled", self.redis_tls_enabled == Some(true))
-            .check_opt("--redis-proxy-server-tls-cert", &self.redis_proxy_server_tls_cert)
-            .check_opt("--redis-proxy-server-tls-key", &self.redis_proxy_server_tls_key)
-            .check_opt("--redis-proxy-server-tls-secret-name", &self.redis_proxy_server_tls_secret_name)
-            .check_opt("--redis-ca-path", &self.redis_ca_path)
-            .check_opt("--redis-ca-secret-name", &self.redis_ca_secret_name)
-            .check("--redis-tls-insecure", self.redis_tls_insecure == Some(true))
-            .check_opt("--spire-agent-socket (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
+        u.check_opt("--spire-agent-socket (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
             .check_opt("--spire-auth-method (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_auth_method)
             .check("--ha-enabled", self.ha_enabled == Some(true))
             .check_opt("--ha-preferred-role", &self.ha_preferred_role)
@@ -90,20 +60,6 @@ impl PrincipalOnly {
 /// The agent's.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct AgentOnly {
-    #[arg(long, env = "REDIS_CREDS_DIR_PATH", hide = true)]
-    redis_creds_dir_path: Option<String>,
-    #[arg(long, env = "REDIS_USERNAME", hide = true)]
-    redis_username: Option<String>,
-    #[arg(long, env = "REDIS_PASSWORD", hide = true)]
-    redis_password: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_ENABLED", hide = true)]
-    redis_tls_enabled: Option<bool>,
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_PATH", hide = true)]
-    redis_tls_ca_path: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_SECRET_NAME", hide = true)]
-    redis_tls_ca_secret_name: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_INSECURE", hide = true)]
-    redis_tls_insecure: Option<bool>,
     #[arg(long, env = "ARGOCD_AGENT_SPIRE_AGENT_SOCKET", hide = true)]
     spire_agent_socket: Option<String>,
     #[arg(long, env = "ARGOCD_AGENT_SPIRE_AUTH_METHOD", hide = true)]
@@ -123,14 +79,7 @@ pub struct AgentOnly {
 impl AgentOnly {
     /// Records every flag that was set to use a missing feature.
     pub fn check(&self, u: &mut Unsupported) {
-        u.check_opt("--redis-creds-dir-path (REDIS_CREDS_DIR_PATH)", &self.redis_creds_dir_path)
-            .check_opt("--redis-username (REDIS_USERNAME)", &self.redis_username)
-            .check_opt("--redis-password (REDIS_PASSWORD)", &self.redis_password)
-            .check("--redis-tls-enabled", self.redis_tls_enabled == Some(true))
-            .check_opt("--redis-tls-ca-path", &self.redis_tls_ca_path)
-            .check_opt("--redis-tls-ca-secret-name", &self.redis_tls_ca_secret_name)
-            .check("--redis-tls-insecure", self.redis_tls_insecure == Some(true))
-            .check_opt("--spire-agent-socket (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
+        u.check_opt("--spire-agent-socket (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
             .check_opt("--spire-auth-method (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_auth_method);
     }
 

@@ -16,17 +16,38 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--enable-websocket", "--redis-server-address", "r:6379"]].concat(), &[]);
+    let (ok, err) = run(&[&base[..], &["--ha-enabled", "--ha-admin-port", "8404"]].concat(), &[]);
     assert!(!ok);
     assert!(
-        err.contains("not supported yet")
-            && err.contains("--enable-websocket")
-            && err.contains("--redis-server-address"),
+        err.contains("not supported yet") && err.contains("--ha-enabled") && err.contains("--ha-admin-port"),
         "{err}"
     );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY", "false")]);
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_HA_PREFERRED_ROLE", "primary")]);
     assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--disable-redis-proxy"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--ha-preferred-role"), "{err}");
+}
+
+/// The Redis proxy's flags (upstream's names and environment variables) are accepted and
+/// checked: a knob without effect here is explained, conflicting ones are refused by name.
+#[test]
+fn redis_flags_are_accepted_and_checked() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
+    let tls = ["--redis-server-address", "r:6379", "--disable-redis-proxy=false", "--redis-tls-enabled"];
+    let (ok, err) = run(&[&base[..], &tls, &["--redis-ca-path", "/ca.crt"]].concat(), &[("REDIS_PASSWORD", "s")]);
+    // Accepted: startup goes on to the hub, which does not exist here.
+    assert!(!ok && !err.contains("not supported yet"), "{err}");
+    assert!(err.contains("--redis-password has no effect here"), "{err}");
+    let (ok, err) = run(&[&base[..], &["--redis-ca-path", "/ca.crt", "--redis-tls-insecure"]].concat(), &[]);
+    assert!(!ok && err.contains("--redis-tls-insecure") && !err.contains("not supported yet"), "{err}");
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE", "zstd")]);
+    assert!(!ok && err.contains("--redis-compression-type"), "{err}");
+    let agent =
+        ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
+    let (ok, err) = run(&agent, &[("REDIS_PASSWORD", "s"), ("REDIS_CREDS_DIR_PATH", "/creds")]);
+    assert!(!ok && err.contains("--redis-creds-dir-path cannot be combined"), "{err}");
+    let env = [("REDIS_ADDR", "r:6379"), ("REDIS_USERNAME", "u"), ("ARGOCD_AGENT_REDIS_TLS_INSECURE", "true")];
+    let (ok, err) = run(&agent, &env);
+    assert!(!ok && !err.contains("not supported yet") && !err.contains("--redis"), "{err}");
 }
 
 #[test]
@@ -114,28 +135,30 @@ fn otlp_flags_are_accepted_and_checked() {
 
 #[test]
 fn unsupported_agent_flags_are_refused_by_name() {
-    let (ok, err) = run(&["agent", "--server-address", "principal.example", "--redis-addr", "r:6379"], &[]);
+    let (ok, err) = run(&["agent", "--server-address", "principal.example", "--spire-agent-socket", "/s"], &[]);
     assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--redis-addr"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--spire-agent-socket"), "{err}");
 }
 
-/// Upstream's flags of features not here (Redis, HA) stop
+/// Upstream's flags of features not here (HA, SPIRE-specific) stop
 /// startup naming each, from the command line or upstream's environment variables; a knob of
 /// upstream internals is accepted with a warning saying why it does nothing; a bad duration in
 /// one is refused by name.
 #[test]
 fn upstream_only_flags_are_refused_or_explained_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
-    let (ok, err) =
-        run(&[&base[..], &["--ha-enabled", "--ha-peer-address", "p:8443"]].concat(), &[("REDIS_PASSWORD", "s")]);
+    let (ok, err) = run(
+        &[&base[..], &["--ha-enabled", "--ha-peer-address", "p:8443"]].concat(),
+        &[("ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", "/s")],
+    );
     assert!(!ok && err.contains("not supported yet"), "{err}");
-    for flag in ["--ha-enabled", "--ha-peer-address", "--redis-password (REDIS_PASSWORD)"] {
+    for flag in ["--ha-enabled", "--ha-peer-address", "--spire-agent-socket"] {
         assert!(err.contains(flag), "{flag}: {err}");
     }
     let agent =
         ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
-    let (ok, err) = run(&agent, &[("REDIS_USERNAME", "u"), ("REDIS_ADDR", "r:6379")]);
-    assert!(!ok && err.contains("--redis-username") && err.contains("--redis-addr"), "{err}");
+    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_SPIRE_AUTH_METHOD", "x509")]);
+    assert!(!ok && err.contains("--spire-auth-method"), "{err}");
     let (ok, err) = run(&agent, &[("ARGOCD_AGENT_ADOPTION_POLICY", "sometimes")]);
     assert!(
         !ok && err.contains("adoption-policy") && err.contains("always") && !err.contains("not supported yet"),
@@ -200,19 +223,30 @@ const PRINCIPAL: [&str; 9] = [
 fn booleans_take_pflags_forms_on_the_command_line_and_in_the_environment() {
     let base = PRINCIPAL;
     // The inert value of an unsupported flag is accepted in every form; any other is refused.
-    for inert in [&["--enable-websocket=false"][..], &["--enable-websocket=0"], &["--namespace-create-enable=F"]] {
+    for inert in [&["--ha-enabled=false"][..], &["--ha-enabled=0"], &["--namespace-create-enable=F"]] {
         let (_, err) = run(&[&base[..], inert].concat(), &[]);
         assert!(
             !err.contains("not supported yet") && !err.contains("\nerror:") && !err.starts_with("error:"),
             "parsed: {inert:?}: {err}"
         );
     }
+    for set in [&["--ha-enabled"][..], &["--ha-enabled=true"], &["--ha-enabled=T"]] {
+        let (ok, err) = run(&[&base[..], set].concat(), &[]);
+        assert!(!ok && err.contains("not supported yet") && err.contains("--ha-enabled"), "{set:?}: {err}");
+    }
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_HA_ENABLED", "true")]);
+    assert!(!ok && err.contains("--ha-enabled"), "{err}");
+    // --enable-websocket is supported: every form parses, and startup goes on (to the hub,
+    // which does not exist here).
     for set in [&["--enable-websocket"][..], &["--enable-websocket=true"], &["--enable-websocket=T"]] {
         let (ok, err) = run(&[&base[..], set].concat(), &[]);
-        assert!(!ok && err.contains("not supported yet") && err.contains("--enable-websocket"), "{set:?}: {err}");
+        assert!(!ok && !err.contains("not supported yet") && !err.contains("--enable-websocket"), "{set:?}: {err}");
     }
     let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", "true")]);
-    assert!(!ok && err.contains("--enable-websocket"), "{err}");
+    assert!(!ok && !err.contains("not supported yet"), "{err}");
+    let agent = ["agent", "--server-address", "p", "--metrics-address", LOOPBACK, "--healthz-address", LOOPBACK];
+    let (ok, err) = run(&[&agent[..], &["--enable-websocket"]].concat(), &[("ARGOCD_AGENT_ENABLE_WEBSOCKET", "true")]);
+    assert!(!ok && !err.contains("not supported yet"), "{err}");
     let (ok, err) = run(&[&base[..], &["--insecure-plaintext=maybe"]].concat(), &[]);
     assert!(!ok && err.contains("maybe") && err.contains("--insecure-plaintext"), "{err}");
 }

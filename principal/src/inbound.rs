@@ -9,10 +9,18 @@ use crate::peer::AgentPeer;
 use crate::resync;
 use crate::route::{autonomous, managed, project};
 
-/// Whether `ev` answers a request (resource proxy) instead of changing the hub: it is handed
-/// over at once, never waiting behind the agent's events being applied.
+/// Whether `ev` answers a request (resource proxy, Redis proxy) instead of changing the hub:
+/// it is handed over at once, never waiting behind the agent's events being applied.
 pub(crate) fn is_answer(ev: &Event) -> bool {
-    ev.target == protocol::Target::Resource && ev.event_type == EventType::Response
+    (ev.target == protocol::Target::Resource && ev.event_type == EventType::Response)
+        || (ev.target == protocol::Target::Redis && ev.event_type == EventType::RedisResponse)
+}
+
+/// An autonomous agent's Application without the namespace-remapped mark (only managed agents
+/// under destination-based mapping set it; it never reaches the hub).
+fn unmarked(mut app: protocol::argocd::Application) -> protocol::argocd::Application {
+    managed::unmark(&mut app);
+    app
 }
 
 /// Applies one event from `session`'s agent to the hub.
@@ -22,17 +30,19 @@ pub(crate) async fn process(hub: &Hub, session: &AgentPeer, ev: &Event) -> Resul
     let payload = ev.payload()?;
     match (mode, &ev.event_type, payload) {
         (_, _, Payload::Empty) => Ok(()),
+        // An Application from an agent is named as the hub knows it, without the agent's
+        // namespace-remapped mark (`managed::from_agent`).
         (AgentMode::Managed, EventType::StatusUpdate, Payload::Application(app)) => {
-            Ok(managed::status_update(hub, agent, &app).await?)
+            Ok(managed::status_update(hub, agent, &managed::from_agent(hub, *app)).await?)
         }
         (AgentMode::Managed, EventType::Delete, Payload::Application(app)) => {
-            Ok(managed::agent_deleted(hub, agent, &app).await?)
+            Ok(managed::agent_deleted(hub, agent, &managed::from_agent(hub, *app)).await?)
         }
         (AgentMode::Autonomous, EventType::Create | EventType::SpecUpdate, Payload::Application(app)) => {
-            Ok(autonomous::agent_upsert(hub, agent, &app).await?)
+            Ok(autonomous::agent_upsert(hub, agent, &unmarked(*app)).await?)
         }
         (AgentMode::Autonomous, EventType::Delete, Payload::Application(app)) => {
-            Ok(autonomous::agent_deleted(hub, agent, &app).await?)
+            Ok(autonomous::agent_deleted(hub, agent, &unmarked(*app)).await?)
         }
         (AgentMode::Autonomous, EventType::Create | EventType::SpecUpdate, Payload::AppProject(p)) => {
             Ok(project::agent_project_upsert(hub, agent, &p).await?)
@@ -46,6 +56,10 @@ pub(crate) async fn process(hub: &Hub, session: &AgentPeer, ev: &Event) -> Resul
         }
         (_, EventType::Response, Payload::ResourceResponse(answer)) => {
             crate::proxy::complete(hub, agent, ev, answer);
+            Ok(())
+        }
+        (_, _, Payload::RedisResponse(answer)) => {
+            crate::redis::complete(hub, agent, ev, answer);
             Ok(())
         }
         (_, _, Payload::ClusterCacheInfo(info)) => {

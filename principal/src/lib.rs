@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod accept;
 pub mod authz;
 pub mod blocklist;
 pub mod cluster_secret;
@@ -25,11 +26,13 @@ pub mod metrics;
 mod otel;
 pub mod peer;
 mod proxy;
+mod redis;
 pub mod registration;
 pub mod resync;
 pub mod route;
 pub mod service;
 pub mod state;
+pub mod websocket;
 
 use std::sync::Arc;
 
@@ -43,6 +46,7 @@ pub use authz::Permit;
 pub use config::{AgentMode, PrincipalConfig};
 pub use ident::{Caller, IdentityFn, StreamGrant, auth_layer_identity, insecure_metadata_identity};
 pub use proxy::{ProxyConfig, ResourceProxy};
+pub use redis::{RedisProxy, RedisProxyConfig, UpstreamTls, UpstreamTlsError};
 pub use service::eventstream::EventStreamService;
 pub use service::version::VersionService;
 
@@ -131,6 +135,13 @@ impl Principal {
     #[must_use]
     pub fn resource_proxy(&self, config: ProxyConfig) -> ResourceProxy {
         ResourceProxy::new(self.hub.clone(), config)
+    }
+
+    /// The Redis proxy (upstream §5.2) of this principal, with `config`; serve it with
+    /// [`RedisProxy::serve`].
+    #[must_use]
+    pub fn redis_proxy(&self, config: RedisProxyConfig) -> RedisProxy {
+        RedisProxy::new(self.hub.clone(), config)
     }
 
     /// The `Version` service.

@@ -72,6 +72,9 @@ pub struct PrincipalMetrics {
     proxy_requests: CounterVec,
     proxy_errors: CounterVec,
     proxy_duration: HistogramVec,
+    redis_requests: CounterVec,
+    redis_errors: CounterVec,
+    redis_duration: HistogramVec,
 }
 
 impl Default for PrincipalMetrics {
@@ -157,6 +160,22 @@ impl PrincipalMetrics {
                 "The total number of resource-proxy requests answered with an error status, by agent and reason.",
                 &["agent_name", "reason"],
             ),
+            redis_requests: CounterVec::new(
+                "argocd_principal_redis_proxy_requests_total",
+                "The total number of Redis-proxy requests sent to agents, by agent, command (get, subscribe, ping) and result.",
+                &["agent_name", "command", "result"],
+            ),
+            redis_errors: CounterVec::new(
+                "argocd_principal_redis_proxy_errors_total",
+                "The total number of Redis-proxy requests to agents that failed, by agent, command and reason.",
+                &["agent_name", "command", "reason"],
+            ),
+            redis_duration: HistogramVec::new(
+                "argocd_principal_redis_proxy_request_duration_seconds",
+                "Time an agent took to answer a Redis-proxy request (in seconds).",
+                &["agent_name", "command"],
+                DEFAULT_BUCKETS,
+            ),
             proxy_duration: HistogramVec::new(
                 "argocd_principal_resource_proxy_request_duration_seconds",
                 "Time to answer a resource-proxy request, agent round trip included (in seconds).",
@@ -238,6 +257,16 @@ impl PrincipalMetrics {
         self.discarded.inc(&[agent, event_type(&event.event_type), resource_type(&event.target)]);
     }
 
+    /// A Redis-proxy request to `agent` ended with `result` (`hit`, `miss`, `subscribed`,
+    /// `pong`, `error`), and `reason` when it failed.
+    pub fn redis_request(&self, agent: &str, command: &str, result: &str, reason: Option<&str>, elapsed: Duration) {
+        self.redis_requests.inc(&[agent, command, result]);
+        if let Some(reason) = reason {
+            self.redis_errors.inc(&[agent, command, reason]);
+        }
+        self.redis_duration.observe(&[agent, command], elapsed.as_secs_f64());
+    }
+
     /// A resource-proxy request for `agent` (empty: not identified) was answered with `code`
     /// (`reason`: the Kubernetes `Status` reason of an error answer) in `elapsed`.
     pub fn proxy_request(&self, agent: &str, verb: &str, code: u16, reason: Option<&str>, elapsed: Duration) {
@@ -285,12 +314,19 @@ impl PrincipalMetrics {
         drop(agents);
         for name in &gone {
             tracing::debug!(agent = %name, "agent gone for longer than the metrics retention: its series are removed");
-            for family in
-                [&self.agent_connections, &self.send_errors, &self.discarded, &self.disconnects, &self.resyncs]
-            {
+            for family in [
+                &self.agent_connections,
+                &self.send_errors,
+                &self.discarded,
+                &self.disconnects,
+                &self.resyncs,
+                &self.redis_requests,
+                &self.redis_errors,
+            ] {
                 family.remove("agent_name", name);
             }
             self.event_processing.remove("agent_name", name);
+            self.redis_duration.remove("agent_name", name);
         }
         kept
     }
@@ -385,12 +421,15 @@ impl PrincipalMetrics {
             &self.auth_failures,
             &self.proxy_requests,
             &self.proxy_errors,
+            &self.redis_requests,
+            &self.redis_errors,
         ] {
             family.encode(&mut out);
         }
         self.event_processing.encode(&mut out);
         self.resync_duration.encode(&mut out);
         self.proxy_duration.encode(&mut out);
+        self.redis_duration.encode(&mut out);
         out
     }
 }

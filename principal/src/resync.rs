@@ -18,14 +18,19 @@
 //! [`protocol::checksum::spec_digest`] of what it holds, spec checksums included. The principal
 //! computes the same digest of what the agent should hold; equal, it sends nothing (one message
 //! per agent per interval, and hashing from the watch caches, no hub request); different, it runs
-//! the resync above for that agent, which sends only what differs.
+//! the resync above for that agent, which sends only what differs. What the agent should hold
+//! is read from the watch indexes by agent (its Applications by namespace or destination, the
+//! projects matching it, their repositories), each object with the digest entry kept for its
+//! version: a digest costs in proportion to what the agent holds and what changed since its
+//! last one, not to the size of the hub.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use protocol::argocd::{AppProject, Application, ConfigMap, ObjectMeta, Secret};
 use protocol::checksum::{
-    RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY, ResourceKey,
-    config_map_checksum, resource_set_checksum, secret_checksum, spec_checksum, spec_digest,
+    Checksum, RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY,
+    ResourceKey, config_map_checksum, resource_set_checksum, secret_checksum,
 };
 use protocol::event::new_uuid;
 use protocol::kube_store::StoreError;
@@ -35,14 +40,13 @@ use serde::Serialize;
 
 use crate::config::AgentMode;
 use crate::error::InboundError;
-use crate::hub::Hub;
+use crate::hub::{AgentApps, DigestEntry, Hub, Shipped, app_entry, digest, project_entry};
 use crate::peer::AgentPeer;
 use crate::route::{autonomous, is_autonomous_copy, managed, project, repository};
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
-    let value = serde_json::to_value(obj).ok()?;
-    spec_checksum(&value).ok().map(|c| c.to_vec())
+    crate::hub::spec_checksum(obj).map(|c| c.to_vec())
 }
 
 fn resync_event<T: Serialize>(ty: EventType, payload: &T) -> Option<Event> {
@@ -70,14 +74,6 @@ fn push(session: &AgentPeer, ev: Option<Event>) {
 // watch event of a copy sends nothing to its agent, so a copy the cache has not shown yet
 // would never be checked. Those are listed live (one LIST per autonomous agent's connect).
 
-/// The agent's hub Applications (its namespace), from the watch cache or live.
-async fn agent_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    if hub.apps_synced.load(Ordering::Relaxed) {
-        return Ok(hub.seen_apps.of_agent(agent));
-    }
-    hub.apps.list::<Application>(agent).await
-}
-
 /// One hub Application: from the watch cache when it has it, else read live (a cache miss is
 /// rare, a deletion or an object the watch has not delivered yet, and must not be mistaken
 /// for a deletion).
@@ -100,17 +96,28 @@ async fn principal_project(hub: &Hub, name: &str) -> Result<Option<AppProject>, 
     hub.projects.get::<AppProject>(&hub.config.namespace, name).await
 }
 
+/// Which hub Applications route to a managed agent: those in its namespace, or under
+/// destination-based mapping those whose destination names it.
+fn routed_to<'a>(hub: &Hub, agent: &'a str) -> AgentApps<'a> {
+    if hub.config.destination_based_mapping { AgentApps::DestinedFor(agent) } else { AgentApps::InNamespace(agent) }
+}
+
+/// Whether a hub Application routed to a managed agent is one it holds.
+fn managed_held(hub: &Hub, app: &Application) -> bool {
+    !is_autonomous_copy(app) && !hub.excluded(&app.metadata)
+}
+
 /// The hub Applications a managed agent should hold: those in its namespace, or under
 /// destination-based mapping those targeting it in every namespace the principal watches.
 async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreError> {
-    let held = |a: &Application| !is_autonomous_copy(a) && !hub.excluded(&a.metadata);
+    let held = |a: &Application| managed_held(hub, a);
+    if hub.apps_synced.load(Ordering::Relaxed) {
+        return Ok(hub.seen_apps.of_agent(routed_to(hub, agent), held));
+    }
     if !hub.config.destination_based_mapping {
-        return Ok(agent_apps(hub, agent).await?.into_iter().filter(held).collect());
+        return Ok(hub.apps.list::<Application>(agent).await?.into_iter().filter(held).collect());
     }
     let targets = |a: &Application| held(a) && hub.agent_of(a) == Some(agent);
-    if hub.apps_synced.load(Ordering::Relaxed) {
-        return Ok(hub.seen_apps.matching(|_, a| targets(a)));
-    }
     Ok(hub
         .apps
         .list_all::<Application>()
@@ -122,12 +129,7 @@ async fn managed_apps(hub: &Hub, agent: &str) -> Result<Vec<Application>, StoreE
 
 async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, StoreError> {
     if hub.projects_synced.load(Ordering::Relaxed) {
-        return Ok(hub
-            .seen_projects
-            .values()
-            .into_iter()
-            .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent, hub.config.mapping()))
-            .collect());
+        return Ok(hub.seen_projects.of_agent(agent).into_iter().filter(|p| !hub.excluded(&p.metadata)).collect());
     }
     Ok(hub
         .projects
@@ -282,13 +284,9 @@ async fn periodic(hub: &Hub, session: &AgentPeer, mode: AgentMode, theirs: Optio
         crate::metrics::global().periodic_resync(agent, "skipped");
         return Ok(());
     }
-    let (managed, ours) = match mode {
-        AgentMode::Managed => {
-            let held = ManagedHeld::read(hub, agent).await?;
-            let digest = held.digest(agent);
-            (Some(held), digest)
-        }
-        AgentMode::Autonomous => (None, autonomous_digest(hub, agent).await?),
+    let ours = match mode {
+        AgentMode::Managed => managed_digest(hub, agent).await?,
+        AgentMode::Autonomous => autonomous_digest(hub, agent).await?,
     };
     if ours.as_ref().map(|d| &d[..]) == theirs {
         crate::metrics::global().periodic_resync(agent, "in_sync");
@@ -296,18 +294,36 @@ async fn periodic(hub: &Hub, session: &AgentPeer, mode: AgentMode, theirs: Optio
     }
     tracing::info!(%agent, %mode, "periodic resync: the agent's resources differ from the hub's; resyncing");
     crate::metrics::global().periodic_resync(agent, "repaired");
-    match managed {
-        Some(held) => {
+    match mode {
+        AgentMode::Managed => {
             // What the agent lacks: it asks for each listed resource it does not hold.
-            for k in &held.keys() {
+            for k in &ManagedHeld::read(hub, agent).await?.keys() {
                 push(session, resync_event(EventType::ResponseSyncedResource, &SyncedResource::from(k)));
             }
             // What differs or is gone from the hub: the agent's request-updates.
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
         }
-        None => start(hub, session).await?,
+        AgentMode::Autonomous => start(hub, session).await?,
     }
     Ok(())
+}
+
+/// The digest of what a managed agent should hold ([`ManagedHeld`]), from the indexes by
+/// agent and the digest entries they keep once the Application and AppProject watches have
+/// listed the hub; read live before.
+pub(crate) async fn managed_digest(hub: &Hub, agent: &str) -> Result<Option<Checksum>, StoreError> {
+    if !hub.apps_synced.load(Ordering::Relaxed) || !hub.projects_synced.load(Ordering::Relaxed) {
+        return Ok(ManagedHeld::read(hub, agent).await?.digest(agent));
+    }
+    load_repos(hub).await?;
+    load_gpg(hub).await?;
+    let kept = |meta: &ObjectMeta| !hub.excluded(meta);
+    let mut entries = hub.seen_apps.entries(routed_to(hub, agent), |a| managed_held(hub, a));
+    let (projects, project_entries) = hub.seen_projects.entries(agent, |p| kept(&p.metadata));
+    entries.extend(project_entries);
+    entries.extend(hub.repos.entries(Some(&projects), |r| kept(&r.metadata)));
+    entries.extend(hub.gpg.entries(None, |c| kept(&c.metadata)));
+    Ok(hub.last_digests.of(agent, entries))
 }
 
 /// What a managed agent should hold, read once for both the resource keys (the connect-time
@@ -326,7 +342,10 @@ impl ManagedHeld {
         let projects = matching_projects(hub, agent).await?;
         load_repos(hub).await?;
         load_gpg(hub).await?;
-        let repos = hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent)).collect();
+        // A repository goes where its project does (`repository::belongs_on`).
+        let groups: Vec<String> =
+            hub.seen_projects.of_agent(agent).into_iter().filter_map(|p| p.metadata.name).collect();
+        let repos = hub.repos.in_groups(&groups, |r| !hub.excluded(&r.metadata));
         let gpg = hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata)).collect();
         Ok(Self { apps, projects, repos, gpg, mapping: hub.config.mapping() })
     }
@@ -340,34 +359,30 @@ impl ManagedHeld {
             .collect()
     }
 
-    /// The digest of these, each with the spec checksum the agent's copy has when in sync.
-    fn digest(&self, agent: &str) -> Option<protocol::checksum::Checksum> {
-        let checksums = (self.apps.iter().map(checksum_of))
-            .chain(self.projects.iter().map(|p| checksum_of(&project::agent_copy(p, agent, self.mapping))))
-            .chain(self.repos.iter().map(|r| secret_checksum(r).map(|c| c.to_vec())))
-            .chain(self.gpg.iter().map(|c| config_map_checksum(c).map(|c| c.to_vec())));
-        let entries: Vec<(ResourceKey, Option<Vec<u8>>)> = self.keys().into_iter().zip(checksums).collect();
-        spec_digest(entries.iter().map(|(k, c)| (k, c.as_deref())))
+    /// The digest of these, each with the spec checksum the agent's copy has when in sync
+    /// (computed afresh: [`managed_digest`] reads the ones the indexes keep).
+    fn digest(&self, agent: &str) -> Option<Checksum> {
+        let entries: Vec<Arc<DigestEntry>> = (self.apps.iter().map(app_entry))
+            .chain(self.projects.iter().map(|p| project_entry(p, agent, self.mapping)))
+            .chain(self.repos.iter().map(Shipped::digest_entry))
+            .chain(self.gpg.iter().map(Shipped::digest_entry))
+            .map(Arc::new)
+            .collect();
+        digest(&entries)
     }
 }
 
 /// The digest of an autonomous agent's hub copies, from the watch cache once it has listed the
 /// hub (a copy it has not shown yet makes the digests differ, and the resync that follows
 /// lists the hub).
-async fn autonomous_digest(hub: &Hub, agent: &str) -> Result<Option<protocol::checksum::Checksum>, StoreError> {
-    let copies: Vec<Application> = if hub.apps_synced.load(Ordering::Relaxed) {
-        hub.seen_apps.of_agent(agent).into_iter().filter(is_autonomous_copy).collect()
-    } else {
-        autonomous_copies(hub, agent).await?
-    };
-    let entries: Vec<(ResourceKey, Option<Vec<u8>>)> = copies
-        .iter()
-        .map(|a| {
-            let key = ResourceKey::from_meta(RESYNC_KIND_APPLICATION, &a.metadata);
-            (key, checksum_of(&autonomous::agent_side_spec(agent, a)))
-        })
-        .collect();
-    Ok(spec_digest(entries.iter().map(|(k, c)| (k, c.as_deref()))))
+async fn autonomous_digest(hub: &Hub, agent: &str) -> Result<Option<Checksum>, StoreError> {
+    if hub.apps_synced.load(Ordering::Relaxed) {
+        let entries = hub.seen_apps.entries(AgentApps::InNamespace(agent), is_autonomous_copy);
+        return Ok(hub.last_digests.of(agent, entries));
+    }
+    let entries: Vec<Arc<DigestEntry>> =
+        autonomous_copies(hub, agent).await?.iter().map(|a| Arc::new(app_entry(a))).collect();
+    Ok(digest(&entries))
 }
 
 fn stub_meta(name: &str, namespace: &str, uid: &str) -> ObjectMeta {

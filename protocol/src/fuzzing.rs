@@ -111,3 +111,168 @@ pub fn check_api_path(bytes: &[u8]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Scans `bytes` as client commands for the Redis proxy ([`crate::resp`]) and checks: the
+/// frames found are the same whether the bytes arrive at once or split where the first byte
+/// says; every frame decodes; re-encoding a command's arguments gives a frame that scans and
+/// decodes to the same arguments; Argo CD cache keys among the arguments parse consistently
+/// ([`check_app_cache_key`]).
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_resp_command(bytes: &[u8]) -> Result<(), String> {
+    use crate::resp::{Grammar, Request};
+    let whole = scan_all(Grammar::Command, bytes, bytes.len());
+    let split = scan_all(Grammar::Command, bytes, usize::from(bytes.first().copied().unwrap_or(1)).max(1));
+    if whole != split {
+        return Err(format!("split scanning differs: {whole:?} vs {split:?}"));
+    }
+    let mut start = 0;
+    for len in whole.0 {
+        let raw = bytes::Bytes::copy_from_slice(&bytes[start..start + len]);
+        start += len;
+        let req = Request::decode(raw).map_err(|e| format!("a scanned command does not decode: {e}"))?;
+        let again = Request::from_args(req.args().to_vec());
+        let rescanned = scan_all(Grammar::Command, again.raw(), again.raw().len());
+        if rescanned.0 != [again.raw().len()] || rescanned.1 {
+            return Err(format!("re-encoded {:?} does not scan as one command", req.args()));
+        }
+        let back = Request::decode(again.raw().clone()).map_err(|e| format!("re-encoded command: {e}"))?;
+        if back.args() != req.args() {
+            return Err(format!("{:?} re-encoded decodes as {:?}", req.args(), back.args()));
+        }
+        let _ = req.command();
+        for arg in req.args() {
+            if let Ok(key) = std::str::from_utf8(arg) {
+                check_app_cache_key(key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Scans `bytes` as replies from a Redis server and checks that scanning at once and in pieces
+/// (split where the first byte says) finds the same frames, and that each frame rescans alone
+/// to its own length.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_resp_reply(bytes: &[u8]) -> Result<(), String> {
+    use crate::resp::{Grammar, Limits, Scanner};
+    let whole = scan_all(Grammar::Reply, bytes, bytes.len());
+    let split = scan_all(Grammar::Reply, bytes, usize::from(bytes.first().copied().unwrap_or(1)).max(1));
+    if whole != split {
+        return Err(format!("split scanning differs: {whole:?} vs {split:?}"));
+    }
+    let mut start = 0;
+    for len in whole.0 {
+        let frame = &bytes[start..start + len];
+        start += len;
+        let mut alone = Scanner::new(Grammar::Reply, Limits::default());
+        match alone.scan(frame) {
+            Ok(Some(f)) if f.len == len => {}
+            other => return Err(format!("frame {frame:?} rescans as {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// Frames found in `bytes` fed `step` bytes at a time with small limits, and whether scanning
+/// stopped at an error.
+fn scan_all(grammar: crate::resp::Grammar, bytes: &[u8], step: usize) -> (Vec<usize>, bool) {
+    use crate::resp::{Limits, Scanner};
+    let limits = Limits { max_frame_bytes: 1 << 16, max_depth: 8, max_line: 256 };
+    let mut scanner = Scanner::new(grammar, limits);
+    let (mut frames, mut start, mut end) = (Vec::new(), 0, 0);
+    while end < bytes.len() {
+        end = (end + step).min(bytes.len());
+        loop {
+            match scanner.scan(&bytes[start..end]) {
+                Ok(Some(f)) => {
+                    frames.push(f.len);
+                    start += f.len;
+                }
+                Ok(None) => break,
+                Err(_) => return (frames, true),
+            }
+        }
+    }
+    (frames, false)
+}
+
+/// Parses `key` as an Argo CD application cache key and checks that the agent's form of it
+/// ([`crate::payload::strip_app_namespace`]) is the same kind of key for the same Application,
+/// without a namespace.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_app_cache_key(key: &str) -> Result<(), String> {
+    use crate::payload::{AppCacheKey, strip_app_namespace};
+    let stripped = strip_app_namespace(key);
+    match AppCacheKey::parse(key) {
+        None => {
+            if stripped != key {
+                return Err(format!("{key:?} is no app key but was rewritten to {stripped:?}"));
+            }
+        }
+        Some(parsed) => {
+            let again =
+                AppCacheKey::parse(&stripped).ok_or_else(|| format!("{stripped:?} (from {key:?}) no longer parses"))?;
+            if (again.kind, again.name, again.gzip, again.namespace) != (parsed.kind, parsed.name, parsed.gzip, None) {
+                return Err(format!("{key:?} -> {parsed:?}, stripped {stripped:?} -> {again:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the resource-tree namespace rewrite ([`crate::resp::tree`]) over `bytes` (gzip when the
+/// first byte is odd) and checks that a rewritten tree is valid (gzipped) JSON that a second
+/// rewrite leaves alone.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_tree_rewrite(bytes: &[u8]) -> Result<(), String> {
+    use crate::resp::tree::rewrite_app_namespaces;
+    let Some((&first, value)) = bytes.split_first() else { return Ok(()) };
+    let gzip = first & 1 == 1;
+    let Ok(Some(out)) = rewrite_app_namespaces(value, gzip, "agent-x", 1 << 20) else { return Ok(()) };
+    match rewrite_app_namespaces(&out, gzip, "agent-x", 1 << 20) {
+        Ok(None) => Ok(()),
+        other => Err(format!("a rewritten tree rewrites again or fails: {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod resp_fuzz_tests {
+    use super::*;
+
+    #[test]
+    fn resp_fuzz_logic_over_real_vectors_and_mutations() {
+        let vectors: [&[u8]; 6] = [
+            include_bytes!("resp/vectors/resp2-subscribe-client.bin"),
+            include_bytes!("resp/vectors/resp3-assorted-client.bin"),
+            include_bytes!("resp/vectors/resp3-subscribe-server.bin"),
+            include_bytes!("resp/vectors/resp3-assorted-server.bin"),
+            include_bytes!("resp/vectors/resp2-mget-server.bin"),
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+        ];
+        for v in vectors {
+            for cut in 0..v.len() {
+                let mut m = v.to_vec();
+                m[cut] = m[cut].wrapping_add(1);
+                for input in [&v[..cut], &m[..]] {
+                    check_resp_command(input).expect("command invariants");
+                    check_resp_reply(input).expect("reply invariants");
+                    check_tree_rewrite(input).expect("tree invariants");
+                }
+            }
+        }
+        check_tree_rewrite(br#" {"nodes":[{"group":"argoproj.io","kind":"Application","namespace":"argocd"}]}"#)
+            .expect("tree invariants");
+    }
+}

@@ -353,7 +353,10 @@ fn listener_address(admin: SocketAddr) -> anyhow::Result<SocketAddr> {
 }
 
 /// A minimal blocking HTTP/1.1 GET to Envoy's admin interface: (status, body).
-fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+///
+/// # Errors
+/// The admin interface cannot be reached or answers malformed HTTP.
+pub fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n")?;

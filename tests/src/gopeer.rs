@@ -174,8 +174,20 @@ impl GoPeer {
     /// # Errors
     /// As [`Self::spawn`], or it does not report listening.
     pub async fn principal(pki: &Pki, version: &str) -> anyhow::Result<(Self, std::net::SocketAddr)> {
+        Self::principal_with(pki, version, &[]).await
+    }
+
+    /// [`Self::principal`] with `extra` arguments (e.g. `--websocket`).
+    ///
+    /// # Errors
+    /// As [`Self::principal`].
+    pub async fn principal_with(
+        pki: &Pki,
+        version: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<(Self, std::net::SocketAddr)> {
         let (ca, cert, key) = (pki.ca(), pki.cert("principal"), pki.key("principal"));
-        let args: Vec<&std::ffi::OsStr> = vec![
+        let mut args: Vec<&std::ffi::OsStr> = vec![
             "principal".as_ref(),
             "--ca".as_ref(),
             ca.as_os_str(),
@@ -186,6 +198,7 @@ impl GoPeer {
             "--version".as_ref(),
             version.as_ref(),
         ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
         let mut peer = Self::spawn("principal", &args)?;
         let listening = peer.wait("listening", |r| r["kind"] == "listening").await?;
         let addr = listening["addr"].as_str().context("listening without addr")?.parse()?;

@@ -2,7 +2,8 @@
 //! allowed namespace reach the managed agent their `spec.destination.name` names, keep their
 //! namespace there (created by the agent with `--create-namespace`), report status back, move
 //! when the destination changes, and an ApplicationSet's generated Applications fan out to many
-//! agents through it.
+//! agents through it. Applications of the principal's namespace move to an agent's own namespace
+//! when the two differ (`argocd.argoproj.io/namespace-remapped`, upstream §4.2).
 
 use anyhow::{Result, ensure};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -148,5 +149,121 @@ async fn an_application_set_fans_out_to_many_agents_through_destination_names() 
     hub.delete("guestbook-as2", &DeleteParams::default()).await?;
     converge(&t, &apps(&t.spoke("as2")?, "team-b"), "guestbook-as2", "a pruned Application leaves its agent", gone)
         .await?;
+    Ok(())
+}
+
+/// The remapping mark an agent sets on an Application it moved from the principal's namespace.
+const REMAPPED: &str = "argocd.argoproj.io/namespace-remapped";
+
+/// The names of the Applications in `api`'s namespace.
+async fn names(api: &Api<DynamicObject>) -> Result<Vec<String>> {
+    let mut out: Vec<String> =
+        api.list(&Default::default()).await?.items.into_iter().filter_map(|o| o.metadata.name).collect();
+    out.sort();
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_of_the_principal_namespace_move_to_the_agent_namespace() -> Result<()> {
+    const AGENT_NS: &str = "argocd-agent";
+    let mut t =
+        Topology::start_with_options(&[("rm1", Mode::Managed)], StartOptions { start_agents: false, ..options() })
+            .await?;
+    let spoke = t.spoke("rm1")?;
+    ensure_namespace(&spoke, AGENT_NS).await?;
+    // The agent runs in its own namespace; its TLS material from files (the topology's
+    // Secrets are in `argocd`).
+    let pki = t.pki_dir();
+    let file = |f: &str| pki.join(f).display().to_string();
+    let (ca, cert, key) = (file("ca.crt"), file("rm1.crt"), file("rm1.key"));
+    let mut args: Vec<&str> = vec!["--namespace", AGENT_NS, "--root-ca-path", &ca];
+    args.extend(["--tls-client-cert", &cert, "--tls-client-key", &key]);
+    let dm = options().agent_args;
+    args.extend(dm.iter().map(String::as_str));
+    t.set_agent_args(&args);
+    t.start_agent("rm1").await?;
+
+    let hub = apps(&t.hub(), ARGOCD_NS);
+    let moved = apps(&spoke, AGENT_NS);
+    let marked = |path: &'static str| {
+        move |o: Option<&serde_json::Value>| {
+            o.is_some_and(|o| o["spec"]["source"]["path"] == path && o["metadata"]["annotations"][REMAPPED] == "true")
+        }
+    };
+
+    // Created in the principal's namespace: kept in the agent's, marked.
+    hub.create(&PostParams::default(), &targeting("guestbook", ARGOCD_NS, "rm1", "v1")?).await?;
+    converge(
+        &t,
+        &moved,
+        "guestbook",
+        "an Application of the principal namespace lands in the agent's, marked",
+        marked("v1"),
+    )
+    .await?;
+    ensure!(
+        apps(&spoke, ARGOCD_NS).get_opt("guestbook").await?.is_none(),
+        "not in the hub's namespace name on the spoke"
+    );
+
+    // Status up, to the hub Application in the principal's namespace, without the mark.
+    let status = json!({"status": {"sync": {"status": "Synced", "revision": "abc"}, "health": {"status": "Healthy"}}});
+    moved.patch("guestbook", &PatchParams::default(), &Patch::Merge(status)).await?;
+    converge(&t, &hub, "guestbook", "the agent's status reaches the hub Application, unmarked", |o| {
+        o.is_some_and(|o| o["status"]["sync"]["revision"] == "abc" && o["metadata"]["annotations"][REMAPPED].is_null())
+    })
+    .await?;
+
+    // Spec down.
+    hub.patch("guestbook", &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": "v2"}}}))).await?;
+    converge(&t, &moved, "guestbook", "a hub spec change reaches the moved copy", marked("v2")).await?;
+
+    // The same name in the agent's own hub namespace would take the moved one's place: refused,
+    // and the hub says why; the moved copy is left alone, also when the other is deleted.
+    ensure_namespace(&t.hub(), AGENT_NS).await?;
+    let hub_agent_ns = apps(&t.hub(), AGENT_NS);
+    hub_agent_ns.create(&PostParams::default(), &targeting("guestbook", AGENT_NS, "rm1", "clash")?).await?;
+    converge(&t, &hub_agent_ns, "guestbook", "the colliding Application is marked degraded on the hub", |o| {
+        o.is_some_and(|o| {
+            o["status"]["health"]["status"] == "Degraded"
+                && o["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == "AgentError" && c["message"].as_str().is_some_and(|m| m.contains("rename"))
+                    })
+                })
+        })
+    })
+    .await?;
+    hub_agent_ns.delete("guestbook", &DeleteParams::default()).await?;
+    hub.create(&PostParams::default(), &targeting("barrier", ARGOCD_NS, "rm1", "v1")?).await?;
+    converge(&t, &moved, "barrier", "a later Application arrives", marked("v1")).await?;
+    converge(&t, &moved, "guestbook", "the moved copy outlives the collision", marked("v2")).await?;
+
+    // Changed while the agent is down; the restarted agent resyncs it in place.
+    t.kill_agent("rm1")?;
+    hub.patch("guestbook", &PatchParams::default(), &Patch::Merge(json!({"spec": {"source": {"path": "v3"}}}))).await?;
+    t.start_agent("rm1").await?;
+    converge(&t, &moved, "guestbook", "the restarted agent resyncs the moved copy", marked("v3")).await?;
+    hub.create(&PostParams::default(), &targeting("after", ARGOCD_NS, "rm1", "v1")?).await?;
+    converge(&t, &moved, "after", "an Application created after the restart arrives", marked("v1")).await?;
+    ensure!(names(&moved).await? == ["after", "barrier", "guestbook"], "one copy each: {:?}", names(&moved).await?);
+    ensure!(names(&apps(&spoke, ARGOCD_NS)).await?.is_empty(), "nothing in the hub's namespace name on the spoke");
+    ensure!(
+        names(&hub).await? == ["after", "barrier", "guestbook"],
+        "one hub Application each: {:?}",
+        names(&hub).await?
+    );
+    ensure!(names(&hub_agent_ns).await?.is_empty(), "nothing written to the hub in the agent's namespace");
+    let status = json!({"status": {"sync": {"status": "Synced", "revision": "def"}}});
+    moved.patch("guestbook", &PatchParams::default(), &Patch::Merge(status)).await?;
+    converge(&t, &hub, "guestbook", "status still flows after the restart", |o| {
+        o.is_some_and(|o| o["status"]["sync"]["revision"] == "def" && o["metadata"]["annotations"][REMAPPED].is_null())
+    })
+    .await?;
+
+    // Deleted on the hub: deleted from the agent's namespace.
+    hub.delete("guestbook", &DeleteParams::default()).await?;
+    converge(&t, &moved, "guestbook", "a hub deletion removes the moved copy", gone).await?;
+    converge(&t, &hub, "guestbook", "and it stays deleted on the hub", gone).await?;
     Ok(())
 }

@@ -28,6 +28,21 @@ pub(crate) fn app_key(meta: &protocol::argocd::ObjectMeta) -> AppKey {
     (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
 }
 
+/// Where a principal's Application is kept on the spoke ([`Spoke::app_namespace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placement<'a> {
+    /// The spoke namespace.
+    pub(crate) namespace: &'a str,
+    /// Moved from the principal's namespace to the agent's (annotated
+    /// `argocd.argoproj.io/namespace-remapped=true`).
+    pub(crate) remapped: bool,
+}
+
+/// Whether a spoke Application was moved here from the principal's namespace.
+pub(crate) fn is_remapped(meta: &protocol::argocd::ObjectMeta) -> bool {
+    meta.annotation(protocol::argocd::annotations::NAMESPACE_REMAPPED) == Some("true")
+}
+
 /// Everything the agent's tasks share.
 #[derive(Debug)]
 pub(crate) struct Spoke {
@@ -70,6 +85,11 @@ pub(crate) struct Spoke {
 
 impl Spoke {
     pub(crate) fn new(config: AgentConfig, client: kube::Client) -> Self {
+        if config.destination_based_mapping && config.principal_namespace.as_deref().unwrap_or_default().is_empty() {
+            tracing::warn!(
+                "the principal's namespace is not known (no Authenticate answer): Applications from it keep their namespace here instead of moving to this agent's"
+            );
+        }
         Self {
             mailbox: Mailbox::new(config.retry.clone()),
             config,
@@ -95,17 +115,69 @@ impl Spoke {
         &self.config.namespace
     }
 
+    /// The principal's namespace, when known ([`AgentConfig::principal_namespace`]).
+    pub(crate) fn principal_namespace(&self) -> Option<&str> {
+        self.config.principal_namespace.as_deref().filter(|ns| !ns.is_empty())
+    }
+
     /// Where a managed Application from the principal lives here: the agent's namespace, or
-    /// under destination-based mapping the hub namespace it names, if allowed here.
-    pub(crate) fn app_namespace<'a>(&'a self, named: Option<&'a str>) -> Result<&'a str, crate::error::InboundError> {
+    /// under destination-based mapping the hub namespace it names, if allowed here; one in the
+    /// principal's namespace, when that is not the agent's, is kept in the agent's namespace
+    /// instead (remapped, upstream §4.2).
+    pub(crate) fn app_namespace<'a>(
+        &'a self,
+        named: Option<&'a str>,
+    ) -> Result<Placement<'a>, crate::error::InboundError> {
         if !self.config.destination_based_mapping {
-            return Ok(self.ns());
+            return Ok(Placement { namespace: self.ns(), remapped: false });
         }
         let ns = named.filter(|n| !n.is_empty()).unwrap_or(self.ns());
+        if ns != self.ns() && self.principal_namespace() == Some(ns) {
+            return Ok(Placement { namespace: self.ns(), remapped: true });
+        }
         if self.config.app_namespace_allowed(ns) {
-            Ok(ns)
+            Ok(Placement { namespace: ns, remapped: false })
         } else {
             Err(crate::error::InboundError::NamespaceNotAllowed { namespace: ns.to_owned() })
+        }
+    }
+
+    /// Whether `existing`, a spoke Application kept `at` a place, is the copy of another hub
+    /// Application than the one placed there: under destination-based mapping, one moved from the
+    /// principal's namespace and one of the agent's own namespace, of one name, share a place.
+    pub(crate) fn holds_other(&self, existing: &protocol::argocd::ObjectMeta, at: Placement<'_>) -> bool {
+        self.config.destination_based_mapping && existing.source_uid().is_some() && is_remapped(existing) != at.remapped
+    }
+
+    /// The hub namespace of a spoke Application: the principal's for one remapped here (see
+    /// [`Self::app_namespace`]), its own otherwise. A remapped one whose principal namespace is
+    /// not known keeps its namespace (its annotation still tells the principal).
+    pub(crate) fn hub_namespace<'a>(&'a self, meta: &'a protocol::argocd::ObjectMeta) -> &'a str {
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        match self.principal_namespace() {
+            Some(principal) if is_remapped(meta) && ns == self.ns() => principal,
+            _ => ns,
+        }
+    }
+
+    /// A spoke Application's metadata as the principal knows it: in its hub namespace, the
+    /// remapping annotation kept (a principal strips it; one that does not know it still finds
+    /// the Application by namespace).
+    pub(crate) fn hub_meta(&self, meta: &protocol::argocd::ObjectMeta) -> protocol::argocd::ObjectMeta {
+        let mut out = meta.clone();
+        out.namespace = Some(self.hub_namespace(meta).to_owned());
+        out
+    }
+
+    /// Queues an Application event for the principal, naming the Application as the principal
+    /// knows it ([`Self::hub_meta`]).
+    pub(crate) fn send_app(&self, ty: EventType, app: &Application) {
+        if self.hub_namespace(&app.metadata) == app.metadata.namespace.as_deref().unwrap_or_default() {
+            self.send_object(ty, Target::Application, &app.metadata, app);
+        } else {
+            let mut hub = app.clone();
+            hub.metadata = self.hub_meta(&app.metadata);
+            self.send_object(ty, Target::Application, &hub.metadata, &hub);
         }
     }
 

@@ -137,7 +137,7 @@ async fn managed_applied(spoke: &Spoke, app: Application) {
     let now = (app.status.clone(), app.operation.clone());
     let before = spoke.reported.insert(key.clone(), now.clone());
     if before.as_ref() != Some(&now) {
-        spoke.send_object(EventType::StatusUpdate, Target::Application, &app.metadata, &app);
+        spoke.send_app(EventType::StatusUpdate, &app);
     }
 }
 
@@ -160,7 +160,7 @@ async fn deleted_in_span(spoke: &Spoke, app: Application) {
             let _applying = spoke.applying.lock().await;
             let mut src = match spoke.managed.deleted(&key) {
                 Gone::Expected => {
-                    spoke.send_object(EventType::Delete, Target::Application, &app.metadata, &app);
+                    spoke.send_app(EventType::Delete, &app);
                     return;
                 }
                 Gone::Restore(src) => src,

@@ -1,13 +1,18 @@
 //! The hub Applications as the watch last showed them, with the status bases the principal
-//! wrote since: one owner for the invariant that ties the two together.
+//! wrote since: one owner for the invariant that ties the two together. The Applications are
+//! also found by the agent they route to (by namespace, or by destination), each with its
+//! periodic resync digest entry once computed, so what one agent should hold is read without
+//! going through every Application of the hub.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use link::lock;
 use protocol::argocd::Application;
 
 use super::Key;
+use super::digest::{Entry, app_entry, same_version};
+use crate::route::is_autonomous_copy;
 
 /// A hub Application's status and operation (as JSON) at a resourceVersion: what a managed
 /// agent's next status write is a conditional patch against ([`crate::route::managed`]).
@@ -29,14 +34,78 @@ impl StatusBase {
     }
 }
 
+/// Which of the hub's Applications an agent is asked about.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AgentApps<'a> {
+    /// Those in this namespace (namespace-based mapping; an autonomous agent's copies).
+    InNamespace(&'a str),
+    /// Those whose `spec.destination.name` is this agent, autonomous agents' copies excepted
+    /// (destination-based mapping, [`Application::destination_agent`]).
+    DestinedFor(&'a str),
+}
+
+/// One Application as the watch last showed it.
+#[derive(Debug)]
+struct Seen {
+    app: Application,
+    /// Its periodic resync digest entry, once a digest needed it (for this version).
+    entry: Option<Entry>,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    /// The last version of every hub Application the watch showed.
-    seen: HashMap<Key, Application>,
+    /// The last version of every hub Application the watch showed, ordered by namespace (so
+    /// one namespace's are a range).
+    seen: BTreeMap<Key, Seen>,
+    /// The keys of `seen` by the agent their destination names ([`AgentApps::DestinedFor`]).
+    by_destination: HashMap<String, BTreeSet<Key>>,
     /// The status and operation the principal last wrote onto a hub Application, with the
     /// resourceVersion that write produced, until the watch shows that version (or a newer
     /// object replaces it).
     written: HashMap<Key, StatusBase>,
+}
+
+/// The agent an Application's destination names, for [`Inner::by_destination`].
+fn destination(app: &Application) -> Option<&str> {
+    if is_autonomous_copy(app) { None } else { app.destination_agent() }
+}
+
+impl Inner {
+    /// Calls `f` on every Application of `which`.
+    fn visit(&self, which: AgentApps<'_>, mut f: impl FnMut(&Key, &Seen)) {
+        match which {
+            AgentApps::InNamespace(ns) => {
+                let from = (ns.to_owned(), String::new());
+                for (key, seen) in self.seen.range(from..).take_while(|(key, _)| key.0 == ns) {
+                    f(key, seen);
+                }
+            }
+            AgentApps::DestinedFor(agent) => {
+                for key in self.by_destination.get(agent).into_iter().flatten() {
+                    if let Some(seen) = self.seen.get(key) {
+                        f(key, seen);
+                    }
+                }
+            }
+        }
+    }
+
+    fn unindex(&mut self, key: &Key, app: &Application) {
+        if let Some(agent) = destination(app)
+            && let Some(keys) = self.by_destination.get_mut(agent)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_destination.remove(agent);
+            }
+        }
+    }
+
+    fn index(&mut self, key: &Key, app: &Application) {
+        if let Some(agent) = destination(app) {
+            self.by_destination.entry(agent.to_owned()).or_default().insert(key.clone());
+        }
+    }
 }
 
 /// Hub Applications in agent namespaces, as last seen, and the principal's own status writes
@@ -45,6 +114,8 @@ struct Inner {
 /// Invariant: the base of a status write is the principal's own last write until the watch
 /// shows the version that write produced, and the watched object from then on; so a burst of
 /// status updates patches against each other without waiting for the watch.
+/// Invariant: `by_destination` holds exactly the keys of `seen` whose destination names an
+/// agent, under that agent; a digest entry is that of the version it sits beside.
 #[derive(Debug, Default)]
 pub(crate) struct AppIndex {
     inner: Mutex<Inner>,
@@ -58,39 +129,93 @@ impl AppIndex {
 
     /// The last version of `key` the watch showed.
     pub(crate) fn get(&self, key: &Key) -> Option<Application> {
-        lock(&self.inner).seen.get(key).cloned()
+        lock(&self.inner).seen.get(key).map(|s| s.app.clone())
     }
 
     /// Every Application the watch has shown.
     pub(crate) fn all(&self) -> Vec<Application> {
-        lock(&self.inner).seen.values().cloned().collect()
+        lock(&self.inner).seen.values().map(|s| s.app.clone()).collect()
     }
 
-    /// The Applications in namespace `agent`.
-    pub(crate) fn of_agent(&self, agent: &str) -> Vec<Application> {
-        self.matching(|(ns, _), _| ns == agent)
+    /// The Applications of `which` that `keep` selects.
+    pub(crate) fn of_agent(&self, which: AgentApps<'_>, keep: impl Fn(&Application) -> bool) -> Vec<Application> {
+        let mut out = Vec::new();
+        lock(&self.inner).visit(which, |_, s| {
+            if keep(&s.app) {
+                out.push(s.app.clone());
+            }
+        });
+        out
+    }
+
+    /// The Applications `keep` selects, going through every one (the full scan the resync's
+    /// reference digest makes, [`super::bench`]).
+    pub(crate) fn matching(&self, keep: impl Fn(&Key, &Application) -> bool) -> Vec<Application> {
+        let inner = lock(&self.inner);
+        inner.seen.iter().filter(|(k, s)| keep(k, &s.app)).map(|(_, s)| s.app.clone()).collect()
+    }
+
+    /// The periodic resync digest entries of the Applications of `which` that `keep` selects.
+    /// An entry is computed ([`app_entry`]) only for a version that has none yet, outside the
+    /// lock, and kept beside that version.
+    pub(crate) fn entries(&self, which: AgentApps<'_>, keep: impl Fn(&Application) -> bool) -> Vec<Entry> {
+        let mut out = Vec::new();
+        let mut missing = Vec::new();
+        lock(&self.inner).visit(which, |key, s| {
+            if keep(&s.app) {
+                match &s.entry {
+                    Some(entry) => out.push(entry.clone()),
+                    None => missing.push((key.clone(), s.app.clone())),
+                }
+            }
+        });
+        if missing.is_empty() {
+            return out;
+        }
+        let computed: Vec<(Key, Application, Entry)> = missing
+            .into_iter()
+            .map(|(key, app)| {
+                let entry = Arc::new(app_entry(&app));
+                (key, app, entry)
+            })
+            .collect();
+        let mut inner = lock(&self.inner);
+        for (key, app, entry) in computed {
+            // Kept only beside the version it was computed from (the watch may have moved on).
+            if let Some(s) = inner.seen.get_mut(&key)
+                && same_version(&s.app.metadata, &app.metadata)
+            {
+                s.entry = Some(entry.clone());
+            }
+            out.push(entry);
+        }
+        out
     }
 
     /// What `check` says of the last version of `key` the watch showed (read in place, not
     /// copied); `None` when the watch has not shown it.
     pub(crate) fn seen_satisfies(&self, key: &Key, check: impl FnOnce(&Application) -> bool) -> Option<bool> {
-        lock(&self.inner).seen.get(key).map(check)
-    }
-
-    /// The Applications `keep` selects.
-    pub(crate) fn matching(&self, keep: impl Fn(&Key, &Application) -> bool) -> Vec<Application> {
-        lock(&self.inner).seen.iter().filter(|(k, app)| keep(k, app)).map(|(_, app)| app.clone()).collect()
+        lock(&self.inner).seen.get(key).map(|s| check(&s.app))
     }
 
     /// The watch shows `app`: it becomes the last version (returning the previous one), and
     /// the base of status writes again once it is the version the principal's write produced.
     pub(crate) fn observed(&self, key: Key, app: &Application) -> Option<Application> {
-        let mut inner = lock(&self.inner);
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
         if inner.written.get(&key).is_some_and(|w| app.metadata.resource_version.as_ref() == Some(&w.resource_version))
         {
             inner.written.remove(&key);
         }
-        inner.seen.insert(key, app.clone())
+        // The same version again (a re-list) keeps its digest entry.
+        let entry =
+            inner.seen.get(&key).filter(|s| same_version(&s.app.metadata, &app.metadata)).and_then(|s| s.entry.clone());
+        let prev = inner.seen.insert(key.clone(), Seen { app: app.clone(), entry }).map(|s| s.app);
+        if let Some(prev) = &prev {
+            inner.unindex(&key, prev);
+        }
+        inner.index(&key, app);
+        prev
     }
 
     /// `key` is gone (deleted, or no longer one the principal routes): forgets it and any
@@ -98,14 +223,18 @@ impl AppIndex {
     pub(crate) fn forget(&self, key: &Key) -> Option<Application> {
         let mut inner = lock(&self.inner);
         inner.written.remove(key);
-        inner.seen.remove(key)
+        let prev = inner.seen.remove(key).map(|s| s.app);
+        if let Some(prev) = &prev {
+            inner.unindex(key, prev);
+        }
+        prev
     }
 
     /// What the next status write to `key` is a patch against: the principal's own last write
     /// until the watch caught up with it, else the watched object.
     pub(crate) fn status_base(&self, key: &Key) -> Option<StatusBase> {
         let inner = lock(&self.inner);
-        inner.written.get(key).cloned().or_else(|| inner.seen.get(key).and_then(StatusBase::of))
+        inner.written.get(key).cloned().or_else(|| inner.seen.get(key).and_then(|s| StatusBase::of(&s.app)))
     }
 
     /// The principal wrote `app`'s status (the object the API server returned): its version
@@ -150,6 +279,6 @@ mod tests {
         index.wrote_status(key.clone(), &app("7", "Synced"));
         assert_eq!(index.forget(&key).expect("known").metadata.resource_version.as_deref(), Some("6"));
         assert!(index.status_base(&key).is_none(), "a forgotten Application has no base");
-        assert_eq!(index.of_agent("agent-1").len(), 0);
+        assert!(index.of_agent(AgentApps::InNamespace("agent-1"), |_| true).is_empty());
     }
 }

@@ -1,7 +1,11 @@
 //! The hub side's shared state: the Kubernetes stores, the agent peers, and the caches the
 //! watchers and routers keep.
 
+#[doc(hidden)]
+pub mod bench;
+mod digest;
 mod index;
+mod projects;
 mod shipped;
 pub mod watch;
 
@@ -10,14 +14,16 @@ mod tests;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use link::{Copies, Known};
-use protocol::argocd::{AppProject, Application, ObjectMeta};
+use link::Copies;
+use protocol::argocd::{Application, ObjectMeta};
 use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
 
 use crate::config::PrincipalConfig;
 use crate::peer::Peers;
-pub(crate) use index::{AppIndex, StatusBase};
+pub(crate) use digest::{DigestEntry, LastDigests, app_entry, checksum_of as spec_checksum, digest, project_entry};
+pub(crate) use index::{AgentApps, AppIndex, StatusBase};
+pub(crate) use projects::ProjectIndex;
 pub(crate) use shipped::{GpgIndex, RepoIndex, Shipped};
 
 /// `(namespace, name)` of an object on the hub.
@@ -41,8 +47,9 @@ pub(crate) struct Hub {
     /// Hub Applications as the watch last showed them (to tell what changed), with the status
     /// bases of the principal's own writes.
     pub(crate) seen_apps: AppIndex,
-    /// The last version of every hub AppProject in the principal namespace.
-    pub(crate) seen_projects: Known<String, AppProject>,
+    /// The last version of every hub AppProject in the principal namespace, and those matching
+    /// each agent.
+    pub(crate) seen_projects: ProjectIndex,
     /// Autonomous agents' Applications as last received (hub form), the source for reverting
     /// edits and deletions made on the hub (rebuilt from the hub at startup), and the hub
     /// copies whose deletion the owning agent asked for.
@@ -51,6 +58,8 @@ pub(crate) struct Hub {
     pub(crate) repos: RepoIndex,
     /// The GPG keys ConfigMap of the principal namespace, and the agents it was sent to.
     pub(crate) gpg: GpgIndex,
+    /// The last periodic resync digest of each agent, and what it was computed from.
+    pub(crate) last_digests: LastDigests,
     /// Whether the Application, AppProject, repository secret and GPG keys watchers have each
     /// listed the hub once (readiness, `/healthz`).
     pub(crate) apps_synced: AtomicBool,
@@ -63,6 +72,8 @@ pub(crate) struct Hub {
     pub(crate) processors: Option<tokio::sync::Semaphore>,
     /// Resource-proxy requests waiting for their agent's answer.
     pub(crate) live: crate::proxy::Pending,
+    /// Redis-proxy requests waiting for their agent's answer, and subscriptions through agents.
+    pub(crate) redis: crate::redis::Exchange,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -103,6 +114,7 @@ impl StatusPathCounters {
 impl Hub {
     pub(crate) fn new(config: PrincipalConfig, principal_uid: String, client: kube::Client) -> Self {
         let processors = config.event_processors.filter(|n| *n > 0).map(tokio::sync::Semaphore::new);
+        let mapping = config.mapping();
         Self {
             peers: Peers::new(config.retry.clone()),
             config,
@@ -112,10 +124,11 @@ impl Hub {
             secrets: ObjectStore::secrets(client.clone()),
             config_maps: ObjectStore::config_maps(client),
             seen_apps: AppIndex::default(),
-            seen_projects: Known::default(),
+            seen_projects: ProjectIndex::new(mapping),
             autonomous: Copies::default(),
             repos: RepoIndex::default(),
             gpg: GpgIndex::default(),
+            last_digests: LastDigests::default(),
             apps_synced: AtomicBool::new(false),
             projects_synced: AtomicBool::new(false),
             repos_synced: AtomicBool::new(false),
@@ -123,13 +136,13 @@ impl Hub {
             status_paths: StatusPathCounters::default(),
             processors,
             live: crate::proxy::Pending::default(),
+            redis: crate::redis::Exchange::default(),
         }
     }
 
     /// A hub whose API server is never reached: every request fails. For unit tests of
     /// routing, resync and authorization on the indexes alone (in a tokio runtime: the client
     /// spawns its buffer task).
-    #[cfg(test)]
     pub(crate) fn offline(config: PrincipalConfig) -> Self {
         Self::new(config, "principal-uid".into(), link::testing::offline_client("default"))
     }

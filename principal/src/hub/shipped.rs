@@ -1,39 +1,70 @@
 //! Core objects of the principal namespace that the principal ships to managed agents (repository
 //! secrets, the GPG keys ConfigMap), as the watch last showed them, and the agents each one was
 //! sent to: one owner for "an agent holds a copy exactly while the object belongs there".
+//! Repository secrets are also found by their project, each object with its periodic resync
+//! digest entry once computed.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use link::lock;
 use protocol::EventType;
 use protocol::argocd::{ConfigMap, ObjectMeta, Secret};
+use protocol::checksum::{
+    Checksum, RESYNC_KIND_GPG_KEY, RESYNC_KIND_REPOSITORY, ResourceKey, config_map_checksum, secret_checksum,
+};
+
+use super::digest::{DigestEntry, Entry};
 
 /// A kind of object the principal ships.
 pub(crate) trait Shipped: Clone + PartialEq + serde::Serialize {
     /// Its event target.
     const TARGET: protocol::Target;
+    /// Its kind in resync messages and checksums.
+    const RESYNC_KIND: &'static str;
     fn meta(&self) -> &ObjectMeta;
     fn meta_mut(&mut self) -> &mut ObjectMeta;
+    /// The spec checksum of the agent's copy.
+    fn spec_checksum(&self) -> Option<Checksum>;
+    /// What decides which agents it goes to, when something does: a repository's project.
+    fn group(&self) -> Option<String>;
+    /// Its part of a periodic resync digest.
+    fn digest_entry(&self) -> DigestEntry {
+        DigestEntry { key: ResourceKey::from_meta(Self::RESYNC_KIND, self.meta()), checksum: self.spec_checksum() }
+    }
 }
 
 impl Shipped for Secret {
     const TARGET: protocol::Target = protocol::Target::Repository;
+    const RESYNC_KIND: &'static str = RESYNC_KIND_REPOSITORY;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+    fn spec_checksum(&self) -> Option<Checksum> {
+        secret_checksum(self)
+    }
+    fn group(&self) -> Option<String> {
+        self.project()
     }
 }
 
 impl Shipped for ConfigMap {
     const TARGET: protocol::Target = protocol::Target::GpgKey;
+    const RESYNC_KIND: &'static str = RESYNC_KIND_GPG_KEY;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+    fn spec_checksum(&self) -> Option<Checksum> {
+        config_map_checksum(self)
+    }
+    fn group(&self) -> Option<String> {
+        None
     }
 }
 
@@ -41,9 +72,51 @@ impl Shipped for ConfigMap {
 struct Inner<T> {
     /// The last version of every object the watch showed (or the hub listed).
     seen: HashMap<String, T>,
+    /// The names in `seen` by [`Shipped::group`].
+    groups: HashMap<String, BTreeSet<String>>,
+    /// The periodic resync digest entry of objects of `seen`, once a digest needed it (dropped
+    /// when the object changes).
+    entries: HashMap<String, Entry>,
     /// The agents each object was last sent to (kept after the object or what made it belong
     /// is gone, so its deletion still reaches them: upstream's obj-to-agents cache).
     sent: HashMap<String, BTreeSet<String>>,
+}
+
+impl<T: Shipped> Inner<T> {
+    /// Records `obj` as the last version of `name`, in its group; returns the previous one.
+    fn put(&mut self, name: &str, obj: T) -> Option<T> {
+        let prev = self.forget(name);
+        if let Some(group) = obj.group() {
+            self.groups.entry(group).or_default().insert(name.to_owned());
+        }
+        self.seen.insert(name.to_owned(), obj);
+        prev
+    }
+
+    /// Forgets `name` (not where it was sent); returns its last version.
+    fn forget(&mut self, name: &str) -> Option<T> {
+        let prev = self.seen.remove(name)?;
+        self.entries.remove(name);
+        if let Some(group) = prev.group()
+            && let Some(names) = self.groups.get_mut(&group)
+        {
+            names.remove(name);
+            if names.is_empty() {
+                self.groups.remove(&group);
+            }
+        }
+        Some(prev)
+    }
+
+    /// The digest entry of `name`, computed once per version.
+    fn entry(&mut self, name: &str) -> Option<Entry> {
+        if let Some(entry) = self.entries.get(name) {
+            return Some(entry.clone());
+        }
+        let entry = Arc::new(self.seen.get(name)?.digest_entry());
+        self.entries.insert(name.to_owned(), entry.clone());
+        Some(entry)
+    }
 }
 
 /// Objects of one shipped kind, and where their copies are.
@@ -58,7 +131,14 @@ pub(crate) struct ShippedIndex<T> {
 
 impl<T> Default for ShippedIndex<T> {
     fn default() -> Self {
-        Self { inner: Mutex::new(Inner { seen: HashMap::new(), sent: HashMap::new() }) }
+        Self {
+            inner: Mutex::new(Inner {
+                seen: HashMap::new(),
+                groups: HashMap::new(),
+                entries: HashMap::new(),
+                sent: HashMap::new(),
+            }),
+        }
     }
 }
 
@@ -83,8 +163,31 @@ impl<T: Shipped> ShippedIndex<T> {
     pub(crate) fn preload(&self, objects: Vec<T>) {
         let mut inner = lock(&self.inner);
         for obj in objects {
-            inner.seen.entry(obj.meta().name.clone().unwrap_or_default()).or_insert(obj);
+            let name = obj.meta().name.clone().unwrap_or_default();
+            if !inner.seen.contains_key(&name) {
+                inner.put(&name, obj);
+            }
         }
+    }
+
+    /// The objects of `groups` that `keep` selects.
+    pub(crate) fn in_groups(&self, groups: &[String], keep: impl Fn(&T) -> bool) -> Vec<T> {
+        let inner = lock(&self.inner);
+        let names = groups.iter().filter_map(|g| inner.groups.get(g)).flatten();
+        names.filter_map(|name| inner.seen.get(name)).filter(|obj| keep(obj)).cloned().collect()
+    }
+
+    /// The periodic resync digest entries of the objects of `groups` (every object: `None`)
+    /// that `keep` selects.
+    pub(crate) fn entries(&self, groups: Option<&[String]>, keep: impl Fn(&T) -> bool) -> Vec<Entry> {
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
+        let mut names: Vec<String> = match groups {
+            Some(groups) => groups.iter().filter_map(|g| inner.groups.get(g)).flatten().cloned().collect(),
+            None => inner.seen.keys().cloned().collect(),
+        };
+        names.retain(|name| inner.seen.get(name).is_some_and(&keep));
+        names.iter().filter_map(|name| inner.entry(name)).collect()
     }
 
     /// The watch shows the object (new or changed); `targets` are the agents it belongs on now.
@@ -93,8 +196,10 @@ impl<T: Shipped> ShippedIndex<T> {
     pub(crate) fn observed(&self, obj: &T, targets: &BTreeSet<String>, mut send: impl FnMut(&str, EventType, &T)) {
         let name = obj.meta().name.clone().unwrap_or_default();
         let mut inner = lock(&self.inner);
-        let prev = inner.seen.insert(name.clone(), obj.clone());
-        let changed = prev.as_ref() != Some(obj);
+        let changed = inner.seen.get(&name) != Some(obj);
+        if changed {
+            inner.put(&name, obj.clone());
+        }
         let before = inner.sent.insert(name, targets.clone()).unwrap_or_default();
         for agent in before.difference(targets) {
             send(agent, EventType::Delete, obj);
@@ -113,7 +218,7 @@ impl<T: Shipped> ShippedIndex<T> {
     pub(crate) fn deleted(&self, obj: &T, targets: &BTreeSet<String>, mut send: impl FnMut(&str, EventType, &T)) {
         let name = obj.meta().name.as_deref().unwrap_or_default();
         let mut inner = lock(&self.inner);
-        let last = inner.seen.remove(name);
+        let last = inner.forget(name);
         let sent = inner.sent.remove(name).unwrap_or_default();
         let obj = last.as_ref().unwrap_or(obj);
         for agent in sent.union(targets) {
@@ -239,6 +344,37 @@ mod tests {
         index.observed(&repo("other", "ops", "1"), &set(&["a"]), |_, _, _| {});
         let moved = sent(|s| index.retarget(|r| r.project().as_deref() == Some("team"), |_| set(&["b"]), s));
         assert_eq!(moved, ["a:delete", "b:create"]);
+    }
+
+    fn names(repos: Vec<Secret>) -> Vec<String> {
+        let mut names: Vec<String> = repos.into_iter().filter_map(|r| r.metadata.name).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn repositories_are_found_by_their_project_as_it_changes() {
+        let index: RepoIndex = ShippedIndex::default();
+        let groups = |g: &[&str]| g.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        index.observed(&repo("r", "team", "1"), &set(&["a"]), |_, _, _| {});
+        index.preload(vec![repo("s", "team", "1"), repo("r", "ops", "9")]);
+        assert_eq!(
+            names(index.in_groups(&groups(&["team"]), |_| true)),
+            ["r", "s"],
+            "a preload adds what is not there"
+        );
+        index.observed(&repo("r", "ops", "2"), &set(&["a"]), |_, _, _| {});
+        assert_eq!(names(index.in_groups(&groups(&["team"]), |_| true)), ["s"]);
+        assert_eq!(names(index.in_groups(&groups(&["ops", "team"]), |_| true)), ["r", "s"]);
+        index.deleted(&repo("s", "team", "1"), &BTreeSet::new(), |_, _, _| {});
+        assert!(index.in_groups(&groups(&["team"]), |_| true).is_empty());
+
+        // Digest entries: kept while the secret is unchanged.
+        let first = index.entries(Some(&groups(&["ops"])), |_| true);
+        assert!(Arc::ptr_eq(&first[0], &index.entries(None, |_| true)[0]));
+        index.observed(&repo("r", "ops", "3"), &set(&["a"]), |_, _, _| {});
+        assert!(!Arc::ptr_eq(&first[0], &index.entries(None, |_| true)[0]));
+        assert!(index.entries(None, |_| false).is_empty());
     }
 
     #[test]

@@ -105,6 +105,7 @@ fn describe(ev: &Event) -> String {
         Ok(Payload::AppProject(p)) => p.metadata.name.unwrap_or_default(),
         Ok(Payload::Repository(r)) => r.metadata.name.unwrap_or_default(),
         Ok(Payload::RequestUpdate(r)) => r.name,
+        Ok(Payload::SyncedResource(r)) => r.name,
         _ => ev.target.as_str().to_owned(),
     };
     format!("{ty} {name}")
@@ -267,4 +268,197 @@ async fn a_resync_starts_only_once_the_event_being_applied_is_done() {
     drop(applying);
     resync.await.expect("joined").expect("started");
     assert_eq!(sent(&peer, &stream), ["spec-update default", "request-resource-resync resourceResync"]);
+}
+
+// === The periodic resync digest from the indexes by agent ===
+
+/// `obj` at resourceVersion `rv` (a real watch never shows two contents under one version).
+fn at(mut obj: DynamicObject, rv: u64) -> DynamicObject {
+    obj.metadata.resource_version = Some(rv.to_string());
+    obj
+}
+
+/// A repository secret of project `p` or `everyone`, its data as the API server keeps it
+/// (base64), so its spec checksum changes with its project.
+fn repo_data(name: &str, project: &str, rv: u64) -> DynamicObject {
+    let encoded = match project {
+        "p" => "cA==",
+        "everyone" => "ZXZlcnlvbmU=",
+        other => panic!("no fixture for project {other}"),
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}"), "resourceVersion": rv.to_string(),
+                     "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+        "data": {"project": encoded, "url": "aHR0cHM6Ly9leGFtcGxlLmNvbS9yLmdpdA=="},
+    }))
+    .expect("a Secret")
+}
+
+/// An Application of the principal namespace routed by its destination (destination-based
+/// mapping); `None`: `in-cluster`.
+fn app_to(name: &str, destination: Option<&str>, rv: u64) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}"), "resourceVersion": rv.to_string()},
+        "spec": {"project": "default", "source": {"repoURL": "https://example.com/r.git", "path": format!("v{rv}")},
+                 "destination": {"name": destination.unwrap_or("in-cluster"), "namespace": "default"}},
+    }))
+    .expect("an Application")
+}
+
+/// The digests each agent gets from the indexes, after checking each against a full scan of
+/// the hub's caches.
+async fn digests(hub: &Hub, agents: &[&str]) -> Vec<Option<protocol::checksum::Checksum>> {
+    let mut out = Vec::new();
+    for agent in agents {
+        let indexed = crate::resync::managed_digest(hub, agent).await.expect("from the caches");
+        assert_eq!(indexed, super::bench::full_scan_digest(hub, agent), "{agent}: the indexes and a full scan differ");
+        out.push(indexed);
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_digest_by_agent_follows_every_change_of_what_the_agent_should_hold() {
+    let hub = hub();
+    let agents = ["agent-1", "agent-2", "agent-3"];
+    listed(
+        &hub,
+        vec![app("agent-1", "a", "v1"), app("agent-1", "b", "v1"), app("agent-2", "c", "v1")],
+        vec![project("p", "agent-1"), project("everyone", "agent-*")],
+    )
+    .await;
+    feed(
+        &Repositories(&hub),
+        vec![WatchEvent::Apply(repo_data("r", "p", 1)), WatchEvent::Apply(repo_data("s", "everyone", 1))],
+    )
+    .await;
+    let apps = Applications(&hub);
+    let start = digests(&hub, &agents).await;
+    assert!(start.iter().all(Option::is_some));
+
+    // A spec change reaches only its agent's digest, though every entry was kept.
+    feed(&apps, vec![WatchEvent::Apply(at(app("agent-1", "a", "v2"), 2))]).await;
+    let changed = digests(&hub, &agents).await;
+    assert_ne!(changed[0], start[0]);
+    assert_eq!(changed[1..], start[1..]);
+
+    // A new Application, one deleted, one left out by its label, one gone from a re-list.
+    feed(&apps, vec![WatchEvent::Apply(at(app("agent-3", "d", "v1"), 3))]).await;
+    let added = digests(&hub, &agents).await;
+    assert_ne!(added[2], changed[2]);
+    feed(&apps, vec![WatchEvent::Delete(at(app("agent-3", "d", "v1"), 3))]).await;
+    assert_eq!(digests(&hub, &agents).await, changed, "back to what it was");
+    feed(&apps, vec![WatchEvent::Apply(at(ignored(app("agent-1", "b", "v1")), 4))]).await;
+    let left_out = digests(&hub, &agents).await;
+    assert_ne!(left_out[0], changed[0]);
+    feed(&apps, vec![WatchEvent::Init, WatchEvent::InitApply(at(app("agent-1", "a", "v2"), 2)), WatchEvent::InitDone])
+        .await;
+    let relisted = digests(&hub, &agents).await;
+    assert_ne!(relisted[1], left_out[1], "c was not listed again: a tombstone");
+
+    // A project moves from agent-1 to agent-2, its repository with it; then it goes.
+    feed(&Projects(&hub), vec![WatchEvent::Apply(at(project("p", "agent-2"), 5))]).await;
+    let moved = digests(&hub, &agents).await;
+    assert_ne!(moved[0], relisted[0]);
+    assert_ne!(moved[1], relisted[1]);
+    assert_eq!(moved[2], relisted[2]);
+    // The repository changes project, then is deleted.
+    feed(&Repositories(&hub), vec![WatchEvent::Apply(repo_data("r", "everyone", 6))]).await;
+    let repo_moved = digests(&hub, &agents).await;
+    assert!(repo_moved.iter().zip(&moved).all(|(a, b)| a != b), "every agent gains r, agent-2 loses it from p");
+    feed(&Repositories(&hub), vec![WatchEvent::Delete(repo_data("r", "everyone", 6))]).await;
+    let deleted = digests(&hub, &agents).await;
+    assert_eq!([deleted[0], deleted[2]], [moved[0], moved[2]], "as before they gained r");
+    assert_ne!(deleted[1], moved[1], "agent-2 held r through p");
+    feed(&Projects(&hub), vec![WatchEvent::Delete(at(project("p", "agent-2"), 5))]).await;
+    digests(&hub, &agents).await;
+    // A project left out by its label, then a re-list without the other one.
+    feed(&Projects(&hub), vec![WatchEvent::Apply(at(ignored(project("everyone", "agent-*")), 7))]).await;
+    digests(&hub, &agents).await;
+    feed(&Projects(&hub), vec![WatchEvent::Init, WatchEvent::InitApply(project("q", "agent-3")), WatchEvent::InitDone])
+        .await;
+    let last = digests(&hub, &agents).await;
+    assert_eq!(last[1], None, "agent-2 holds nothing any more");
+    assert!(last[0].is_some() && last[2].is_some(), "agent-1 holds a, agent-3 q");
+}
+
+#[tokio::test]
+async fn under_destination_mapping_an_application_moves_with_its_destination() {
+    let mut config = PrincipalConfig::new("argocd");
+    config.destination_based_mapping = true;
+    let hub = Hub::offline(config);
+    let agents = ["agent-1", "agent-2"];
+    listed(&hub, vec![app_to("a", Some("agent-1"), 1), app_to("b", Some("agent-2"), 2)], vec![]).await;
+    let start = digests(&hub, &agents).await;
+    let apps = Applications(&hub);
+
+    feed(&apps, vec![WatchEvent::Apply(app_to("a", Some("agent-2"), 3))]).await;
+    let moved = digests(&hub, &agents).await;
+    assert_eq!(moved[0], None, "agent-1 lost its only Application");
+    assert_ne!(moved[1], start[1]);
+    feed(&apps, vec![WatchEvent::Apply(app_to("a", None, 4))]).await;
+    assert_eq!(digests(&hub, &agents).await[1], start[1], "in-cluster: no agent's");
+    feed(&apps, vec![WatchEvent::Apply(app_to("a", Some("agent-1"), 5))]).await;
+    let back = digests(&hub, &agents).await;
+    assert_ne!(back[0], start[0], "a new version of a");
+    feed(&apps, vec![WatchEvent::Delete(app_to("a", Some("agent-1"), 5))]).await;
+    assert_eq!(digests(&hub, &agents).await, [None, start[1]]);
+}
+
+#[tokio::test]
+async fn an_unchanged_object_is_not_hashed_again() {
+    let hub = hub();
+    listed(&hub, vec![app("agent-1", "a", "v1"), app("agent-1", "b", "v1")], vec![project("p", "agent-*")]).await;
+    let ns = super::AgentApps::InNamespace("agent-1");
+    let first = hub.seen_apps.entries(ns, |_| true);
+    let again = hub.seen_apps.entries(ns, |_| true);
+    assert!(first.iter().zip(&again).all(|(a, b)| Arc::ptr_eq(a, b)), "kept beside their versions");
+    // A re-list of the same versions keeps them; a new version of one is hashed again.
+    feed(&Applications(&hub), vec![WatchEvent::InitApply(app("agent-1", "a", "v1"))]).await;
+    feed(&Applications(&hub), vec![WatchEvent::Apply(at(app("agent-1", "b", "v2"), 2))]).await;
+    let after = hub.seen_apps.entries(ns, |_| true);
+    assert!(Arc::ptr_eq(&first[0], &after[0]));
+    assert!(!Arc::ptr_eq(&first[1], &after[1]));
+    assert_ne!(first[1], after[1]);
+
+    // A project's copy: kept, shared by the agents that get the same copy, dropped when the
+    // project changes.
+    let (_, one) = hub.seen_projects.entries("agent-1", |_| true);
+    let (_, two) = hub.seen_projects.entries("agent-2", |_| true);
+    assert!(Arc::ptr_eq(&one[0], &hub.seen_projects.entries("agent-1", |_| true).1[0]));
+    assert!(Arc::ptr_eq(&one[0], &two[0]), "the same copy: one entry");
+    feed(&Projects(&hub), vec![WatchEvent::Apply(at(project("p", "agent-*"), 2))]).await;
+    assert!(!Arc::ptr_eq(&one[0], &hub.seen_projects.entries("agent-1", |_| true).1[0]));
+}
+
+#[tokio::test]
+async fn a_periodic_digest_equal_to_the_hubs_is_answered_with_nothing() {
+    use protocol::payload::{DIGEST_SPEC, RequestSyncedResourceList};
+    let mut config = PrincipalConfig::new("argocd");
+    config.allowed_namespaces = vec!["agent-*".into()];
+    config.resync_min_interval = std::time::Duration::ZERO;
+    let hub = Hub::offline(config);
+    listed(&hub, vec![app("agent-1", "a", "v1")], vec![project("p", "agent-1")]).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    let digest = |checksum: Option<Vec<u8>>| {
+        let req = RequestSyncedResourceList { checksum, digest: Some(DIGEST_SPEC.to_owned()) };
+        Event::request(EventType::RequestSyncedResourceList, Target::ResourceResync, "req")
+            .with_json(&req)
+            .expect("event")
+    };
+    let ours = super::bench::full_scan_digest(&hub, "agent-1").map(|d| d.to_vec());
+    let ev = digest(ours);
+    crate::resync::handle(&hub, &peer, &ev, ev.payload().expect("payload")).await.expect("from the caches");
+    assert!(sent(&peer, &stream).is_empty(), "in sync");
+
+    let ev = digest(Some(vec![0; 32]));
+    crate::resync::handle(&hub, &peer, &ev, ev.payload().expect("payload")).await.expect("from the caches");
+    let mut repair = sent(&peer, &stream);
+    repair.sort();
+    assert_eq!(
+        repair,
+        ["request-resource-resync resourceResync", "response-synced-resource a", "response-synced-resource p"]
+    );
 }

@@ -101,43 +101,21 @@ impl ResourceProxy {
         tls: tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>,
         cancel: CancellationToken,
     ) {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let accepted = tokio::select! {
-                () = cancel.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            let (tcp, remote) = match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    // Out of file descriptors and the like: pause rather than spin.
-                    tracing::warn!(%error, "resource proxy: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
+        let mut connections = crate::accept::until_cancelled(&listener, &cancel, "resource proxy", |tcp, remote| {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.borrow().clone());
             let proxy = self.clone();
             let cancel = cancel.clone();
-            connections.spawn(async move {
-                let stream = match tokio::time::timeout(proxy.config.handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(error)) => {
-                        tracing::debug!(%remote, %error, "resource proxy: TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%remote, "resource proxy: TLS handshake timed out");
-                        return;
-                    }
+            async move {
+                let timeout = proxy.config.handshake_timeout;
+                let Some(stream) = crate::accept::tls_handshake(acceptor, tcp, timeout, remote, "resource proxy").await
+                else {
+                    return;
                 };
                 let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
                 proxy.serve_connection(stream, Caller { cert }, cancel).await;
-            });
-            // Reap finished connections so the set does not grow with every one ever served.
-            while connections.try_join_next().is_some() {}
-        }
+            }
+        })
+        .await;
         while connections.join_next().await.is_some() {}
     }
 

@@ -1,9 +1,12 @@
-//! Resource-proxy requests waiting for their agent's answer.
+//! Requests to agents waiting for their answer: the resource proxy's (answer
+//! [`ResourceResponse`]) and the Redis proxy's (answer
+//! [`RedisResponseBody`](protocol::payload::RedisResponseBody)).
 //!
 //! Each request is registered under its UUID with the agent it was sent to, before it is
 //! queued. An answer completes it only when it comes from that same agent: an agent can never
 //! answer for another agent's cluster. Requests per agent are bounded; the bound answers 429
-//! instead of queueing without limit.
+//! (the Redis proxy: an error reply) instead of queueing without limit. When an agent's stream
+//! ends, [`Pending::abandon`] fails its requests at once instead of letting them time out.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,21 +17,33 @@ use tokio::sync::oneshot;
 use link::lock;
 
 #[derive(Debug)]
-struct Waiting {
+struct Waiting<A> {
     agent: String,
-    answer: oneshot::Sender<ResourceResponse>,
+    answer: oneshot::Sender<A>,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    waiting: HashMap<String, Waiting>,
+#[derive(Debug)]
+struct Inner<A> {
+    waiting: HashMap<String, Waiting<A>>,
     per_agent: HashMap<String, usize>,
 }
 
-/// Requests in flight, by UUID.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Pending {
-    inner: Arc<Mutex<Inner>>,
+/// Requests in flight, by UUID, each waiting for an answer `A`.
+#[derive(Debug)]
+pub(crate) struct Pending<A = ResourceResponse> {
+    inner: Arc<Mutex<Inner<A>>>,
+}
+
+impl<A> Default for Pending<A> {
+    fn default() -> Self {
+        Self { inner: Arc::new(Mutex::new(Inner { waiting: HashMap::new(), per_agent: HashMap::new() })) }
+    }
+}
+
+impl<A> Clone for Pending<A> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
 }
 
 /// What became of an answer.
@@ -50,13 +65,13 @@ pub(crate) struct Busy {
 
 /// A registered request; dropping it unregisters it.
 #[derive(Debug)]
-pub(crate) struct Ticket {
-    pending: Pending,
+pub(crate) struct Ticket<A = ResourceResponse> {
+    pending: Pending<A>,
     uuid: String,
     agent: String,
 }
 
-impl Drop for Ticket {
+impl<A> Drop for Ticket<A> {
     fn drop(&mut self) {
         let mut inner = lock(&self.pending.inner);
         inner.waiting.remove(&self.uuid);
@@ -69,14 +84,14 @@ impl Drop for Ticket {
     }
 }
 
-impl Pending {
+impl<A> Pending<A> {
     /// Registers request `uuid` for `agent`, unless `limit` requests of it are in flight.
     pub(crate) fn begin(
         &self,
         agent: &str,
         uuid: &str,
         limit: usize,
-    ) -> Result<(Ticket, oneshot::Receiver<ResourceResponse>), Busy> {
+    ) -> Result<(Ticket<A>, oneshot::Receiver<A>), Busy> {
         let mut inner = lock(&self.inner);
         let in_flight = inner.per_agent.get(agent).copied().unwrap_or(0);
         if in_flight >= limit {
@@ -90,7 +105,7 @@ impl Pending {
     }
 
     /// Hands `answer` (for request `uuid`) from agent `from` to its caller.
-    pub(crate) fn complete(&self, from: &str, uuid: &str, answer: ResourceResponse) -> Completion {
+    pub(crate) fn complete(&self, from: &str, uuid: &str, answer: A) -> Completion {
         let mut inner = lock(&self.inner);
         match inner.waiting.get(uuid) {
             None => Completion::Unknown,
@@ -103,6 +118,15 @@ impl Pending {
                 Completion::Delivered
             }
         }
+    }
+
+    /// Fails every request waiting for `agent` (its stream ended): each caller sees its answer
+    /// channel closed at once. Returns how many there were.
+    pub(crate) fn abandon(&self, agent: &str) -> usize {
+        let mut inner = lock(&self.inner);
+        let before = inner.waiting.len();
+        inner.waiting.retain(|_, w| w.agent != agent);
+        before - inner.waiting.len()
     }
 
     /// Requests in flight for `agent`.
@@ -131,6 +155,17 @@ mod tests {
         assert_eq!(rx.await.expect("answer").status, 201);
         drop(ticket);
         assert_eq!(pending.in_flight("agent-a"), 0);
+    }
+
+    #[tokio::test]
+    async fn an_agent_gone_fails_its_requests_at_once() {
+        let pending = Pending::<u8>::default();
+        let (_a, rx_a) = pending.begin("a", "1", 4).expect("room");
+        let (_b, rx_b) = pending.begin("b", "2", 4).expect("room");
+        assert_eq!(pending.abandon("a"), 1);
+        assert!(rx_a.await.is_err(), "the caller sees the request fail");
+        assert_eq!(pending.complete("b", "2", 7), Completion::Delivered);
+        assert_eq!(rx_b.await.expect("answer"), 7);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Managed mode (upstream §4.2): the hub owns Applications; specs flow down, status flows up.
 
 use protocol::argocd::Application;
-use protocol::argocd::annotations::{LAST_UPDATED, REFRESH};
+use protocol::argocd::annotations::{LAST_UPDATED, NAMESPACE_REMAPPED, REFRESH};
 use protocol::kube_store::StoreError;
 use protocol::{EventType, Target, merge_patch};
 
@@ -69,6 +69,23 @@ pub(crate) fn hub_app_deleted(hub: &Hub, app: &Application) {
     {
         session.push(ev);
     }
+}
+
+/// An Application from an agent as the hub knows it. Under destination-based mapping an agent
+/// keeps an Application of the principal's namespace in its own when the two differ, marked
+/// `argocd.argoproj.io/namespace-remapped=true` (upstream §4.2): one so marked is in the
+/// principal's namespace here, whatever namespace it names. The mark is the agent's alone and
+/// never reaches the hub.
+pub(crate) fn from_agent(hub: &Hub, mut app: Application) -> Application {
+    if unmark(&mut app) && hub.config.destination_based_mapping {
+        app.metadata.namespace = Some(hub.config.namespace.clone());
+    }
+    app
+}
+
+/// Removes an agent's namespace-remapped mark from `app`; whether it was set.
+pub(crate) fn unmark(app: &mut Application) -> bool {
+    app.metadata.remove_annotation(NAMESPACE_REMAPPED).is_some_and(|v| v == "true")
 }
 
 /// Whether `agent` may write to the hub Application `app` (its own, by the mapping in use): an
@@ -238,6 +255,49 @@ mod tests {
         let hub = Hub::offline(crate::config::PrincipalConfig::new("argocd"));
         assert_eq!(hub.agent_of(&app), Some("team-a"), "namespace mapping: the namespace");
         assert_eq!(hub.managed_namespace("dm1", Some("team-a")), "dm1", "namespace mapping: the agent's own");
+    }
+
+    #[tokio::test]
+    async fn a_moved_application_is_in_the_principal_namespace_and_loses_its_mark() {
+        let mut config = crate::config::PrincipalConfig::new("argocd");
+        config.destination_based_mapping = true;
+        let hub = Hub::offline(config);
+        let mut moved = app("p");
+        moved.metadata.namespace = Some("argocd-agent".into());
+        moved.metadata.set_annotation(NAMESPACE_REMAPPED, "true");
+        moved.metadata.set_annotation(REFRESH, "normal");
+        let seen = from_agent(&hub, moved.clone());
+        assert_eq!(seen.metadata.namespace.as_deref(), Some("argocd"));
+        assert_eq!(seen.metadata.annotation(NAMESPACE_REMAPPED), None);
+        assert_eq!(seen.metadata.annotation(REFRESH), Some("normal"), "other annotations stay");
+
+        let mut named = moved.clone();
+        named.metadata.namespace = Some("argocd".into());
+        let seen = from_agent(&hub, named);
+        assert_eq!(seen.metadata.namespace.as_deref(), Some("argocd"), "already named as the hub knows it");
+
+        let mut own = app("p");
+        own.metadata.namespace = Some("argocd-agent".into());
+        assert_eq!(from_agent(&hub, own.clone()), own, "an unmarked one is as named");
+
+        let by_namespace = Hub::offline(crate::config::PrincipalConfig::new("argocd"));
+        let seen = from_agent(&by_namespace, moved.clone());
+        assert_eq!(seen.metadata.namespace.as_deref(), Some("argocd-agent"), "namespace mapping ignores the mark");
+        assert_eq!(seen.metadata.annotation(NAMESPACE_REMAPPED), None, "but never writes it");
+
+        // The status patch carries the refresh and last-updated annotations only.
+        let base = StatusBase {
+            resource_version: "1".into(),
+            status: serde_json::Value::Null,
+            operation: serde_json::Value::Null,
+        };
+        let mut incoming = from_agent(&hub, moved);
+        incoming.status = serde_json::from_value(serde_json::json!({"sync": {"status": "Synced"}})).ok();
+        let patch = status_patch(&base, &incoming, "now").expect("a status change");
+        let mut annotations: Vec<&String> =
+            patch["metadata"]["annotations"].as_object().into_iter().flat_map(|a| a.keys()).collect();
+        annotations.sort();
+        assert_eq!(annotations, [LAST_UPDATED, REFRESH]);
     }
 
     #[test]

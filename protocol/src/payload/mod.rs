@@ -12,8 +12,8 @@ pub mod session;
 pub mod status;
 
 pub use redis::{
-    Empty, RedisCommandBody, RedisGet, RedisGetResponse, RedisPushFromSubscribe, RedisRequest, RedisResponse,
-    RedisResponseBody, RedisSubscribe, RedisSubscribeResponse,
+    AppCacheKey, AppCacheKind, Empty, RedisCommandBody, RedisGet, RedisGetResponse, RedisPushFromSubscribe,
+    RedisRequest, RedisResponse, RedisResponseBody, RedisSubscribe, RedisSubscribeResponse, strip_app_namespace,
 };
 pub use resource::{
     ApiPath, ApiPathError, ApiResource, QUERY_PARAMS, ResourceRequest, ResourceResponse, is_status, status_body,

@@ -64,6 +64,8 @@ agent.compression.enable=ARGOCD_AGENT_ENABLE_COMPRESSION
 agent.keep-alive.interval=ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL
 agent.pprof.port=ARGOCD_AGENT_PPROF_PORT
 agent.redis.address=REDIS_ADDR
+agent.redis.username=REDIS_USERNAME
+agent.redis.tls.enabled=ARGOCD_AGENT_REDIS_TLS_ENABLED
 agent.resource-proxy.enable=ARGOCD_AGENT_ENABLE_RESOURCE_PROXY
 agent.destination-based-mapping=ARGOCD_AGENT_DESTINATION_BASED_MAPPING
 agent.create-namespace=ARGOCD_AGENT_CREATE_NAMESPACE
@@ -80,9 +82,7 @@ agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
 {{- $bad := list -}}
 {{- if gt (int $v.replicaCount) 1 }}{{ $bad = append $bad "replicaCount > 1" }}{{ end -}}
 {{- if ne (toString $v.tlsClientInSecure) "false" }}{{ $bad = append $bad "tlsClientInSecure" }}{{ end -}}
-{{- if $v.enableWebSocket }}{{ $bad = append $bad "enableWebSocket" }}{{ end -}}
 {{- if not (has (toString $v.pprofPort) (list "" "0")) }}{{ $bad = append $bad "pprofPort" }}{{ end -}}
-{{- if not (has (toString $v.redisAddress) (list "" "argocd-redis:6379")) }}{{ $bad = append $bad "redisAddress" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $v.auth) }}{{ $bad = append $bad "auth userpass:" }}{{ end -}}
 {{- if $bad -}}
 {{- fail (printf "argocd-agent-rs does not support these yet: %s. Reset them to their defaults (docs/install.md, \"Migrating from upstream's chart\")." (join ", " $bad)) -}}

@@ -52,6 +52,7 @@ func runAgent(args []string) error {
 	version := fs.String("version", "", "AuthRequest.version (empty: an agent from before the handshake)")
 	namespace := fs.String("namespace", "argocd", "AuthRequest.agentNamespace")
 	compress := fs.Bool("compress", false, "gzip every call, as upstream's --enable-compression (pkg/client/remote.go)")
+	websocket := fs.Bool("websocket", false, "gRPC over WebSocket, as upstream's --enable-websocket (grpc-http1's ConnectViaProxy with UseWebSocket)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -60,18 +61,26 @@ func runAgent(args []string) error {
 		return err
 	}
 	tlsConfig := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)),
-		grpc.WithUserAgent("argocd-agent/v0.0.1"),
-	}
+	opts := []grpc.DialOption{grpc.WithUserAgent("argocd-agent/v0.0.1")}
 	if *compress {
 		opts = append(opts, grpc.WithDefaultCallOptions(grpc.UseCompressor(gzip.Name)))
 	}
-	conn, err := grpc.NewClient(*server, opts...)
-	if err != nil {
-		return err
+	var conn *grpc.ClientConn
+	if *websocket {
+		c, stop, err := connectViaWSProxy(*server, tlsConfig, opts...)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		conn = c
+	} else {
+		c, err := grpc.NewClient(*server, append(opts, grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)))...)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		conn = c
 	}
-	defer conn.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

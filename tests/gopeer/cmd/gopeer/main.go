@@ -8,6 +8,7 @@
 //	argocd-gopeer principal --cert p.crt --key p.key --ca ca.crt --version V
 //	argocd-gopeer codec
 //	argocd-gopeer check-protos protocol/proto
+//	argocd-gopeer argocd-redis --server-redis 127.0.0.1:PORT [--controller-redis 127.0.0.1:PORT]
 //
 // Every event received is decoded with sdk-go's FromProto, dispatched on its target the way
 // upstream's internal/event package does, its payload decoded into upstream-shaped structs, and
@@ -21,7 +22,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: argocd-gopeer agent|principal|codec|check-protos [flags]")
+		fmt.Fprintln(os.Stderr, "usage: argocd-gopeer agent|principal|codec|check-protos|argocd-redis [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -34,8 +35,10 @@ func main() {
 		err = runCodec(os.Args[2:])
 	case "check-protos":
 		err = runCheckProtos(os.Args[2:])
+	case "argocd-redis":
+		err = runArgoCDRedis(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown role %q: want agent, principal or codec", os.Args[1])
+		err = fmt.Errorf("unknown role %q: want agent, principal, codec, check-protos or argocd-redis", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "argocd-gopeer:", err)

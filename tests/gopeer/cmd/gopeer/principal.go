@@ -121,6 +121,7 @@ func runPrincipal(args []string) error {
 	certFile := fs.String("cert", "", "server certificate")
 	keyFile := fs.String("key", "", "server key")
 	version := fs.String("version", "", "AuthResponse.version")
+	websocket := fs.Bool("websocket", false, "serve as upstream's principal with --enable-websocket (grpc-http1's downgrading handler)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -142,7 +143,12 @@ func runPrincipal(args []string) error {
 	authapi.RegisterAuthenticationServer(srv, ps)
 	versionapi.RegisterVersionServer(srv, ps)
 	eventstreamapi.RegisterEventStreamServer(srv, ps)
-	go func() { _ = srv.Serve(lis) }()
+	if *websocket {
+		httpSrv := serveDowngrading(lis, srv, tlsConfig)
+		defer httpSrv.Close()
+	} else {
+		go func() { _ = srv.Serve(lis) }()
+	}
 	out.report(map[string]any{"kind": "listening", "addr": lis.Addr().String()})
 	commands(ps.peer.handleSend)
 	srv.Stop()

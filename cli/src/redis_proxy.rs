@@ -1,0 +1,319 @@
+//! The Redis proxy's flags, with upstream's names, environment variables and defaults
+//! (docs/configuration.md, docs/live-resources.md): the principal's proxy listener and its
+//! connection to the hub's Redis, and the agent's own Redis.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::ctl::kube::Secrets;
+use crate::material::{key_pair, pem_from, read_pem};
+
+/// Upstream's address of Argo CD's Redis, for both the hub's and an agent's.
+const DEFAULT_REDIS: &str = "argocd-redis:6379";
+
+/// The principal's Redis-proxy flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PrincipalRedis {
+    /// The hub's Redis (host:port) the proxy forwards to (upstream default argocd-redis:6379).
+    /// Setting it serves the Redis proxy, unless --disable-redis-proxy.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS")]
+    pub redis_server_address: Option<String>,
+    /// Do not serve the Redis proxy. Unset: served when --redis-server-address is set; false:
+    /// served (the hub's Redis at argocd-redis:6379 unless given).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY")]
+    pub disable_redis_proxy: Option<bool>,
+    /// Where the Redis proxy listens (upstream: always :6379).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_LISTEN_ADDRESS", default_value = "0.0.0.0:6379")]
+    pub redis_proxy_listen_address: String,
+    /// How long a GET or SUBSCRIBE through the proxy waits for the agent's answer.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_TIMEOUT", default_value = "30s")]
+    pub redis_proxy_timeout: String,
+    /// Redis requests of one agent in flight at once; more get an error reply.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub redis_proxy_max_in_flight: u32,
+    /// Accepted, no effect: Argo CD authenticates to the hub's Redis itself, through the proxy.
+    #[arg(long, env = "REDIS_PASSWORD", hide = true)]
+    pub redis_password: Option<String>,
+    /// Accepted, no effect (see --redis-password).
+    #[arg(long, env = "REDIS_CREDS_DIR_PATH", hide = true)]
+    pub redis_creds_dir_path: Option<String>,
+    /// Accepted (gzip or none), no effect: values pass the proxy as they are.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE", hide = true)]
+    pub redis_compression_type: Option<String>,
+    /// TLS on the Redis proxy's listener and to the hub's Redis.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_ENABLED")]
+    pub redis_tls_enabled: Option<bool>,
+    /// The proxy's server certificate file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_CERT_PATH")]
+    pub redis_proxy_server_tls_cert: Option<PathBuf>,
+    /// The proxy's server key file (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_KEY_PATH")]
+    pub redis_proxy_server_tls_key: Option<PathBuf>,
+    /// Secret holding the proxy's server certificate (tls.crt, tls.key).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_SECRET_NAME", default_value = "argocd-redis-proxy-tls")]
+    pub redis_proxy_server_tls_secret_name: String,
+    /// CA file that issued the hub Redis's certificate (instead of the secret).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_CA_PATH")]
+    pub redis_ca_path: Option<PathBuf>,
+    /// Secret holding the CA that issued the hub Redis's certificate (ca.crt).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_CA_SECRET_NAME", default_value = "argocd-redis-tls")]
+    pub redis_ca_secret_name: String,
+    /// Do not verify the hub Redis's certificate (encrypted, not authenticated).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_INSECURE")]
+    pub redis_tls_insecure: Option<bool>,
+}
+
+impl PrincipalRedis {
+    /// Whether the proxy is served.
+    fn enabled(&self) -> bool {
+        match self.disable_redis_proxy {
+            Some(disabled) => !disabled,
+            None => self.redis_server_address.as_deref().is_some_and(|a| !a.is_empty()),
+        }
+    }
+
+    fn timeout(&self) -> anyhow::Result<std::time::Duration> {
+        crate::flags::parse_duration(&self.redis_proxy_timeout)
+            .with_context(|| format!("--redis-proxy-timeout {:?}", self.redis_proxy_timeout))
+    }
+
+    /// Checks the flags; returns the notes on those that have no effect here.
+    ///
+    /// # Errors
+    /// A value upstream would refuse, or two CA modes at once.
+    pub fn check(&self) -> anyhow::Result<Vec<String>> {
+        self.timeout()?;
+        if let Some(c) = self.redis_compression_type.as_deref().filter(|c| !c.is_empty()) {
+            anyhow::ensure!(c == "gzip" || c == "none", "--redis-compression-type {c:?}: use gzip or none");
+        }
+        anyhow::ensure!(
+            !(self.redis_ca_path.is_some() && self.redis_tls_insecure == Some(true)),
+            "--redis-ca-path and --redis-tls-insecure: only one way of checking the hub Redis's certificate"
+        );
+        let mut notes = Vec::new();
+        for (flag, set) in [
+            ("--redis-password", self.redis_password.is_some()),
+            ("--redis-creds-dir-path", self.redis_creds_dir_path.is_some()),
+            ("--redis-compression-type", self.redis_compression_type.is_some()),
+        ] {
+            if set {
+                notes.push(format!(
+                    "{flag} has no effect here: the principal writes nothing to Redis itself; Argo CD authenticates \
+                     to the hub's Redis through the Redis proxy, and values pass it as they are"
+                ));
+            }
+        }
+        Ok(notes)
+    }
+}
+
+/// TLS settings the principal's listener shares with the Redis proxy's.
+#[derive(Debug)]
+pub struct ListenerTls {
+    /// Versions and cipher suites.
+    pub policy: auth::tls_policy::TlsPolicy,
+    /// How often the certificate is read again (`None`: once).
+    pub reload_every: Option<std::time::Duration>,
+}
+
+/// Starts the Redis proxy when the flags say so (see [`PrincipalRedis::enabled`]).
+///
+/// # Errors
+/// The TLS material cannot be read, or the address cannot be listened on.
+pub async fn serve_principal(
+    flags: &PrincipalRedis,
+    tls: ListenerTls,
+    secrets: &Secrets,
+    principal: &principal::Principal,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    if !flags.enabled() {
+        if flags.redis_server_address.is_none() && flags.disable_redis_proxy.is_none() {
+            tracing::info!(
+                "the Redis proxy is not served: set --redis-server-address (the hub's Redis, e.g. {DEFAULT_REDIS}) to \
+                 serve it (docs/live-resources.md)"
+            );
+        }
+        return Ok(());
+    }
+    let upstream = flags.redis_server_address.clone().filter(|a| !a.is_empty()).unwrap_or_else(|| DEFAULT_REDIS.into());
+    let mut config = principal::RedisProxyConfig::new(&upstream);
+    config.request_timeout = flags.timeout()?;
+    config.max_in_flight_per_agent = flags.redis_proxy_max_in_flight.max(1) as usize;
+    let listener_tls = if flags.redis_tls_enabled == Some(true) {
+        config.upstream_tls = Some(if flags.redis_tls_insecure == Some(true) {
+            tracing::warn!("the hub Redis's certificate is not verified (--redis-tls-insecure)");
+            principal::UpstreamTls::insecure()?
+        } else {
+            let ca = pem_from(
+                flags.redis_ca_path.as_deref(),
+                "--redis-ca-path",
+                secrets,
+                &flags.redis_ca_secret_name,
+                &["ca.crt"],
+                "--redis-ca-secret-name",
+            )
+            .await?;
+            principal::UpstreamTls::with_ca(&ca).context("--redis-ca-path/--redis-ca-secret-name")?
+        });
+        Some(reloading_listener_tls(flags, tls, secrets, cancel).await?)
+    } else {
+        None
+    };
+    let addr = &flags.redis_proxy_listen_address;
+    let listener = tokio::net::TcpListener::bind(addr.as_str())
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--redis-proxy-listen-address)"))?;
+    let local = listener.local_addr().context("Redis proxy address")?;
+    println!("redis proxy listening on {local}");
+    tracing::info!(addr = %local, %upstream, tls = listener_tls.is_some(), "redis proxy listening");
+    tokio::spawn(principal.redis_proxy(config).serve(listener, listener_tls, cancel.clone()));
+    Ok(())
+}
+
+/// The proxy's server certificate and key, from the files or the secret.
+async fn listener_material(flags: &PrincipalRedis, secrets: &Secrets) -> anyhow::Result<Vec<String>> {
+    let (cert, key) = key_pair(
+        (flags.redis_proxy_server_tls_cert.as_deref(), "--redis-proxy-server-tls-cert"),
+        (flags.redis_proxy_server_tls_key.as_deref(), "--redis-proxy-server-tls-key"),
+        secrets,
+        &flags.redis_proxy_server_tls_secret_name,
+        "--redis-proxy-server-tls-secret-name",
+    )
+    .await?;
+    Ok(vec![cert, key])
+}
+
+/// A server configuration for Redis clients: no client certificates, no ALPN.
+fn listener_config(
+    policy: &auth::tls_policy::TlsPolicy,
+    material: &[String],
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::pem::PemObject as _;
+    let [cert, key] = material else { anyhow::bail!("certificate and key expected") };
+    let cert_chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("the Redis proxy's certificate is not PEM")?;
+    anyhow::ensure!(!cert_chain.is_empty(), "the Redis proxy's certificate file or secret holds no certificate");
+    let settings = auth::tls::ServerTlsSettings {
+        cert_chain,
+        key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
+            .context("the Redis proxy's key is not a PEM private key")?,
+        client_ca: None,
+        require_client_cert: false,
+        policy: policy.clone(),
+    };
+    let config = auth::tls::server_config(settings).context("cannot build the Redis proxy's TLS configuration")?;
+    let mut config = Arc::unwrap_or_clone(config);
+    // Redis clients offer no ALPN; the gRPC listener's h2 would refuse one that offers another.
+    config.alpn_protocols.clear();
+    Ok(Arc::new(config))
+}
+
+async fn reloading_listener_tls(
+    flags: &PrincipalRedis,
+    tls: ListenerTls,
+    secrets: &Secrets,
+    cancel: &CancellationToken,
+) -> anyhow::Result<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>> {
+    let material =
+        listener_material(flags, secrets).await.context("--redis-tls-enabled: the Redis proxy's certificate")?;
+    let policy = tls.policy;
+    let initial = listener_config(&policy, &material)?;
+    let load = {
+        let (flags, secrets) = (flags.clone(), secrets.clone());
+        move || {
+            let (flags, secrets) = (flags.clone(), secrets.clone());
+            async move { listener_material(&flags, &secrets).await }
+        }
+    };
+    let build = move |m: &[String]| listener_config(&policy, m);
+    Ok(crate::reload::spawn("redis proxy TLS", tls.reload_every, material, initial, load, build, cancel.clone()))
+}
+
+/// The agent's Redis flags (upstream `--redis-addr` and friends).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentRedis {
+    /// This cluster's Argo CD Redis (host:port), read for the principal's Redis proxy.
+    #[arg(long, env = "REDIS_ADDR", default_value = DEFAULT_REDIS)]
+    pub redis_addr: String,
+    /// ACL user name for it.
+    #[arg(long, env = "REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// Password for it.
+    #[arg(long, env = "REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+    /// Directory with the credentials instead: files `auth` (password) and optional
+    /// `auth_username`.
+    #[arg(long, env = "REDIS_CREDS_DIR_PATH")]
+    pub redis_creds_dir_path: Option<PathBuf>,
+    /// TLS to it.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_ENABLED")]
+    pub redis_tls_enabled: Option<bool>,
+    /// CA file that issued its certificate (instead of the secret).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_PATH")]
+    pub redis_tls_ca_path: Option<PathBuf>,
+    /// Secret holding the CA that issued its certificate (ca.crt).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_SECRET_NAME", default_value = "argocd-redis-tls")]
+    pub redis_tls_ca_secret_name: String,
+    /// Do not verify its certificate (encrypted, not authenticated).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_INSECURE")]
+    pub redis_tls_insecure: Option<bool>,
+}
+
+impl AgentRedis {
+    /// Checks the flags.
+    ///
+    /// # Errors
+    /// Credentials given two ways, or two CA modes at once.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.redis_addr.is_empty(), "--redis-addr is empty");
+        anyhow::ensure!(
+            self.redis_creds_dir_path.is_none() || (self.redis_username.is_none() && self.redis_password.is_none()),
+            "--redis-creds-dir-path cannot be combined with --redis-username or --redis-password (as upstream)"
+        );
+        anyhow::ensure!(
+            !(self.redis_tls_ca_path.is_some() && self.redis_tls_insecure == Some(true)),
+            "--redis-tls-ca-path and --redis-tls-insecure: only one way of checking the Redis certificate"
+        );
+        Ok(())
+    }
+
+    /// The agent's Redis configuration; the TLS CA is read from its file or secret.
+    ///
+    /// # Errors
+    /// The credentials directory, the CA file or the secret cannot be read.
+    pub async fn config(&self, secrets: &Secrets) -> anyhow::Result<agent::redis::RedisConfig> {
+        self.check()?;
+        let (mut username, mut password) = (self.redis_username.clone(), self.redis_password.clone());
+        if let Some(dir) = &self.redis_creds_dir_path {
+            let read = |name: &str| {
+                std::fs::read_to_string(dir.join(name)).map(|s| s.trim_end_matches(['\r', '\n']).to_owned())
+            };
+            password = Some(read("auth").with_context(|| format!("--redis-creds-dir-path {}: auth", dir.display()))?);
+            username = read("auth_username").ok().filter(|u| !u.is_empty());
+        }
+        let tls = match (self.redis_tls_enabled == Some(true), self.redis_tls_insecure == Some(true)) {
+            (false, _) => None,
+            (true, true) => Some(agent::redis::RedisTls::Insecure),
+            (true, false) => Some(agent::redis::RedisTls::Ca(match &self.redis_tls_ca_path {
+                Some(path) => read_pem(path, "--redis-tls-ca-path")?,
+                None => {
+                    crate::material::secret_field(
+                        secrets,
+                        &self.redis_tls_ca_secret_name,
+                        &["ca.crt"],
+                        "--redis-tls-ca-secret-name",
+                    )
+                    .await?
+                }
+            })),
+        };
+        let config = agent::redis::RedisConfig { address: self.redis_addr.clone(), username, password, tls };
+        config.client().context("--redis-addr")?;
+        Ok(config)
+    }
+}

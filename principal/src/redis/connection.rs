@@ -1,0 +1,863 @@
+//! One client connection of the Redis proxy, with its own connection to the hub's Redis.
+//!
+//! Three tasks share the connection:
+//! * the **reader** (the connection's own task) reads the client's commands
+//!   ([`protocol::resp::Scanner`], [`Request`]); a `GET` or `SUBSCRIBE` of an agent's key is
+//!   answered by that agent (a background task asks it), anything else is forwarded to the
+//!   hub's Redis byte for byte. Each command takes a numbered slot (and a permit: at most
+//!   [`super::RedisProxyConfig::max_pipeline`] commands are unanswered at once, then the reader
+//!   stops reading);
+//! * the **hub reader** delimits the hub's replies and pushes;
+//! * the **writer** writes the replies in the order of the commands: the hub's replies are
+//!   matched to the slots of the commands it was sent, the agents' answers fill theirs when
+//!   they come. RESP3 pushes and messages on agent channels go out as they come (they answer
+//!   no command). After a command that makes the hub send frames answering no command (in
+//!   RESP2 every pub/sub reply, `MONITOR`, `CLIENT REPLY`; upstream never checks), the hub's
+//!   frames pass through in arrival order.
+//!
+//! The writer tracks the protocol version (`HELLO`, `RESET`) to encode the proxy's own
+//! replies as the client expects them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use protocol::payload::{AppCacheKind, RedisCommandBody, RedisGet, RedisSubscribe};
+use protocol::resp::{Command, Frame, Grammar, Reply, Request, Scanner, Version};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::RedisProxy;
+use super::ask::{AskError, ask};
+use super::exchange::Inbox;
+use super::route::{AgentKey, agent_key};
+use crate::config::AgentMode;
+
+/// How a forwarded command's answer comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HubMeta {
+    /// One reply.
+    Plain,
+    /// One reply; on success the protocol version becomes the one asked for.
+    Hello(Option<u8>),
+    /// One reply; the protocol version becomes RESP2.
+    Reset,
+    /// Frames that answer no command follow: from here on the hub's frames pass through.
+    Unpaired,
+    /// The proxy's own `PING`, whose reply tells whether the connection may read agents'
+    /// state; not written to the client.
+    Probe,
+}
+
+/// A command's place in the order of replies.
+#[derive(Debug)]
+enum Slot {
+    /// Forwarded to the hub's Redis.
+    Hub { seq: u64, meta: HubMeta, permit: OwnedSemaphorePermit },
+    /// Answered by the proxy (an agent's answer, or an error), through [`Done`].
+    Local { seq: u64, permit: OwnedSemaphorePermit },
+    /// The proxy's `PING` to the hub on this connection: `answer` learns whether it succeeded
+    /// (the hub's error otherwise, e.g. `NOAUTH`).
+    Probe { seq: u64, permit: OwnedSemaphorePermit, answer: oneshot::Sender<Result<(), String>> },
+}
+
+/// The proxy's own answer to slot `seq`.
+#[derive(Debug)]
+struct Done {
+    seq: u64,
+    replies: Vec<Reply>,
+    /// Close the connection after writing (the client then reconnects).
+    close: bool,
+}
+
+/// One frame from the hub's Redis.
+#[derive(Debug)]
+struct HubFrame {
+    bytes: Bytes,
+    frame: Frame,
+}
+
+/// Serves one client connection until either side closes it or `cancel` fires.
+pub(super) async fn serve<IO>(proxy: RedisProxy, client: IO, cancel: CancellationToken)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let id = protocol::event::new_uuid();
+    let (client_rd, mut client_wr) = tokio::io::split(client);
+    let upstream = match proxy.dial().await {
+        Ok(upstream) => upstream,
+        Err(error) => {
+            tracing::warn!(conn = %id, upstream = %proxy.config.upstream, %error, "cannot reach the hub's Redis");
+            let reply = Reply::Error(format!(
+                "the Argo CD agent's Redis proxy cannot reach the hub's Redis at {}: {error}",
+                proxy.config.upstream
+            ));
+            let _ = client_wr.write_all(&reply.encode(Version::Resp2)).await;
+            let _ = client_wr.shutdown().await;
+            return;
+        }
+    };
+    tracing::debug!(conn = %id, "Redis proxy connection opened");
+    let (hub_rd, hub_wr) = tokio::io::split(upstream);
+    let cancel = cancel.child_token();
+    let inbox = proxy.hub.redis.open(&id);
+    let (slots_tx, slots_rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let (hub_tx, hub_rx) = mpsc::channel(64);
+    let hub_reader = tokio::spawn(read_hub(hub_rd, hub_tx, proxy.config.limits, cancel.clone()));
+    let writer = tokio::spawn({
+        let writer = Writer::new(tokio::io::BufWriter::new(client_wr), cancel.clone());
+        writer.run(slots_rx, done_rx, hub_rx, inbox)
+    });
+    let reader = Reader {
+        proxy: proxy.clone(),
+        id: id.clone(),
+        slots: slots_tx,
+        done: done_tx,
+        permits: Arc::new(Semaphore::new(proxy.config.max_pipeline.max(1))),
+        seq: 0,
+        cancel: cancel.clone(),
+        authorized: false,
+        unpaired: false,
+    };
+    reader.run(client_rd, tokio::io::BufWriter::new(hub_wr)).await;
+    let _ = writer.await;
+    cancel.cancel();
+    let _ = hub_reader.await;
+    proxy.hub.redis.close(&id);
+    tracing::debug!(conn = %id, "Redis proxy connection closed");
+}
+
+/// Delimits the hub's frames and hands them to the writer.
+async fn read_hub<R>(mut rd: R, tx: mpsc::Sender<HubFrame>, limits: protocol::resp::Limits, cancel: CancellationToken)
+where
+    R: AsyncRead + Unpin,
+{
+    let mut scanner = Scanner::new(Grammar::Reply, limits);
+    let mut buf = BytesMut::with_capacity(16 << 10);
+    loop {
+        loop {
+            match scanner.scan(&buf) {
+                Ok(Some(frame)) => {
+                    let bytes = buf.split_to(frame.len).freeze();
+                    if tx.send(HubFrame { bytes, frame }).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "the hub's Redis sent what is not RESP; the connection is closed");
+                    cancel.cancel();
+                    return;
+                }
+            }
+        }
+        let read = tokio::select! {
+            () = cancel.cancelled() => return,
+            read = rd.read_buf(&mut buf) => read,
+        };
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The client's side: commands in, routed.
+struct Reader {
+    proxy: RedisProxy,
+    id: String,
+    slots: mpsc::UnboundedSender<Slot>,
+    done: mpsc::UnboundedSender<Done>,
+    permits: Arc<Semaphore>,
+    seq: u64,
+    cancel: CancellationToken,
+    /// The hub's Redis answered a `PING` on this connection since it last authenticated: the
+    /// client may read agents' state (what it may not read from the hub, it may not read
+    /// from agents either).
+    authorized: bool,
+    /// A command made the hub's frames pass through (pub/sub in RESP2, `MONITOR`, ...).
+    unpaired: bool,
+}
+
+impl Reader {
+    async fn run<R, W>(mut self, mut rd: R, mut hub: W)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut scanner = Scanner::new(Grammar::Command, self.proxy.config.limits);
+        let mut buf = BytesMut::with_capacity(16 << 10);
+        loop {
+            loop {
+                let frame = match scanner.scan(&buf) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(error) => {
+                        // Redis answers a protocol error and closes; so does the proxy.
+                        self.fail(&error.to_string()).await;
+                        return;
+                    }
+                };
+                let raw = buf.split_to(frame.len).freeze();
+                let request = match Request::decode(raw) {
+                    Ok(r) => r,
+                    Err(error) => {
+                        self.fail(&error.to_string()).await;
+                        return;
+                    }
+                };
+                if !self.handle(request, &mut hub).await {
+                    return;
+                }
+            }
+            if hub.flush().await.is_err() {
+                self.cancel.cancel();
+                return;
+            }
+            let read = tokio::select! {
+                () = self.cancel.cancelled() => return,
+                read = rd.read_buf(&mut buf) => read,
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// A numbered slot's permit, waiting while too many commands are unanswered.
+    async fn permit(&mut self) -> Option<(u64, OwnedSemaphorePermit)> {
+        let permit = tokio::select! {
+            () = self.cancel.cancelled() => return None,
+            permit = self.permits.clone().acquire_owned() => permit.ok()?,
+        };
+        self.seq += 1;
+        Some((self.seq, permit))
+    }
+
+    /// Writes `message` as the last reply and ends the connection.
+    async fn fail(&mut self, message: &str) {
+        if let Some((seq, permit)) = self.permit().await {
+            let _ = self.slots.send(Slot::Local { seq, permit });
+            let _ = self.done.send(Done { seq, replies: vec![Reply::Error(message.to_owned())], close: true });
+        }
+    }
+
+    /// Routes one command; `false` ends the connection.
+    async fn handle<W: AsyncWrite + Unpin>(&mut self, request: Request, hub: &mut W) -> bool {
+        // About to wait for a permit: what was forwarded must reach the hub, or its replies
+        // (which free permits) never come.
+        if self.permits.available_permits() == 0 && hub.flush().await.is_err() {
+            self.cancel.cancel();
+            return false;
+        }
+        let command = request.command();
+        if matches!(command, Command::Hello(_) | Command::Reset) || request.name() == "AUTH" {
+            // The connection's identity may change: check it again before the next agent read.
+            self.authorized = false;
+        }
+        match command {
+            Command::Empty => true,
+            Command::Get(key) => match agent_key(&self.proxy.hub, key) {
+                Some(target) => {
+                    if let Err(refused) = self.authorize(hub).await {
+                        return self.reply(refused).await;
+                    }
+                    let key = String::from_utf8_lossy(key).into_owned();
+                    self.local(move |proxy, conn| get(proxy, conn, target, key)).await
+                }
+                None => self.forward(request.raw(), HubMeta::Plain, hub).await,
+            },
+            Command::Subscribe(channels) => {
+                let mut agents = Vec::new();
+                let mut others = Vec::new();
+                for channel in channels {
+                    match agent_key(&self.proxy.hub, channel) {
+                        Some(target) => agents.push((target.agent, String::from_utf8_lossy(channel).into_owned())),
+                        None => others.push(channel.clone()),
+                    }
+                }
+                if agents.is_empty() {
+                    return self.forward(request.raw(), HubMeta::Unpaired, hub).await;
+                }
+                if let Err(refused) = self.authorize(hub).await {
+                    return self.reply(refused).await;
+                }
+                let cancel = self.cancel.clone();
+                if !self.local(move |proxy, conn| subscribe(proxy, conn, agents, cancel)).await {
+                    return false;
+                }
+                if others.is_empty() {
+                    return true;
+                }
+                let mut args = vec![request.args()[0].clone()];
+                args.extend(others);
+                self.forward(Request::from_args(args).raw(), HubMeta::Unpaired, hub).await
+            }
+            Command::Hello(version) => self.forward(request.raw(), HubMeta::Hello(version), hub).await,
+            Command::Reset => self.forward(request.raw(), HubMeta::Reset, hub).await,
+            Command::Unpaired | Command::Unsubscribe => self.forward(request.raw(), HubMeta::Unpaired, hub).await,
+            Command::Other => self.forward(request.raw(), HubMeta::Plain, hub).await,
+        }
+    }
+
+    /// Whether the client may read agents' state: once per authentication, the proxy sends
+    /// `PING` to the hub's Redis on this connection and waits for the reply (with a password
+    /// on the hub's Redis, an unauthenticated connection gets `NOAUTH`, passed on here).
+    /// Upstream reads agents' state for any client.
+    async fn authorize<W: AsyncWrite + Unpin>(&mut self, hub: &mut W) -> Result<(), Reply> {
+        if self.authorized {
+            return Ok(());
+        }
+        if self.unpaired {
+            return Err(Reply::Error(
+                "ERR agents' keys cannot be read on this connection: it is in a mode where the proxy cannot check \
+                 it with the hub's Redis (pub/sub of the hub's channels, MONITOR, CLIENT REPLY); use another connection"
+                    .to_owned(),
+            ));
+        }
+        let closed = || Reply::Error("ERR the connection is closing".to_owned());
+        let (seq, permit) = self.permit().await.ok_or_else(closed)?;
+        let (answer, result) = oneshot::channel();
+        if self.slots.send(Slot::Probe { seq, permit, answer }).is_err() {
+            return Err(closed());
+        }
+        let ping = Request::from_args(vec![Bytes::from_static(b"PING")]);
+        if hub.write_all(ping.raw()).await.is_err() || hub.flush().await.is_err() {
+            self.cancel.cancel();
+            return Err(closed());
+        }
+        let timeout = self.proxy.config.request_timeout;
+        match tokio::time::timeout(timeout, result).await {
+            Ok(Ok(Ok(()))) => {
+                self.authorized = true;
+                Ok(())
+            }
+            Ok(Ok(Err(refused))) => Err(Reply::Error(refused)),
+            Ok(Err(_)) => Err(closed()),
+            Err(_) => Err(Reply::Error(format!("ERR the hub's Redis did not answer PING within {timeout:?}"))),
+        }
+    }
+
+    /// Answers the next slot with `reply` at once.
+    async fn reply(&mut self, reply: Reply) -> bool {
+        let Some((seq, permit)) = self.permit().await else { return false };
+        self.slots.send(Slot::Local { seq, permit }).is_ok()
+            && self.done.send(Done { seq, replies: vec![reply], close: false }).is_ok()
+    }
+
+    /// Forwards `raw` to the hub's Redis, its reply expected as `meta` says.
+    async fn forward<W: AsyncWrite + Unpin>(&mut self, raw: &Bytes, meta: HubMeta, hub: &mut W) -> bool {
+        if meta == HubMeta::Unpaired {
+            self.unpaired = true;
+        }
+        let Some((seq, permit)) = self.permit().await else { return false };
+        // The slot first: the writer must know of it before the reply can arrive.
+        if self.slots.send(Slot::Hub { seq, meta, permit }).is_err() {
+            return false;
+        }
+        if hub.write_all(raw).await.is_err() {
+            self.cancel.cancel();
+            return false;
+        }
+        true
+    }
+
+    /// Answers the next slot with what `work` returns, in the background.
+    async fn local<F, Fut>(&mut self, work: F) -> bool
+    where
+        F: FnOnce(RedisProxy, String) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = (Vec<Reply>, bool)> + Send + 'static,
+    {
+        let Some((seq, permit)) = self.permit().await else { return false };
+        if self.slots.send(Slot::Local { seq, permit }).is_err() {
+            return false;
+        }
+        let (proxy, conn, done, cancel) = (self.proxy.clone(), self.id.clone(), self.done.clone(), self.cancel.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                (replies, close) = work(proxy, conn) => {
+                    let _ = done.send(Done { seq, replies, close });
+                }
+            }
+        });
+        true
+    }
+}
+
+/// `GET` of an agent's key: the agent's value, a miss, or an error naming the cause.
+async fn get(proxy: RedisProxy, conn: String, target: AgentKey, key: String) -> (Vec<Reply>, bool) {
+    let started = Instant::now();
+    let config = &proxy.config;
+    let asked = ask(
+        &proxy.hub,
+        &target.agent,
+        &conn,
+        RedisCommandBody { get: Some(RedisGet { key: key.clone() }), ..RedisCommandBody::default() },
+        config.request_timeout,
+        config.max_in_flight_per_agent,
+    )
+    .await;
+    let metrics = crate::metrics::global();
+    let reply = match asked {
+        Ok(body) => match body.get {
+            Some(answer) if !answer.error.is_empty() => {
+                metrics.redis_request(&target.agent, "get", "error", Some("agent_error"), started.elapsed());
+                Reply::Error(format!("agent {:?} cannot read its Redis: {}", target.agent, answer.error))
+            }
+            Some(answer) if answer.cache_hit => {
+                metrics.redis_request(&target.agent, "get", "hit", None, started.elapsed());
+                let value = answer.bytes.unwrap_or_default();
+                Reply::Bulk(rewritten(&proxy, &target, &key, value).into())
+            }
+            Some(_) => {
+                metrics.redis_request(&target.agent, "get", "miss", None, started.elapsed());
+                Reply::Nil
+            }
+            None => {
+                metrics.redis_request(&target.agent, "get", "error", Some("bad_answer"), started.elapsed());
+                Reply::Error(format!("agent {:?} answered GET without a value or a miss", target.agent))
+            }
+        },
+        Err(error) => {
+            metrics.redis_request(&target.agent, "get", "error", Some(error.reason()), started.elapsed());
+            tracing::info!(conn, agent = %target.agent, %key, %error, "Redis GET through the agent failed");
+            Reply::Error(error.to_string())
+        }
+    };
+    (vec![reply], false)
+}
+
+/// An autonomous agent's resource tree with its Applications in the agent's hub namespace
+/// (upstream #1048); anything else as it came.
+fn rewritten(proxy: &RedisProxy, target: &AgentKey, key: &str, value: Vec<u8>) -> Vec<u8> {
+    let autonomous = proxy.hub.peers.get(&target.agent).is_some_and(|p| p.mode() == AgentMode::Autonomous);
+    if !autonomous || target.kind != AppCacheKind::ResourcesTree {
+        return value;
+    }
+    match protocol::resp::tree::rewrite_app_namespaces(&value, target.gzip, &target.agent, proxy.config.max_tree_bytes)
+    {
+        Ok(Some(tree)) => tree,
+        Ok(None) => value,
+        Err(error) => {
+            tracing::warn!(agent = %target.agent, %key, %error, "cached resource tree passed on without the namespace rewrite");
+            value
+        }
+    }
+}
+
+/// `SUBSCRIBE` of agents' channels: each agent subscribes in its own Redis and pushes
+/// messages; a failure closes the connection (so the client reconnects and subscribes again,
+/// which go-redis does by itself).
+async fn subscribe(
+    proxy: RedisProxy,
+    conn: String,
+    channels: Vec<(String, String)>,
+    cancel: CancellationToken,
+) -> (Vec<Reply>, bool) {
+    let config = &proxy.config;
+    let metrics = crate::metrics::global();
+    let mut replies = Vec::new();
+    for (agent, channel) in channels {
+        let started = Instant::now();
+        // Registered first: a message may follow the agent's answer at once.
+        let (count, first) = proxy.hub.redis.subscribed(&conn, &agent, &channel);
+        let asked = ask(
+            &proxy.hub,
+            &agent,
+            &conn,
+            RedisCommandBody {
+                subscribe: Some(RedisSubscribe { channel: channel.clone() }),
+                ..RedisCommandBody::default()
+            },
+            config.request_timeout,
+            config.max_in_flight_per_agent,
+        )
+        .await;
+        let error = match asked {
+            Ok(body) => match body.subscribe_response {
+                Some(answer) if answer.error.is_empty() => None,
+                Some(answer) => {
+                    Some((format!("agent {agent:?} cannot subscribe to {channel:?}: {}", answer.error), "agent_error"))
+                }
+                None => Some((format!("agent {agent:?} answered SUBSCRIBE without a result"), "bad_answer")),
+            },
+            Err(e) => Some((e.to_string(), e.reason())),
+        };
+        if let Some((message, reason)) = error {
+            metrics.redis_request(&agent, "subscribe", "error", Some(reason), started.elapsed());
+            tracing::info!(conn, %agent, %channel, %message, "Redis SUBSCRIBE through the agent failed; connection closed");
+            replies.push(Reply::Error(message));
+            return (replies, true);
+        }
+        metrics.redis_request(&agent, "subscribe", "subscribed", None, started.elapsed());
+        tracing::debug!(conn, %agent, %channel, "subscribed through the agent");
+        if first {
+            tokio::spawn(keep_alive(proxy.clone(), conn.clone(), agent.clone(), cancel.clone()));
+        }
+        replies.push(Reply::Subscribed {
+            channel: Bytes::from(channel.into_bytes()),
+            count: i64::try_from(count).unwrap_or(i64::MAX),
+        });
+    }
+    (replies, false)
+}
+
+/// Pings `agent` for connection `conn` while it lives, as upstream's principal does (an
+/// upstream agent drops subscriptions it has seen no ping for in 10 minutes); no answer loses
+/// the connection's subscriptions.
+async fn keep_alive(proxy: RedisProxy, conn: String, agent: String, cancel: CancellationToken) {
+    let config = &proxy.config;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(config.ping_interval) => {}
+        }
+        let started = Instant::now();
+        let body = RedisCommandBody { ping: Some(protocol::payload::Empty {}), ..RedisCommandBody::default() };
+        let asked = tokio::select! {
+            () = cancel.cancelled() => return,
+            asked = ask(&proxy.hub, &agent, &conn, body, config.request_timeout, config.max_in_flight_per_agent) => asked,
+        };
+        match asked {
+            Ok(_) => crate::metrics::global().redis_request(&agent, "ping", "pong", None, started.elapsed()),
+            Err(error) => {
+                crate::metrics::global().redis_request(
+                    &agent,
+                    "ping",
+                    "error",
+                    Some(error.reason()),
+                    started.elapsed(),
+                );
+                let lost = match error {
+                    AskError::Busy { .. } => continue,
+                    other => other,
+                };
+                proxy.hub.redis.lose(&conn, format!("agent {agent:?} did not answer the subscription's ping: {lost}"));
+                return;
+            }
+        }
+    }
+}
+
+/// The message of an error frame (`-NOAUTH Authentication required.` without `-` and CRLF).
+fn error_text(frame: &[u8]) -> String {
+    let text = frame.strip_prefix(b"-").and_then(|f| f.strip_suffix(b"\r\n")).unwrap_or(b"ERR the hub's Redis refused");
+    String::from_utf8_lossy(text).into_owned()
+}
+
+/// A reply waiting for its turn.
+#[derive(Debug, Default)]
+struct Ready {
+    raw: Vec<Bytes>,
+    replies: Vec<Reply>,
+    /// The protocol version from this reply on.
+    version_after: Option<Version>,
+    close: bool,
+}
+
+/// Frames passed through held while earlier replies are still due (bounded).
+const MAX_HELD: usize = 1024;
+
+/// The client's side: replies out, in order.
+struct Writer<W> {
+    out: W,
+    cancel: CancellationToken,
+    /// The next slot to write.
+    next: u64,
+    ready: BTreeMap<u64, Ready>,
+    /// Slots registered and not yet written (dropping a permit lets the reader go on).
+    permits: HashMap<u64, OwnedSemaphorePermit>,
+    /// Forwarded commands whose reply has not come, in order.
+    expect: VecDeque<(u64, HubMeta)>,
+    /// Who waits for the reply to each probe.
+    probes: HashMap<u64, oneshot::Sender<Result<(), String>>>,
+    /// The protocol version as the hub's replies so far set it, and as the client has seen it.
+    hub_version: Version,
+    write_version: Version,
+    /// From this slot on, the hub's frames pass through in arrival order.
+    passthrough: Option<u64>,
+    held: Vec<Bytes>,
+}
+
+/// Why the writer stopped.
+enum Stop {
+    Closed,
+}
+
+impl<W: AsyncWrite + Unpin> Writer<W> {
+    fn new(out: W, cancel: CancellationToken) -> Self {
+        Self {
+            out,
+            cancel,
+            next: 1,
+            ready: BTreeMap::new(),
+            permits: HashMap::new(),
+            expect: VecDeque::new(),
+            probes: HashMap::new(),
+            hub_version: Version::Resp2,
+            write_version: Version::Resp2,
+            passthrough: None,
+            held: Vec::new(),
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut slots: mpsc::UnboundedReceiver<Slot>,
+        mut done: mpsc::UnboundedReceiver<Done>,
+        mut hub: mpsc::Receiver<HubFrame>,
+        mut inbox: Inbox,
+    ) {
+        let (mut slots_open, mut done_open, mut lost_open) = (true, true, true);
+        let result: Result<(), Stop> = async {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => return Err(Stop::Closed),
+                    changed = inbox.lost.changed(), if lost_open => {
+                        if changed.is_err() {
+                            lost_open = false;
+                        } else {
+                            let reason = inbox.lost.borrow_and_update().clone();
+                            if let Some(reason) = reason {
+                                self.write_reply(&Reply::Error(reason)).await?;
+                                return Err(Stop::Closed);
+                            }
+                        }
+                    }
+                    slot = slots.recv(), if slots_open => match slot {
+                        Some(slot) => self.register(slot),
+                        None => slots_open = false,
+                    },
+                    answer = done.recv(), if done_open => match answer {
+                        Some(d) => {
+                            self.ready.insert(d.seq, Ready { replies: d.replies, close: d.close, ..Ready::default() });
+                        }
+                        None => done_open = false,
+                    },
+                    frame = hub.recv() => match frame {
+                        Some(frame) => {
+                            while let Ok(slot) = slots.try_recv() {
+                                self.register(slot);
+                            }
+                            self.hub_frame(frame).await?;
+                        }
+                        None => {
+                            // The hub's Redis closed (QUIT, or it went away): what is due is written.
+                            self.write_due().await?;
+                            return Err(Stop::Closed);
+                        }
+                    },
+                    Some(channel) = inbox.messages.recv() => {
+                        self.write_reply(&Reply::Message { channel }).await?;
+                    }
+                }
+                self.write_due().await?;
+                self.out.flush().await.map_err(|_| Stop::Closed)?;
+                if !slots_open && self.permits.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        let _ = result;
+        let _ = self.out.flush().await;
+        let _ = self.out.shutdown().await;
+        self.cancel.cancel();
+    }
+
+    fn register(&mut self, slot: Slot) {
+        match slot {
+            Slot::Probe { seq, permit, answer } => {
+                self.permits.insert(seq, permit);
+                self.ready.insert(seq, Ready::default());
+                if self.passthrough.is_some() {
+                    let _ = answer.send(Err("ERR the connection's replies pass through unchecked".to_owned()));
+                } else {
+                    self.probes.insert(seq, answer);
+                    self.expect.push_back((seq, HubMeta::Probe));
+                }
+            }
+            Slot::Local { seq, permit } => {
+                self.permits.insert(seq, permit);
+            }
+            Slot::Hub { seq, meta, permit } => {
+                self.permits.insert(seq, permit);
+                if self.passthrough.is_some() {
+                    self.ready.insert(seq, Ready::default());
+                } else if meta == HubMeta::Unpaired {
+                    self.passthrough = Some(seq);
+                    self.ready.insert(seq, Ready::default());
+                } else {
+                    self.expect.push_back((seq, meta));
+                }
+            }
+        }
+    }
+
+    async fn hub_frame(&mut self, frame: HubFrame) -> Result<(), Stop> {
+        if frame.frame.is_push() {
+            return self.write_raw(&frame.bytes).await;
+        }
+        let Some((seq, meta)) = self.expect.pop_front() else {
+            return match self.passthrough {
+                Some(from) if self.next > from => self.write_raw(&frame.bytes).await,
+                Some(_) if self.held.len() < MAX_HELD => {
+                    self.held.push(frame.bytes);
+                    Ok(())
+                }
+                Some(_) => {
+                    tracing::warn!(
+                        "too many frames from the hub's Redis wait behind unanswered commands; connection closed"
+                    );
+                    Err(Stop::Closed)
+                }
+                None => {
+                    tracing::warn!("the hub's Redis sent a reply to no command; connection closed");
+                    Err(Stop::Closed)
+                }
+            };
+        };
+        let ok = !frame.frame.is_error();
+        if meta == HubMeta::Probe {
+            // The slot is already ready (it writes nothing); only its caller learns the result.
+            if let Some(answer) = self.probes.remove(&seq) {
+                let _ = answer.send(if ok { Ok(()) } else { Err(error_text(&frame.bytes)) });
+            }
+            return Ok(());
+        }
+        let version_after = match meta {
+            HubMeta::Hello(Some(v)) if ok => Some(if v == 3 { Version::Resp3 } else { Version::Resp2 }),
+            HubMeta::Reset if ok => Some(Version::Resp2),
+            _ => None,
+        };
+        if let Some(v) = version_after {
+            self.hub_version = v;
+        }
+        self.ready.insert(seq, Ready { raw: vec![frame.bytes], version_after, ..Ready::default() });
+        Ok(())
+    }
+
+    /// Writes every reply whose turn has come.
+    async fn write_due(&mut self) -> Result<(), Stop> {
+        while let Some(ready) = self.ready.remove(&self.next) {
+            for raw in &ready.raw {
+                self.write_raw(raw).await?;
+            }
+            for reply in &ready.replies {
+                self.write_reply(reply).await?;
+            }
+            if let Some(v) = ready.version_after {
+                self.write_version = v;
+            }
+            self.permits.remove(&self.next);
+            self.next += 1;
+            if ready.close {
+                return Err(Stop::Closed);
+            }
+        }
+        if self.passthrough.is_some_and(|from| self.next > from) && !self.held.is_empty() {
+            for raw in std::mem::take(&mut self.held) {
+                self.write_raw(&raw).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), Stop> {
+        self.out.write_all(bytes).await.map_err(|_| Stop::Closed)
+    }
+
+    async fn write_reply(&mut self, reply: &Reply) -> Result<(), Stop> {
+        let bytes = reply.encode(self.write_version);
+        self.write_raw(&bytes).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn permit(sem: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+        sem.clone().try_acquire_owned().expect("permit")
+    }
+
+    fn frame(bytes: &'static [u8]) -> HubFrame {
+        let f =
+            Scanner::new(Grammar::Reply, protocol::resp::Limits::default()).scan(bytes).expect("valid").expect("whole");
+        HubFrame { bytes: Bytes::from_static(bytes), frame: f }
+    }
+
+    /// Replies come out in the order of the commands, whoever answers first.
+    #[tokio::test]
+    async fn replies_keep_the_order_of_commands() {
+        let sem = Arc::new(Semaphore::new(16));
+        let mut w = Writer::new(Vec::new(), CancellationToken::new());
+        w.register(Slot::Hub { seq: 1, meta: HubMeta::Hello(Some(3)), permit: permit(&sem) });
+        w.register(Slot::Local { seq: 2, permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 3, meta: HubMeta::Plain, permit: permit(&sem) });
+        w.hub_frame(frame(b"%1\r\n$5\r\nproto\r\n:3\r\n")).await.ok();
+        w.hub_frame(frame(b"+OK\r\n")).await.ok();
+        w.hub_frame(frame(b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$0\r\n\r\n")).await.ok();
+        w.write_due().await.ok();
+        assert_eq!(&w.out[..], b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$0\r\n\r\n%1\r\n$5\r\nproto\r\n:3\r\n");
+        assert_eq!(sem.available_permits(), 14, "the written slot frees its permit");
+        w.ready.insert(2, Ready { replies: vec![Reply::Nil], ..Ready::default() });
+        w.write_due().await.ok();
+        assert!(
+            w.out.ends_with(b":3\r\n_\r\n+OK\r\n"),
+            "RESP3 null after HELLO 3: {:?}",
+            String::from_utf8_lossy(&w.out)
+        );
+        assert_eq!(sem.available_permits(), 16);
+    }
+
+    /// After a RESP2 SUBSCRIBE to the hub, the hub's frames pass through as they come.
+    #[tokio::test]
+    async fn pubsub_replies_pass_through() {
+        let sem = Arc::new(Semaphore::new(16));
+        let mut w = Writer::new(Vec::new(), CancellationToken::new());
+        w.register(Slot::Local { seq: 1, permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 2, meta: HubMeta::Unpaired, permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 3, meta: HubMeta::Plain, permit: permit(&sem) });
+        w.hub_frame(frame(b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n")).await.ok();
+        w.write_due().await.ok();
+        assert!(w.out.is_empty(), "held behind the unanswered slot 1");
+        w.ready.insert(1, Ready { replies: vec![Reply::Bulk(Bytes::from_static(b"v"))], ..Ready::default() });
+        w.write_due().await.ok();
+        assert_eq!(&w.out[..], b"$1\r\nv\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n");
+        w.hub_frame(frame(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n")).await.ok();
+        assert!(w.out.ends_with(b"pong\r\n$0\r\n\r\n"));
+        assert!(w.permits.is_empty());
+    }
+
+    /// The proxy's probe: its reply goes to the reader, never to the client.
+    #[tokio::test]
+    async fn probes_are_answered_to_the_proxy_only() {
+        let sem = Arc::new(Semaphore::new(16));
+        let mut w = Writer::new(Vec::new(), CancellationToken::new());
+        let (tx, rx) = oneshot::channel();
+        w.register(Slot::Probe { seq: 1, permit: permit(&sem), answer: tx });
+        w.register(Slot::Hub { seq: 2, meta: HubMeta::Plain, permit: permit(&sem) });
+        w.hub_frame(frame(b"-NOAUTH Authentication required.\r\n")).await.ok();
+        w.hub_frame(frame(b"-NOAUTH Authentication required.\r\n")).await.ok();
+        w.write_due().await.ok();
+        assert_eq!(rx.await.expect("answered"), Err("NOAUTH Authentication required.".to_owned()));
+        assert_eq!(&w.out[..], b"-NOAUTH Authentication required.\r\n", "only the client's own command's reply");
+        let (tx, rx) = oneshot::channel();
+        w.register(Slot::Probe { seq: 3, permit: permit(&sem), answer: tx });
+        w.hub_frame(frame(b"+PONG\r\n")).await.ok();
+        assert_eq!(rx.await.expect("answered"), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_reply_to_no_command_closes_the_connection() {
+        let mut w = Writer::new(Vec::new(), CancellationToken::new());
+        assert!(w.hub_frame(frame(b"+OK\r\n")).await.is_err());
+    }
+}

@@ -1,0 +1,15 @@
+//! Untrusted WebSocket messages of the gRPC-over-WebSocket transport (`--enable-websocket`):
+//! client and server frames, metadata header blocks, and the gRPC body splitter.
+//!
+//! Run with `cargo +nightly fuzz run grpcws_decode` from `protocol/`. The same check runs over
+//! sample inputs in the protocol crate's unit tests (`grpcws::tests::fuzz_logic_over_sample_inputs`).
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Err(finding) = protocol::grpcws::fuzz_check(data) {
+        panic!("{finding}");
+    }
+});
