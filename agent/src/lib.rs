@@ -20,6 +20,7 @@ pub mod inbound;
 mod live;
 pub mod metrics;
 mod otel;
+mod recent;
 pub mod redis;
 pub mod resync;
 pub mod session;

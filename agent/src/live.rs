@@ -17,7 +17,6 @@
 //! request is executed once even if the principal resends it, and every answer, error included,
 //! carries the API server's `Status` body, so the hub's Argo CD shows the reason.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,8 +31,6 @@ use crate::spoke::Spoke;
 const CONCURRENT: usize = 16;
 /// How long one request may take against this cluster before it is answered 504.
 const TIMEOUT: Duration = Duration::from_secs(20);
-/// Request UUIDs remembered to recognise a resend.
-const REMEMBERED: usize = 4096;
 /// How many owner links are followed to find a managed object (upstream's limit).
 const OWNER_DEPTH: usize = 5;
 /// Argo CD's tracking annotation (annotation-based tracking, the default since 3.0).
@@ -45,7 +42,7 @@ const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 pub(crate) struct Live {
     client: kube::Client,
     slots: Arc<tokio::sync::Semaphore>,
-    seen: Mutex<Seen>,
+    seen: Mutex<crate::recent::RecentIds>,
 }
 
 impl std::fmt::Debug for Live {
@@ -54,30 +51,14 @@ impl std::fmt::Debug for Live {
     }
 }
 
-#[derive(Default)]
-struct Seen {
-    set: HashSet<String>,
-    order: VecDeque<String>,
-}
-
 impl Live {
     pub(crate) fn new(client: kube::Client) -> Self {
-        Self { client, slots: Arc::new(tokio::sync::Semaphore::new(CONCURRENT)), seen: Mutex::new(Seen::default()) }
+        Self { client, slots: Arc::new(tokio::sync::Semaphore::new(CONCURRENT)), seen: Mutex::default() }
     }
 
     /// Whether request `uuid` arrives for the first time (remembering it).
     fn first_time(&self, uuid: &str) -> bool {
-        let mut seen = link::lock(&self.seen);
-        if !seen.set.insert(uuid.to_owned()) {
-            return false;
-        }
-        seen.order.push_back(uuid.to_owned());
-        if seen.order.len() > REMEMBERED
-            && let Some(old) = seen.order.pop_front()
-        {
-            seen.set.remove(&old);
-        }
-        true
+        link::lock(&self.seen).first_time(uuid)
     }
 }
 
@@ -404,7 +385,7 @@ mod tests {
         let live = Live::new(link::testing::offline_client("argocd"));
         assert!(live.first_time("a"));
         assert!(!live.first_time("a"), "a resend");
-        for i in 0..REMEMBERED {
+        for i in 0..crate::recent::REMEMBERED {
             assert!(live.first_time(&format!("u{i}")));
         }
         assert!(live.first_time("a"), "remembered ids are bounded");

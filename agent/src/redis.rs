@@ -18,7 +18,7 @@
 //! Requests run in the background, never on the receive loop, and are acknowledged at once;
 //! a request resent by the principal is executed once.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,8 +44,6 @@ const IDLE_CHECK: Duration = Duration::from_secs(60);
 const CONCURRENT: usize = 16;
 /// Longest a connection to the agent's Redis or one of its answers may take.
 const REDIS_TIMEOUT: Duration = Duration::from_secs(10);
-/// Request UUIDs remembered to recognise a resend.
-const REMEMBERED: usize = 4096;
 /// First and longest pause before a broken subscription reconnects.
 const RECONNECT_MIN: Duration = Duration::from_millis(500);
 const RECONNECT_MAX: Duration = Duration::from_secs(30);
@@ -156,8 +154,7 @@ struct State {
     subscriptions: HashMap<SubKey, CancellationToken>,
     /// When each principal-side connection was last heard of.
     last_ping: HashMap<String, Instant>,
-    seen: HashSet<String>,
-    order: VecDeque<String>,
+    seen: crate::recent::RecentIds,
 }
 
 impl Drop for Redis {
@@ -189,17 +186,7 @@ impl Redis {
 
     /// Whether request `uuid` arrives for the first time (remembering it).
     fn first_time(&self, uuid: &str) -> bool {
-        let mut state = link::lock(&self.state);
-        if !state.seen.insert(uuid.to_owned()) {
-            return false;
-        }
-        state.order.push_back(uuid.to_owned());
-        if state.order.len() > REMEMBERED
-            && let Some(old) = state.order.pop_front()
-        {
-            state.seen.remove(&old);
-        }
-        true
+        link::lock(&self.state).seen.first_time(uuid)
     }
 
     fn client(&self) -> Result<&redis::Client, String> {
