@@ -111,3 +111,27 @@ pub fn common_name(cert_pem: &str) -> anyhow::Result<String> {
         .context("the client certificate has no subject CN: pass --agent-name")?;
     Ok(cn.to_string())
 }
+
+/// The certificates in `pem`, at least one; `what` names them in the error (e.g. "the server
+/// certificate").
+///
+/// # Errors
+/// The PEM is malformed or holds no certificate.
+pub fn certificates(pem: &str, what: &str) -> anyhow::Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+    use rustls_pki_types::pem::PemObject as _;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{what} is not PEM certificates"))?;
+    anyhow::ensure!(!certs.is_empty(), "{what} holds no certificate");
+    Ok(certs)
+}
+
+/// The private key in `pem`; `what` names it in the error (e.g. "the server key").
+///
+/// # Errors
+/// The PEM holds no private key.
+pub fn private_key(pem: &str, what: &str) -> anyhow::Result<rustls_pki_types::PrivateKeyDer<'static>> {
+    use rustls_pki_types::pem::PemObject as _;
+    rustls_pki_types::PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .with_context(|| format!("{what} is not a PEM private key"))
+}

@@ -415,20 +415,11 @@ fn server_tls(
     require_client_cert: bool,
     material: &[String],
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use rustls_pki_types::pem::PemObject as _;
     let [cert, key, ca] = material else { anyhow::bail!("certificate, key and CA expected") };
-    let parse_certs = |pem: &str, what: &str| -> anyhow::Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
-        let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("{what} is not PEM certificates"))?;
-        anyhow::ensure!(!certs.is_empty(), "{what} holds no certificate");
-        Ok(certs)
-    };
     let settings = auth::tls::ServerTlsSettings {
-        cert_chain: parse_certs(cert, "the server certificate")?,
-        key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
-            .context("the server key is not a PEM private key")?,
-        client_ca: Some(parse_certs(ca, "the CA certificate")?),
+        cert_chain: crate::material::certificates(cert, "the server certificate")?,
+        key: crate::material::private_key(key, "the server key")?,
+        client_ca: Some(crate::material::certificates(ca, "the CA certificate")?),
         require_client_cert,
         policy: policy.clone(),
     };

@@ -192,16 +192,10 @@ fn listener_config(
     policy: &auth::tls_policy::TlsPolicy,
     material: &[String],
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use rustls_pki_types::pem::PemObject as _;
     let [cert, key] = material else { anyhow::bail!("certificate and key expected") };
-    let cert_chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .context("the Redis proxy's certificate is not PEM")?;
-    anyhow::ensure!(!cert_chain.is_empty(), "the Redis proxy's certificate file or secret holds no certificate");
     let settings = auth::tls::ServerTlsSettings {
-        cert_chain,
-        key: rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
-            .context("the Redis proxy's key is not a PEM private key")?,
+        cert_chain: crate::material::certificates(cert, "the Redis proxy's certificate file or secret")?,
+        key: crate::material::private_key(key, "the Redis proxy's key")?,
         client_ca: None,
         require_client_cert: false,
         policy: policy.clone(),
