@@ -16,8 +16,9 @@ const SUITE: &str = "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384";
 /// An OpenSSL handshake with the principal (no client certificate: the principal's TLS lets such
 /// clients reach its auth layer); `Ok(output)` if it completed.
 fn s_client(addr: SocketAddr, args: &[&str]) -> Result<std::result::Result<String, String>> {
-    let out = Command::new("openssl")
-        .args(["s_client", "-connect", &addr.to_string(), "-servername", "localhost", "-alpn", "h2"])
+    // Bounded: a session the server keeps open (see `-ign_eof` below) must not hang the test.
+    let out = Command::new("timeout")
+        .args(["20", "openssl", "s_client", "-connect", &addr.to_string(), "-servername", "localhost", "-alpn", "h2"])
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -105,9 +106,11 @@ async fn client_certificates_are_required_and_their_subject_matched_when_configu
     };
     let mut t = Topology::start_with_options(&[(good, Mode::Managed), (odd, Mode::Managed)], options).await?;
     let addr = t.principal_addr().context("principal address")?;
-    let bare = s_client(addr, &["-tls1_3"])?;
     // TLS 1.3 reports the refused client certificate after the handshake's last flight: OpenSSL
-    // sees the alert when it reads, so look for it rather than for a failed exit.
+    // sees the alert when it reads, so look for it rather than for a failed exit, and keep
+    // reading after stdin's end (`-ign_eof`) until the server closes, or s_client may quit
+    // before the alert arrives.
+    let bare = s_client(addr, &["-tls1_3", "-ign_eof"])?;
     let text = match &bare {
         Ok(t) | Err(t) => t,
     };
