@@ -147,7 +147,12 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
                     if let ConnectError::Refused(status) = &e {
                         session_refused(&spoke, status);
                     }
-                    let cause = if matches!(e, ConnectError::Refused(_)) { "refused" } else { "connect_failed" };
+                    // Unavailable is no refusal: the principal was not reached (e.g. the
+                    // WebSocket under `--enable-websocket` could not be dialled).
+                    let cause = match &e {
+                        ConnectError::Refused(status) if status.code() != tonic::Code::Unavailable => "refused",
+                        _ => "connect_failed",
+                    };
                     crate::metrics::global().reconnect(cause);
                     State::Disconnected { attempt: attempt.saturating_add(1) }
                 }
@@ -173,7 +178,7 @@ async fn connect(
     let cfg = &spoke.config;
     let addr = cfg.principal_addr.clone();
     let channel = crate::transport::connect_over(&addr, cfg.tls.as_ref(), cfg.keepalive, cfg.wire).await?;
-    let mut client = crate::compression::event_stream_client(channel, cfg.compression)
+    let mut client = crate::compression::event_stream_client(channel.clone(), cfg.compression)
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -199,6 +204,7 @@ async fn connect(
     match answer {
         Ok(response) => {
             tracing::info!(principal = %addr, "connected to the principal");
+            *link::lock(&spoke.principal) = Some(channel);
             Ok(Stream { inbound: response.into_inner(), sender })
         }
         Err(status) => {
@@ -271,6 +277,18 @@ async fn on_message(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, msg: W
     if crate::redis::is_request(&ev) {
         // Answered from this cluster's Redis in the background; acknowledged now.
         let result = crate::redis::accept(spoke, redis, &ev);
+        link::recv::settle(&spoke.mailbox, &ev, &result);
+        return;
+    }
+    if crate::logs::is_request(&ev) {
+        // Streamed on a `StreamLogs` call in the background; acknowledged now.
+        let result = crate::logs::accept(spoke, &ev);
+        link::recv::settle(&spoke.mailbox, &ev, &result);
+        return;
+    }
+    if crate::terminal::is_request(&ev) {
+        // Carried on a `StreamTerminal` call in the background; acknowledged now.
+        let result = crate::terminal::accept(spoke, &ev);
         link::recv::settle(&spoke.mailbox, &ev, &result);
         return;
     }

@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod error;
 pub mod inbound;
 mod live;
+mod logs;
 pub mod metrics;
 mod otel;
 mod recent;
@@ -25,6 +26,7 @@ pub mod redis;
 pub mod resync;
 pub mod session;
 pub mod spoke;
+mod terminal;
 pub mod transport;
 
 use std::sync::Arc;

@@ -60,6 +60,32 @@ impl Live {
     fn first_time(&self, uuid: &str) -> bool {
         link::lock(&self.seen).first_time(uuid)
     }
+
+    /// The client for this cluster (the agent's own credentials).
+    pub(crate) fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Whether pod `namespace/name` is *managed* by the rules reads follow (tracked, or an
+    /// owner chain to a tracked object): `Ok`, or the HTTP code and `Status` body refusing it
+    /// (404 and the like as the API server gave them). For terminals ([`crate::terminal`]).
+    pub(crate) async fn managed_pod(&self, namespace: &str, name: &str) -> Result<(), (u16, String)> {
+        let req = ResourceRequest {
+            version: "v1".to_owned(),
+            namespace: namespace.to_owned(),
+            resource: "pods".to_owned(),
+            name: name.to_owned(),
+            subresource: "exec".to_owned(),
+            ..ResourceRequest::default()
+        };
+        let found = tokio::time::timeout(TIMEOUT, managed_parent(&self.client, &req, &ApiResource::of(&req))).await;
+        match found {
+            Ok(Ok(Ok(_))) => Ok(()),
+            Ok(Ok(Err(refusal))) => Err((refusal.status, refusal.body)),
+            Ok(Err(error)) => Err((503, status_body(503, &format!("cannot reach this cluster's API server: {error}")))),
+            Err(_) => Err((504, status_body(504, &format!("the pod could not be read within {TIMEOUT:?}")))),
+        }
+    }
 }
 
 /// Whether `ev` is a resource-proxy request (handled here, not by the event handlers).

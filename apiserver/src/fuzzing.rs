@@ -51,9 +51,68 @@ pub fn check_request_body(data: &[u8]) {
     }
 }
 
+/// Feed untrusted bytes through what the simulated node parses from clients: the log and exec
+/// query strings, the exec channel frames (v4 and v5, resize JSON included) and the
+/// WebSocket subprotocol negotiation. Must never panic; every rejection must be a 400, and what
+/// the log filters render must respect `limitBytes`.
+pub fn check_node_inputs(data: &[u8]) {
+    use crate::node::{channel, exec, logs};
+    let text = String::from_utf8_lossy(data);
+    match logs::parse_log_query(Some(&text)) {
+        Ok(o) => {
+            let now = chrono::Utc::now();
+            let lines: Vec<logs::LogLine> = text
+                .split('&')
+                .enumerate()
+                .map(|(i, part)| logs::LogLine {
+                    time: now - chrono::Duration::seconds(i64::try_from(i).unwrap_or(0)),
+                    data: bytes::Bytes::from(format!("{part}\n")),
+                })
+                .collect();
+            let out = logs::render_all(&lines, &o, now);
+            if let Some(limit) = o.limit_bytes {
+                assert!(out.len() as u64 <= u64::try_from(limit).unwrap_or(0), "limitBytes {limit} exceeded");
+            }
+        }
+        Err(e) => assert_eq!(e.code, 400, "log query: {e}"),
+    }
+    if let Err(e) = exec::parse_exec_query(Some(&text)) {
+        assert_eq!(e.code, 400, "exec query: {e}");
+    }
+    for v5 in [true, false] {
+        if let Ok(channel::ClientFrame::Close(_)) = channel::parse_client_frame(data, v5) {
+            assert!(v5, "a close frame in v4");
+        }
+    }
+    let _ = channel::negotiate([text.as_ref()]);
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_request_body;
+    use super::{check_node_inputs, check_request_body};
+
+    #[test]
+    fn node_inputs_never_panic() {
+        let inputs: &[&[u8]] = &[
+            b"container=a&follow=true&tailLines=2&limitBytes=5&timestamps=1&sinceSeconds=10",
+            b"sinceTime=2026-01-01T00:00:00Z&previous=true",
+            b"tailLines=99999999999999999999&sinceSeconds=9223372036854775807",
+            b"limitBytes=-1&tailLines=-5&follow=perhaps",
+            b"command=sh&command=-c&command=exit%203&stdin=1&tty=true",
+            b"\x04{\"Width\":80,\"Height\":24}",
+            b"\x04{\"Width\":-1}",
+            b"\xff\x00",
+            b"\xff",
+            b"\x00hello",
+            b"\x03",
+            b"v5.channel.k8s.io, v4.channel.k8s.io",
+            b"",
+            b"\xff\xfe%%%&&&==",
+        ];
+        for input in inputs {
+            check_node_inputs(input);
+        }
+    }
 
     #[test]
     fn real_and_hostile_bodies_never_panic() {

@@ -17,6 +17,7 @@ pub mod builtin;
 pub mod error;
 pub mod fuzzing;
 pub mod http;
+pub mod node;
 pub mod object;
 pub mod openapi;
 pub mod prepare;

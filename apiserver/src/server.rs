@@ -39,6 +39,10 @@ pub struct Config {
     pub max_watch: Duration,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
+    /// Run a simulated node: each Pod's container `command` + `args` runs as a local process
+    /// on this machine, as this server's user, so Pods reach Running and `pods/log` and
+    /// `pods/exec` work. For tests and the quickstart only; never for anything exposed.
+    pub simulate_pods: bool,
 }
 
 impl Config {
@@ -52,6 +56,7 @@ impl Config {
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
             max_watch: DEFAULT_MAX_WATCH,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            simulate_pods: false,
         }
     }
 }
@@ -99,6 +104,7 @@ pub struct ApiServer {
     ca_pem: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+    node: Option<Arc<crate::node::Node>>,
 }
 
 fn load_or_create_token(dir: &Path) -> Result<String, ServerError> {
@@ -175,6 +181,8 @@ impl ApiServer {
             TcpListener::bind(cfg.listen).await.map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
         let addr = listener.local_addr().map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let node =
+            cfg.simulate_pods.then(|| crate::node::Node::start(store.clone(), &cfg.data_dir, shutdown_rx.clone()));
         let state = Arc::new(AppState {
             store,
             registry: RwLock::new(Arc::new(registry)),
@@ -184,12 +192,13 @@ impl ApiServer {
             max_watch: cfg.max_watch,
             address: addr.to_string(),
             shutdown: shutdown_rx.clone(),
+            node: node.clone(),
         });
         let tls = crate::tls::identity(&cfg.data_dir.join("tls"), addr.ip())?;
-        let app = axum::Router::new().fallback(move |req| dispatch(state.clone(), req));
+        let app = with_http_layers(axum::Router::new().fallback(move |req| dispatch(state.clone(), req)));
         let task = tokio::spawn(serve_tls(listener, tls.server_config.clone(), app, shutdown_rx));
         tracing::info!(%addr, "embedded API server listening");
-        Ok(Self { addr, token, ca_pem: tls.ca_pem, shutdown, task })
+        Ok(Self { addr, token, ca_pem: tls.ca_pem, shutdown, task, node })
     }
 
     /// The bound address.
@@ -255,7 +264,39 @@ impl ApiServer {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
+        if let Some(node) = &self.node {
+            node.shutdown().await;
+        }
     }
+
+    /// The simulated node, when [`Config::simulate_pods`] is on.
+    #[must_use]
+    pub fn node(&self) -> Option<&Arc<crate::node::Node>> {
+        self.node.as_ref()
+    }
+}
+
+/// The tower-http stack in front of every request, as the resource proxy's: `Authorization`
+/// (and cookies) marked sensitive, `x-request-id` set when absent and echoed, each request
+/// traced in a debug span. No overall time-out (watches, log streams and exec sessions are
+/// long) and nothing that touches bodies or upgrades: the body limit is `read_body`'s, which
+/// answers a Kubernetes `Status` (tower-http's `RequestBodyLimitLayer` answers plain text, and
+/// before authentication).
+fn with_http_layers(app: axum::Router) -> axum::Router {
+    use tower_http::ServiceBuilderExt as _;
+    let stack = tower::ServiceBuilder::new()
+        .sensitive_request_headers(Arc::new([
+            http::header::AUTHORIZATION,
+            http::header::COOKIE,
+            http::header::PROXY_AUTHORIZATION,
+        ]))
+        .set_x_request_id(tower_http::request_id::MakeRequestUuid)
+        .layer(tower_http::trace::TraceLayer::new_for_http().make_span_with(|req: &http::Request<_>| {
+            let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+            tracing::debug_span!("apiserver", method = %req.method(), path = %req.uri().path(), request_id = %id)
+        }))
+        .propagate_x_request_id();
+    app.layer(stack)
 }
 
 /// Accept TLS connections and serve HTTP/1.1 or HTTP/2 on them until shutdown, then let open

@@ -24,6 +24,12 @@ pub struct Args {
     /// Seconds between bookmarks on watches that allow them.
     #[arg(long, default_value_t = apiserver::DEFAULT_BOOKMARK_INTERVAL.as_secs())]
     bookmark_interval: u64,
+    /// Run a simulated node: each Pod's container command (and args) runs as a local process on
+    /// this machine, as this server's user, so Pods reach Running and `kubectl logs` and
+    /// `kubectl exec` work. No images, networking, probes or volumes. For tests and the quickstart
+    /// only: never turn it on for a server anything else can reach.
+    #[arg(long, env = "ARGOCD_AGENT_APISERVER_SIMULATE_PODS")]
+    simulate_pods: bool,
     /// Log level (RUST_LOG syntax).
     #[arg(long, default_value = "info", env = "ARGOCD_AGENT_LOG_LEVEL")]
     log_level: String,
@@ -46,6 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.listen = args.listen;
         cfg.watch_history = args.watch_history;
         cfg.bookmark_interval = Duration::from_secs(args.bookmark_interval.max(1));
+        cfg.simulate_pods = args.simulate_pods;
         let server = apiserver::ApiServer::start(cfg).await.context("cannot start the embedded API server")?;
         if let Some(path) = &args.kubeconfig_out {
             server

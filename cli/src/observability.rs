@@ -10,14 +10,28 @@
 //! A listener that cannot bind stops startup when its address or port was set explicitly; on
 //! the upstream default port it is logged and skipped, so several processes on one machine
 //! (the quickstart, tests) do not fight over 8000/8003/8181/8001.
+//!
+//! Both routers sit behind the same tower-http stack as the resource proxy: credentials
+//! (`Authorization`, `Cookie`) are marked sensitive, `x-request-id` is set and echoed, each
+//! request is traced in a debug span, a request that does not answer within [`REQUEST_TIMEOUT`]
+//! gets a 408 saying so, and a body (these endpoints take none) over [`MAX_BODY_BYTES`] a 413.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::http::{StatusCode, header};
+use axum::http::{Request, StatusCode, header};
+use axum::response::IntoResponse as _;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
+use tower_http::ServiceBuilderExt as _;
+
+/// How long a scrape or probe may take before it is answered 408 (they take milliseconds).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest request body accepted (413 above); `/metrics`, `/healthz` and `/readyz` take none.
+pub const MAX_BODY_BYTES: usize = 1024;
 
 /// Renders the metrics exposition.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -86,6 +100,37 @@ fn health_router(health: Health) -> Router {
     Router::new().route("/healthz", get(answer.clone())).route("/readyz", get(answer))
 }
 
+/// `router` behind the tower-http stack (module docs); `kind` names the listener in the span,
+/// `timeout` is [`REQUEST_TIMEOUT`] outside tests.
+fn layered(kind: &'static str, router: Router, timeout: Duration) -> Router {
+    let stack = tower::ServiceBuilder::new()
+        .sensitive_request_headers(Arc::new([header::AUTHORIZATION, header::COOKIE, header::PROXY_AUTHORIZATION]))
+        .set_x_request_id(tower_http::request_id::MakeRequestUuid)
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(move |req: &Request<_>| {
+                    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+                    tracing::debug_span!("observability", endpoint = kind, method = %req.method(), path = %req.uri().path(), request_id = %id)
+                })
+                // A 503 from /healthz or /readyz is an answer, not a failure of the listener.
+                .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        )
+        .propagate_x_request_id()
+        // Only the timeout answers 408 here: give it a body that says what happened.
+        .map_response(move |resp: axum::http::Response<_>| {
+            let resp = resp.map(axum::body::Body::new);
+            if resp.status() == StatusCode::REQUEST_TIMEOUT {
+                let msg = format!("request timed out: no answer within {timeout:?}\n");
+                (StatusCode::REQUEST_TIMEOUT, msg).into_response()
+            } else {
+                resp
+            }
+        })
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES));
+    router.layer(stack)
+}
+
 /// Binds and serves the listeners that are on, until `cancel` fires; `process` is `principal`
 /// or `agent` (in the printed line).
 ///
@@ -100,8 +145,18 @@ pub async fn start(
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     let listeners = [
-        ("metrics", "--metrics-address/--metrics-port", metrics, metrics_router(render)),
-        ("healthz", "--healthz-address/--healthz-port", healthz, health_router(health)),
+        (
+            "metrics",
+            "--metrics-address/--metrics-port",
+            metrics,
+            layered("metrics", metrics_router(render), REQUEST_TIMEOUT),
+        ),
+        (
+            "healthz",
+            "--healthz-address/--healthz-port",
+            healthz,
+            layered("healthz", health_router(health), REQUEST_TIMEOUT),
+        ),
     ];
     for (kind, flags, listen, router) in listeners {
         let Some(listen) = listen else {
@@ -156,5 +211,60 @@ mod tests {
         assert_eq!(l(Some("[::1]:9"), "", 8000).ok().flatten().map(|x| x.host), Some("::1".into()));
         assert!(l(Some("nonsense"), "", 8000).is_err());
         assert!(l(Some("h:port"), "", 8000).is_err());
+    }
+
+    async fn call(router: &Router, req: Request<axum::body::Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+        use tower::ServiceExt as _;
+        let resp = router.clone().oneshot(req).await.expect("infallible");
+        let (parts, body) = resp.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await.expect("body");
+        (parts.status, parts.headers, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn get_req(path: &str) -> Request<axum::body::Body> {
+        Request::get(path).body(axum::body::Body::empty()).expect("request")
+    }
+
+    #[tokio::test]
+    async fn the_stack_keeps_answers_and_adds_request_ids_and_limits() {
+        let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let h = healthy.clone();
+        let health: Health = Arc::new(move || {
+            h.load(std::sync::atomic::Ordering::SeqCst).then_some(()).ok_or_else(|| "not connected".to_owned())
+        });
+        let router = layered("healthz", health_router(health), REQUEST_TIMEOUT);
+        let (code, headers, body) = call(&router, get_req("/healthz")).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "ok\n"));
+        assert!(headers.get("x-request-id").is_some_and(|v| !v.is_empty()), "a request id is set and echoed");
+        healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (code, _, body) = call(&router, get_req("/readyz")).await;
+        assert_eq!((code, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "not connected\n"));
+        let req = Request::get("/healthz").header("x-request-id", "abc-123").body(axum::body::Body::empty());
+        let (_, headers, _) = call(&router, req.expect("request")).await;
+        assert_eq!(headers.get("x-request-id").map(|v| v.as_bytes()), Some(&b"abc-123"[..]), "a caller's id is kept");
+        let (code, _, _) = call(&router, get_req("/nope")).await;
+        assert_eq!(code, StatusCode::NOT_FOUND);
+        let big = Request::get("/healthz")
+            .header(header::CONTENT_LENGTH, MAX_BODY_BYTES + 1)
+            .body(axum::body::Body::from(vec![b'x'; MAX_BODY_BYTES + 1]));
+        let (code, _, _) = call(&router, big.expect("request")).await;
+        assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+
+        let render: Render = Arc::new(|| "up 1\n".to_owned());
+        let router = layered("metrics", metrics_router(render), REQUEST_TIMEOUT);
+        let (code, headers, body) = call(&router, get_req("/metrics")).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "up 1\n"));
+        assert_eq!(
+            headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+            Some(&b"text/plain; version=0.0.4; charset=utf-8"[..])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_that_does_not_answer_in_time_gets_408_with_a_body() {
+        let slow = Router::new().route("/metrics", get(std::future::pending::<String>));
+        let (code, _, body) = call(&layered("metrics", slow, Duration::from_millis(50)), get_req("/metrics")).await;
+        assert_eq!(code, StatusCode::REQUEST_TIMEOUT);
+        assert!(body.contains("timed out"), "{body}");
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! | profile | header | idle timeout that bites | source |
 //! |---|---|---|---|
-//! | istio | `x-forwarded-client-cert` | 300 s | Envoy HCM `stream_idle_timeout` default (5 min); the timeout upstream's service-mesh doc uses for Istio. Istio's DestinationRule `http.idleTimeout` (1 h) is longer |
+//! | istio | `x-forwarded-client-cert` | 300 s on a gateway; none sidecar to sidecar | istiod writes `stream_idle_timeout: 0s` (off) on sidecars' inbound and outbound HTTP connection managers unless ProxyConfig `connectionSettings.httpStreamIdleTimeout` sets one, and 300 s on gateways (seen from a real istiod, `tests/tests/istio_mesh.rs`); the profile takes the gateway's 300 s (see [`MeshProfile::ISTIO_GATEWAY_STREAM_IDLE_TIMEOUT`]). Istio's DestinationRule `http.idleTimeout` (1 h) is longer |
 //! | envoy | `x-forwarded-client-cert` | 300 s | Envoy HCM `stream_idle_timeout` default (5 min); connection `idle_timeout` (1 h) fires only without streams |
 //! | linkerd | `l5d-client-id` | none by default | `timeout.linkerd.io/idle` is opt-in; the heartbeat still covers load balancers and NAT on the path |
 
@@ -79,6 +79,19 @@ impl MeshProfile {
     pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
     /// Envoy's default HTTP connection manager `stream_idle_timeout`.
     pub const ENVOY_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+    /// The `stream_idle_timeout` istiod gives a gateway's HTTP connection managers (an ingress or
+    /// egress gateway that terminates HTTP), and the one [`Self::stream_idle_timeout`] reports for
+    /// [`Self::Istio`].
+    ///
+    /// Sidecars get none: istiod writes `stream_idle_timeout: 0s` on their inbound and outbound
+    /// connection managers unless ProxyConfig `connectionSettings.httpStreamIdleTimeout` sets one
+    /// (seen from a real istiod in `tests/tests/istio_mesh.rs`). So sidecar to sidecar, a quiet
+    /// stream is not closed by Istio by default, and the shortest timer a stream meets is this
+    /// one, when it crosses a gateway. The profile reports it rather than none so that the
+    /// heartbeat is still sized against a real Istio timer: one a third of this or less also
+    /// outlives any sidecar `httpStreamIdleTimeout` an operator sets at 90 s or more, and L4 idle
+    /// timers (load balancers, NAT, an east-west gateway's `tcp_proxy`).
+    pub const ISTIO_GATEWAY_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
     /// The trust domain Istio and Linkerd use unless configured otherwise.
     pub const DEFAULT_TRUST_DOMAIN: &'static str = "cluster.local";
 
@@ -115,11 +128,16 @@ impl MeshProfile {
         SpiffePolicy::kubernetes(Self::DEFAULT_TRUST_DOMAIN, denied)
     }
 
-    /// The idle timeout that closes a quiet stream by default, if the mesh has one.
+    /// The idle timeout that closes a quiet stream by default, if the mesh has one: the one the
+    /// agent's heartbeat must stay well under. Istio: a gateway's
+    /// ([`Self::ISTIO_GATEWAY_STREAM_IDLE_TIMEOUT`]; its sidecars have none by default); plain
+    /// Envoy: its HTTP connection manager's default ([`Self::ENVOY_STREAM_IDLE_TIMEOUT`], which
+    /// `envoy/` writes out); Linkerd: none.
     #[must_use]
     pub fn stream_idle_timeout(self) -> Option<Duration> {
         match self {
-            Self::Istio | Self::Envoy => Some(Self::ENVOY_STREAM_IDLE_TIMEOUT),
+            Self::Istio => Some(Self::ISTIO_GATEWAY_STREAM_IDLE_TIMEOUT),
+            Self::Envoy => Some(Self::ENVOY_STREAM_IDLE_TIMEOUT),
             Self::Linkerd => None,
         }
     }

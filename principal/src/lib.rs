@@ -38,6 +38,8 @@ use std::sync::Arc;
 
 use protocol::pb::authapi::authentication_server::AuthenticationServer;
 use protocol::pb::eventstreamapi::event_stream_server::EventStreamServer;
+use protocol::pb::logstreamapi::log_stream_service_server::LogStreamServiceServer;
+use protocol::pb::terminalstreamapi::terminal_stream_service_server::TerminalStreamServiceServer;
 use protocol::pb::versionapi::version_server::VersionServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -123,6 +125,29 @@ impl Principal {
     #[must_use]
     pub fn event_stream_service(&self) -> authz::Authorize<EventStreamServer<EventStreamService>> {
         let service = EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.authorizer.clone()))
+            .max_decoding_message_size(self.hub.config.max_message_bytes)
+            .max_encoding_message_size(self.hub.config.max_message_bytes)
+            .accept_compressed(compression::GZIP)
+            .send_compressed(compression::GZIP);
+        tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
+    }
+
+    /// The `LogStreamService` (pod logs from agents) behind the authorization layer.
+    #[must_use]
+    pub fn log_stream_service(&self) -> authz::Authorize<LogStreamServiceServer<service::logstream::LogStreams>> {
+        let service = LogStreamServiceServer::new(service::logstream::LogStreams::new(self.hub.clone()))
+            .max_decoding_message_size(self.hub.config.max_message_bytes)
+            .accept_compressed(compression::GZIP)
+            .send_compressed(compression::GZIP);
+        tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
+    }
+
+    /// The `TerminalStreamService` (web terminals through agents) behind the authorization layer.
+    #[must_use]
+    pub fn terminal_stream_service(
+        &self,
+    ) -> authz::Authorize<TerminalStreamServiceServer<service::terminalstream::TerminalStreams>> {
+        let service = TerminalStreamServiceServer::new(service::terminalstream::TerminalStreams::new(self.hub.clone()))
             .max_decoding_message_size(self.hub.config.max_message_bytes)
             .max_encoding_message_size(self.hub.config.max_message_bytes)
             .accept_compressed(compression::GZIP)
@@ -280,6 +305,8 @@ impl Principal {
             None => {
                 server
                     .add_service(self.event_stream_service())
+                    .add_service(self.log_stream_service())
+                    .add_service(self.terminal_stream_service())
                     .add_service(self.version_service())
                     .serve_with_incoming_shutdown(incoming, shutdown)
                     .await
@@ -296,6 +323,8 @@ impl Principal {
                     .layer(auth::AuthLayer::new(sessions).with_observer(observer()))
                     .add_service(authentication)
                     .add_service(self.event_stream_service())
+                    .add_service(self.log_stream_service())
+                    .add_service(self.terminal_stream_service())
                     .add_service(self.version_service())
                     .serve_with_incoming_shutdown(incoming, shutdown)
                     .await

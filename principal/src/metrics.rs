@@ -72,6 +72,8 @@ pub struct PrincipalMetrics {
     proxy_requests: CounterVec,
     proxy_errors: CounterVec,
     proxy_duration: HistogramVec,
+    /// Pod-log bytes streamed through the resource proxy, by agent.
+    proxy_log_bytes: Mutex<BTreeMap<String, u64>>,
     redis_requests: CounterVec,
     redis_errors: CounterVec,
     redis_duration: HistogramVec,
@@ -176,6 +178,7 @@ impl PrincipalMetrics {
                 &["agent_name", "command"],
                 DEFAULT_BUCKETS,
             ),
+            proxy_log_bytes: Mutex::new(BTreeMap::new()),
             proxy_duration: HistogramVec::new(
                 "argocd_principal_resource_proxy_request_duration_seconds",
                 "Time to answer a resource-proxy request, agent round trip included (in seconds).",
@@ -267,6 +270,13 @@ impl PrincipalMetrics {
         self.redis_duration.observe(&[agent, command], elapsed.as_secs_f64());
     }
 
+    /// `bytes` more of a pod log of `agent` were streamed through the resource proxy.
+    pub fn proxy_log_bytes(&self, agent: &str, bytes: u64) {
+        if bytes > 0 {
+            *lock(&self.proxy_log_bytes).entry(agent.to_owned()).or_default() += bytes;
+        }
+    }
+
     /// A resource-proxy request for `agent` (empty: not identified) was answered with `code`
     /// (`reason`: the Kubernetes `Status` reason of an error answer) in `elapsed`.
     pub fn proxy_request(&self, agent: &str, verb: &str, code: u16, reason: Option<&str>, elapsed: Duration) {
@@ -327,6 +337,7 @@ impl PrincipalMetrics {
             }
             self.event_processing.remove("agent_name", name);
             self.redis_duration.remove("agent_name", name);
+            lock(&self.proxy_log_bytes).remove(name);
         }
         kept
     }
@@ -425,6 +436,19 @@ impl PrincipalMetrics {
             &self.redis_errors,
         ] {
             family.encode(&mut out);
+        }
+        let log_bytes = lock(&self.proxy_log_bytes).clone();
+        if !log_bytes.is_empty() {
+            let name = "argocd_principal_resource_proxy_log_bytes_total";
+            protocol::metrics::header(
+                &mut out,
+                name,
+                "counter",
+                "The total number of pod-log bytes streamed through the resource proxy, by agent.",
+            );
+            for (agent, bytes) in log_bytes {
+                protocol::metrics::sample(&mut out, name, &["agent_name"], &[agent], None, &bytes.to_string());
+            }
         }
         self.event_processing.encode(&mut out);
         self.resync_duration.encode(&mut out);

@@ -34,6 +34,7 @@ pub mod otel;
 pub mod outbox;
 pub mod payload;
 pub mod pb;
+pub mod remotecommand;
 pub mod resp;
 pub mod selector;
 pub mod trace;

@@ -9,13 +9,20 @@
 //! falls on both. A proxied read is: TLS to the proxy, an event to the agent over its stream,
 //! the agent's managed check (one GET) and its read (the GET the answer carries), the answer back.
 //!
+//! A second phase streams one pod's log (the spoke's simulated node runs the pod), whole,
+//! through the proxy (`pods/log`: a `containerlog` event, the agent's `StreamLogs` call) and
+//! directly, alternating, and prints MB/s of each and their ratio.
+//!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench live` (sizes: BENCH_LIVE_N,
-//! BENCH_LIVE_ROUNDS; BENCH_QUICK=1 for a smoke run). Figures are printed, never asserted.
+//! BENCH_LIVE_ROUNDS,
+//! BENCH_LIVE_LOG_LINES; BENCH_QUICK=1 for a smoke run). Figures are printed, never asserted.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::ConfigMap;
+use futures::AsyncBufReadExt as _;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::LogParams;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tests::bench::{AGENT, env, percentile};
@@ -52,6 +59,66 @@ async fn measure(api: &Api<ConfigMap>, n: usize) -> Res<(Vec<Duration>, Duration
     Ok((lat, started.elapsed()))
 }
 
+/// A log line of the bench pod: 100 bytes with its newline.
+const LOG_LINE: &str =
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefghijklmno";
+
+/// Reads pod `log`'s whole log through `pods`; returns its size and the time it took.
+async fn read_log(pods: &Api<Pod>) -> Res<(usize, Duration)> {
+    let started = Instant::now();
+    let mut stream = Box::pin(pods.log_stream("log", &LogParams::default()).await?);
+    let mut bytes = 0;
+    loop {
+        let n = stream.fill_buf().await?.len();
+        if n == 0 {
+            break;
+        }
+        bytes += n;
+        stream.consume_unpin(n);
+    }
+    Ok((bytes, started.elapsed()))
+}
+
+/// Pod-log streaming, direct and through the proxy, alternating; prints MB/s and the ratio.
+async fn logs(t: &Topology, spoke: kube::Client, lines: usize, rounds: usize) -> Res<()> {
+    let direct: Api<Pod> = Api::namespaced(spoke, "guestbook");
+    let script = format!("yes {LOG_LINE} | head -n {lines}; sleep 3600");
+    direct
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "log",
+                "annotations": {"argocd.argoproj.io/tracking-id": "gb:/Pod:guestbook/log"}},
+                "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", script]}]}}))?,
+        )
+        .await?;
+    let size = lines * (LOG_LINE.len() + 1);
+    tests::wait::wait_until_async(tests::DEFAULT_TIMEOUT, "the pod printed its log", || {
+        let direct = direct.clone();
+        async move { read_log(&direct).await.is_ok_and(|(n, _)| n == size) }
+    })
+    .await?;
+    let proxied: Api<Pod> = Api::namespaced(tests::live::cluster_client(t, AGENT).await?, "guestbook");
+    println!(
+        "pod logs: {rounds} rounds x one log of {:.1} MB, direct and through the proxy, alternating",
+        size as f64 / 1e6
+    );
+    let (mut d, mut p) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..rounds {
+        let (n, took) = read_log(&direct).await?;
+        anyhow::ensure!(n == size, "direct: {n} bytes of {size}");
+        d += took;
+        let (n, took) = read_log(&proxied).await?;
+        anyhow::ensure!(n == size, "proxy: {n} bytes of {size}");
+        p += took;
+    }
+    let mb = (size * rounds) as f64 / 1e6;
+    let (drate, prate) = (mb / d.as_secs_f64().max(1e-9), mb / p.as_secs_f64().max(1e-9));
+    println!(" direct: {drate:>8.1} MB/s");
+    println!("  proxy: {prate:>8.1} MB/s");
+    println!("  proxy / direct: log throughput x{:.2}", prate / drate.max(1e-9));
+    Ok(())
+}
+
 #[derive(Default)]
 struct Totals {
     lat: Vec<Duration>,
@@ -86,13 +153,14 @@ async fn main() -> Res<()> {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let n = env("BENCH_LIVE_N", if quick { 20 } else { 400 });
     let rounds = env("BENCH_LIVE_ROUNDS", if quick { 1 } else { 5 });
-    let options = StartOptions { resource_proxy: true, ..StartOptions::default() };
+    let log_lines = env("BENCH_LIVE_LOG_LINES", if quick { 20_000 } else { 200_000 });
+    let options = StartOptions { resource_proxy: true, simulate_pods: true, ..StartOptions::default() };
     let t = Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?;
     let proxy_addr = t.resource_proxy_addr().context("the resource proxy")?;
     t.ctl(&["agent", "create", AGENT, "--resource-proxy-server", &proxy_addr.to_string()])?;
     let spoke = t.spoke(AGENT)?;
     ensure_namespace(&spoke, "guestbook").await?;
-    let direct: Api<ConfigMap> = Api::namespaced(spoke, "guestbook");
+    let direct: Api<ConfigMap> = Api::namespaced(spoke.clone(), "guestbook");
     direct
         .create(
             &PostParams::default(),
@@ -119,5 +187,6 @@ async fn main() -> Res<()> {
         pp50.as_secs_f64() / dp50.as_secs_f64().max(1e-9),
         prate / drate.max(1e-9)
     );
+    logs(&t, spoke, log_lines, rounds).await?;
     Ok(())
 }

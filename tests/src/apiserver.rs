@@ -26,6 +26,8 @@ pub struct ApiServerProcess {
     data_dir: PathBuf,
     kubeconfig: PathBuf,
     starts: u32,
+    /// Flags added to every start (e.g. `--simulate-pods`).
+    extra_args: Vec<String>,
     work: TempDir,
 }
 
@@ -81,10 +83,35 @@ impl ApiServerProcess {
         Self::start_in(new_work_dir()?, data_dir.into()).await
     }
 
+    /// Start a server on a fresh data dir with extra flags (kept for restarts), e.g.
+    /// `["--simulate-pods"]`.
+    ///
+    /// # Errors
+    /// It cannot be spawned or is not ready within [`DEFAULT_TIMEOUT`] (the error has its log tail).
+    pub async fn start_with(args: &[&str]) -> anyhow::Result<Self> {
+        let work = new_work_dir()?;
+        let data_dir = work.path().join("data");
+        Self::start_in_with(work, data_dir, args.iter().map(|a| (*a).to_string()).collect()).await
+    }
+
+    /// Start a server on a fresh data dir with the simulated node on (`--simulate-pods`): Pods'
+    /// commands run as local processes, `kubectl logs` and `kubectl exec` work. Dropping it
+    /// stops the server with SIGTERM first, so those processes go with it.
+    ///
+    /// # Errors
+    /// It cannot be spawned or is not ready within [`DEFAULT_TIMEOUT`] (the error has its log tail).
+    pub async fn start_simulating_pods() -> anyhow::Result<Self> {
+        Self::start_with(&["--simulate-pods"]).await
+    }
+
     async fn start_in(work: TempDir, data_dir: PathBuf) -> anyhow::Result<Self> {
+        Self::start_in_with(work, data_dir, Vec::new()).await
+    }
+
+    async fn start_in_with(work: TempDir, data_dir: PathBuf, extra_args: Vec<String>) -> anyhow::Result<Self> {
         let kubeconfig = work.path().join("kubeconfig");
-        let (process, url, client) = launch(&data_dir, &kubeconfig, 1).await?;
-        Ok(Self { process, client, url, data_dir, kubeconfig, starts: 1, work })
+        let (process, url, client) = launch(&data_dir, &kubeconfig, 1, &extra_args).await?;
+        Ok(Self { process, client, url, data_dir, kubeconfig, starts: 1, extra_args, work })
     }
 
     /// `https://127.0.0.1:PORT` of the current process (the port changes on restart).
@@ -188,11 +215,24 @@ impl ApiServerProcess {
             bail!("apiserver pid {} still runs; stop or kill it first", self.process.pid());
         }
         self.starts += 1;
-        let (process, url, client) = launch(&self.data_dir, &self.kubeconfig, self.starts).await?;
+        let (process, url, client) = launch(&self.data_dir, &self.kubeconfig, self.starts, &self.extra_args).await?;
         self.process = process;
         self.url = url;
         self.client = client;
         Ok(())
+    }
+}
+
+impl Drop for ApiServerProcess {
+    fn drop(&mut self) {
+        // A server with the simulated node has children in their own process groups: a SIGKILL
+        // (the process's own drop) would leave them running, so ask it to stop them first.
+        if self.extra_args.iter().any(|a| a == "--simulate-pods")
+            && self.process.is_running()
+            && self.process.signal("TERM").is_ok()
+        {
+            let _ = self.process.wait_exit(DEFAULT_TIMEOUT);
+        }
     }
 }
 
@@ -205,6 +245,7 @@ async fn launch(
     data_dir: &Path,
     kubeconfig: &Path,
     start: u32,
+    extra_args: &[String],
 ) -> anyhow::Result<(ChildProcess, String, kube::Client)> {
     // A kubeconfig left by an earlier process would make us talk to a dead port.
     match std::fs::remove_file(kubeconfig) {
@@ -212,8 +253,9 @@ async fn launch(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("cannot remove stale {}", kubeconfig.display())),
     }
-    let mut process =
-        ChildProcess::spawn(&format!("apiserver#{start}"), ApiServerProcess::command(data_dir, kubeconfig)?)?;
+    let mut cmd = ApiServerProcess::command(data_dir, kubeconfig)?;
+    cmd.args(extra_args);
+    let mut process = ChildProcess::spawn(&format!("apiserver#{start}"), cmd)?;
     let ready = wait_ready(&mut process, kubeconfig).await;
     match ready {
         Ok((url, client)) => Ok((process, url, client)),

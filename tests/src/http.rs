@@ -12,6 +12,25 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 /// # Errors
 /// Connection or I/O failure, a malformed answer, or no answer within 10 s.
 pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let (status, _, body) = get_with_head(addr, path).await?;
+    Ok((status, body))
+}
+
+/// [`get`] with a chunked body (`Transfer-Encoding: chunked`, e.g. Envoy's admin on large
+/// answers) decoded.
+///
+/// # Errors
+/// As [`get`], or a malformed chunked body.
+pub(crate) async fn get_decoded(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let (status, head, body) = get_with_head(addr, path).await?;
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Ok((status, dechunk(&body)?));
+    }
+    Ok((status, body))
+}
+
+/// `GET path` on `addr`: the status, the header block and the body as sent.
+async fn get_with_head(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String, String)> {
     let io = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
@@ -22,7 +41,22 @@ pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> 
     let text = tokio::time::timeout(Duration::from_secs(10), io).await.context("HTTP GET timed out")??;
     let (head, body) = text.split_once("\r\n\r\n").context("no end of HTTP headers")?;
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
-    Ok((status, body.to_owned()))
+    Ok((status, head.to_owned(), body.to_owned()))
+}
+
+/// The payload of a chunked HTTP/1.1 body.
+fn dechunk(mut body: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").context("truncated chunked body")?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or_default().trim(), 16)
+            .with_context(|| format!("bad chunk size {size:?}"))?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..size).context("truncated chunk")?);
+        body = rest.get(size + 2..).context("truncated chunk")?;
+    }
 }
 
 /// The value of the sample `name{labels}` (labels exactly as exposed, e.g.

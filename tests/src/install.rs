@@ -184,12 +184,26 @@ pub async fn install_addon_crds(cluster: &RealCluster) -> anyhow::Result<()> {
     for file in ["monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"] {
         cluster.apply_file(&crds.join(file))?;
     }
-    for (group_version, kinds) in [
+    let served = [
         ("security.istio.io/v1", &["authorizationpolicies", "peerauthentications"][..]),
         ("networking.istio.io/v1", &["destinationrules", "sidecars"][..]),
         ("monitoring.coreos.com/v1", &["servicemonitors", "prometheusrules"][..]),
-    ] {
-        let mut poll = Poller::new(Duration::from_secs(90), format!("{group_version} to be served"));
+    ];
+    wait_served(cluster, &served, Duration::from_secs(90)).await
+}
+
+/// Wait until the API server serves every `(group/version, resources)` of `served` (each within
+/// `within`), e.g. after applying CRDs.
+///
+/// # Errors
+/// One is not served in time.
+pub(crate) async fn wait_served(
+    cluster: &RealCluster,
+    served: &[(&str, &[&str])],
+    within: Duration,
+) -> anyhow::Result<()> {
+    for (group_version, kinds) in served {
+        let mut poll = Poller::new(within, format!("{group_version} to be served"));
         loop {
             let req = http::Request::get(format!("/apis/{group_version}")).body(Vec::new())?;
             if let Ok(text) = cluster.client().request_text(req).await

@@ -112,14 +112,51 @@ impl Kubectl {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        self.run_fed(args, None).await
+    }
+
+    /// Run kubectl with `args` and `stdin` on its standard input (closed after it, as a pipe
+    /// would be: `kubectl exec -i` then sees EOF); the result has the status whatever it is.
+    ///
+    /// # Errors
+    /// kubectl could not be started or did not finish within the timeout (it is killed).
+    pub async fn run_with_stdin<I, S>(&self, args: I, stdin: &[u8]) -> anyhow::Result<KubectlOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.run_fed(args, Some(stdin)).await
+    }
+
+    async fn run_fed<I, S>(&self, args: I, stdin: Option<&[u8]>) -> anyhow::Result<KubectlOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        use tokio::io::AsyncWriteExt as _;
         let args: Vec<String> = args.into_iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
         let mut cmd = tokio::process::Command::from(self.std_command(&args));
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-        let child = cmd.spawn().with_context(|| format!("cannot run kubectl {}", args.join(" ")))?;
+        let input = if stdin.is_some() { Stdio::piped() } else { Stdio::null() };
+        cmd.stdin(input).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        let mut child = cmd.spawn().with_context(|| format!("cannot run kubectl {}", args.join(" ")))?;
+        // Written concurrently with reading the output, so a large input cannot deadlock.
+        let writer = match (stdin, child.stdin.take()) {
+            (Some(data), Some(mut pipe)) => {
+                let data = data.to_vec();
+                Some(tokio::spawn(async move {
+                    let _ = pipe.write_all(&data).await;
+                    let _ = pipe.shutdown().await;
+                }))
+            }
+            _ => None,
+        };
         let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
             Ok(out) => out.with_context(|| format!("kubectl {} failed to run", args.join(" ")))?,
             Err(_) => bail!("kubectl {} did not finish within {:?} (killed)", args.join(" "), self.timeout),
         };
+        if let Some(writer) = writer {
+            writer.abort();
+        }
         Ok(KubectlOutput {
             args,
             status: out.status,

@@ -20,6 +20,7 @@ pub mod fixtures;
 pub mod gopeer;
 pub mod http;
 pub mod install;
+pub mod istio;
 pub mod kubectl;
 pub mod live;
 pub mod loadgen;

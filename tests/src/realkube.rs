@@ -60,7 +60,7 @@ pub fn argocd_crds_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// A free loopback port (bound and released; a start that loses the race is retried).
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a loopback port")?.local_addr()?.port())
 }
 
@@ -348,11 +348,28 @@ impl RealCluster {
     /// # Errors
     /// The request is refused or the answer has no token.
     pub async fn service_account_token(&self, namespace: &str, name: &str, ttl: Duration) -> anyhow::Result<String> {
-        let body = json!({
+        self.service_account_token_for(namespace, name, ttl, &[]).await
+    }
+
+    /// [`Self::service_account_token`] for `audiences` (none: the API server's own).
+    ///
+    /// # Errors
+    /// As [`Self::service_account_token`].
+    pub(crate) async fn service_account_token_for(
+        &self,
+        namespace: &str,
+        name: &str,
+        ttl: Duration,
+        audiences: &[&str],
+    ) -> anyhow::Result<String> {
+        let mut body = json!({
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
             "spec": {"expirationSeconds": ttl.as_secs()},
         });
+        if !audiences.is_empty() {
+            body["spec"]["audiences"] = json!(audiences);
+        }
         let req = http::Request::post(format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"))
             .header("content-type", "application/json")
             .body(serde_json::to_vec(&body)?)?;

@@ -94,6 +94,10 @@ pub struct StartOptions {
     /// `mtls:subject:CN=([^,]+)`); agent certificates then also carry the SPIFFE URI SAN
     /// `spiffe://cluster.local/ns/argocd/sa/<agent>`, for `mtls:uri:` methods.
     pub auth: Option<String>,
+    /// Start the spokes' embedded API servers with the simulated node
+    /// (`argocd-agent apiserver --simulate-pods`): Pods' commands run as local processes, so
+    /// `kubectl logs` and `kubectl exec` work against them.
+    pub simulate_pods: bool,
 }
 
 impl Default for StartOptions {
@@ -106,6 +110,7 @@ impl Default for StartOptions {
             agent_args: Vec::new(),
             resource_proxy: false,
             auth: None,
+            simulate_pods: false,
         }
     }
 }
@@ -132,8 +137,18 @@ impl Cluster {
     /// Start one. `role` is `principal` or `agent`: which RBAC from `install/rbac/` the
     /// process gets on a real server.
     /// `extra_rbac` names more files of `install/rbac/` (optional features).
-    async fn start(kind: ClusterKind, data_dir: PathBuf, role: &str, extra_rbac: &[&str]) -> anyhow::Result<Self> {
+    /// `simulate_pods`: an embedded server runs with `--simulate-pods` (on its own data dir).
+    async fn start(
+        kind: ClusterKind,
+        data_dir: PathBuf,
+        role: &str,
+        extra_rbac: &[&str],
+        simulate_pods: bool,
+    ) -> anyhow::Result<Self> {
         match kind {
+            ClusterKind::Embedded if simulate_pods => {
+                Ok(Self::Embedded(Box::new(ApiServerProcess::start_simulating_pods().await?)))
+            }
             ClusterKind::Embedded => Ok(Self::Embedded(Box::new(ApiServerProcess::start_on(data_dir).await?))),
             ClusterKind::Real => {
                 let cluster = RealCluster::start().await?;
@@ -254,9 +269,12 @@ fn listening_on(stdout: &str, prefix: &str) -> Option<std::net::SocketAddr> {
     stdout.lines().filter_map(|l| l.strip_prefix(prefix)).next_back().and_then(|a| a.trim().parse().ok())
 }
 
-fn merged_kubeconfig(parts: &[(String, &Path)]) -> anyhow::Result<String> {
+/// One kubeconfig with a context per `(name, kubeconfig)`, each in namespace `argocd`; `hub` is
+/// the current context.
+pub(crate) fn merged_kubeconfig(parts: &[(impl AsRef<str>, &Path)]) -> anyhow::Result<String> {
     let (mut clusters, mut users, mut contexts) = (vec![], vec![], vec![]);
     for (name, path) in parts {
+        let name = name.as_ref();
         let kc: Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
         clusters.push(json!({"name": name, "cluster": kc["clusters"][0]["cluster"]}));
         users.push(json!({"name": name, "user": kc["users"][0]["user"]}));
@@ -366,7 +384,7 @@ impl Topology {
         if options.principal_args.iter().any(|a| a == "--enable-self-cluster-registration") {
             hub_rbac.push("principal-self-registration.yaml");
         }
-        let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal", &hub_rbac).await?;
+        let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal", &hub_rbac, false).await?;
         let mut spoke_rbac = Vec::new();
         if options.agent_args.iter().any(|a| a == "--destination-based-mapping") {
             spoke_rbac.push("agent-destination-mapping.yaml");
@@ -376,8 +394,8 @@ impl Topology {
         }
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
-            let spoke =
-                Cluster::start(clusters.spokes, dir.path().join(format!("spoke-{name}")), "agent", &spoke_rbac).await?;
+            let spoke_dir = dir.path().join(format!("spoke-{name}"));
+            let spoke = Cluster::start(clusters.spokes, spoke_dir, "agent", &spoke_rbac, options.simulate_pods).await?;
             slots.insert(
                 (*name).to_string(),
                 AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },

@@ -1155,13 +1155,12 @@ async fn gopeer_upstream_principal_with_our_compressing_agent() -> anyhow::Resul
 
 // === the resource proxy with upstream peers ===
 
-/// Our principal's resource proxy in front of an upstream agent: the request it sends is
-/// upstream's `ResourceRequest` as sdk-go decodes it (ids, fields, method as type), and the
-/// answer an upstream agent sends back (a fresh resourceid, eventid = the request's uuid) reaches
-/// kubectl; a bare error status, as upstream's agent sends, reaches it as a Status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()> {
-    let name = "agent-grp";
+/// A managed upstream-shaped Go agent `name` subscribed to our principal, which serves the
+/// resource proxy; and a kubeconfig from the agent's cluster secret (in the returned dir), as
+/// the hub's Argo CD would use it.
+async fn go_agent_behind_our_proxy(
+    name: &str,
+) -> anyhow::Result<(Topology, GoPeer, std::path::PathBuf, tempfile::TempDir)> {
     let options = StartOptions { start_agents: false, resource_proxy: true, ..StartOptions::default() };
     let topo = Topology::start_with_options(&[(name, Mode::Managed)], options).await?;
     let pki = Pki::of_kubeconfig(&topo.kubeconfig())?;
@@ -1173,6 +1172,17 @@ async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()
     topo.ctl(&["agent", "create", name, "--resource-proxy-server", &proxy.to_string()])?;
     let scratch = tempfile::tempdir()?;
     let kubeconfig = tests::live::cluster_kubeconfig(&topo, name, scratch.path()).await?;
+    Ok((topo, go, kubeconfig, scratch))
+}
+
+/// Our principal's resource proxy in front of an upstream agent: the request it sends is
+/// upstream's `ResourceRequest` as sdk-go decodes it (ids, fields, method as type), and the
+/// answer an upstream agent sends back (a fresh resourceid, eventid = the request's uuid) reaches
+/// kubectl; a bare error status, as upstream's agent sends, reaches it as a Status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()> {
+    let name = "agent-grp";
+    let (_topo, mut go, kubeconfig, _scratch) = go_agent_behind_our_proxy(name).await?;
 
     for (seen, (status, resource, expect)) in [
         (
@@ -1262,5 +1272,64 @@ async fn gopeer_upstream_principal_resource_requests_against_our_agent() -> anyh
             ensure!(body["kind"] == "Status" && body["reason"] == "Forbidden", "{body}");
         }
     }
+    Ok(())
+}
+
+/// Our principal's pod logs and web terminal in front of an upstream-shaped agent: grpc-go opens
+/// `StreamLogs` and `StreamTerminal` on the agent's connection with its access token and a
+/// handshake frame, as upstream's agent does (agent/log.go, agent/terminal.go). The log bytes
+/// reach kubectl verbatim (upstream's agent always sends kubelet timestamps), the call is
+/// answered with status 200; a terminal's stdin reaches the agent and its output reaches
+/// kubectl, whose EOF ends the session on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_agent_streams_logs_and_a_terminal_through_our_proxy() -> anyhow::Result<()> {
+    let name = "agent-gls";
+    let (topo, mut go, kubeconfig, _scratch) = go_agent_behind_our_proxy(name).await?;
+    let kubectl = Kubectl::new(&kubeconfig)?;
+
+    let log = kubectl.ok(["get", "--raw", "/api/v1/namespaces/guestbook/pods/web/log?container=main"]).await?;
+    let lines: Vec<&str> = log.lines().collect();
+    ensure!(lines.len() == 3, "three lines from the Go agent: {log:?}\n{}", go.diagnostics());
+    for (i, line) in lines.iter().enumerate() {
+        ensure!(
+            line.ends_with(&format!("guestbook/web line {}", i + 1)) && line.starts_with("2026-01-02T03:04:05"),
+            "{line:?}"
+        );
+    }
+    let done = go.wait("the log call's answer", |r| r["kind"] == "log_stream_done").await?;
+    ensure!(done["status"] == 200 && done["follow"] == false && done["code"].is_null(), "{done}");
+    let req = go.matching(|r| r["target"] == "containerlog").into_iter().next().context("the containerlog request")?;
+    check_received(&req)?;
+    ensure!(req["type"] == "GET" && req["data"]["podName"] == "web" && req["data"]["container"] == "main", "{req}");
+
+    // A terminal, as kube-rs (and Argo CD's server) opens it: a WebSocket with v5.channel.k8s.io
+    // on the proxy, stdin piped through the Go agent's echoing shell and back.
+    let client = tests::live::cluster_client(&topo, name).await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "guestbook");
+    let params = kube::api::AttachParams::default().container("main").stdin(true).stdout(true).stderr(false);
+    let mut cat = pods.exec("web", ["cat"], &params).await?;
+    let mut stdin = cat.stdin().context("stdin")?;
+    let mut stdout = cat.stdout().context("stdout")?;
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"hello terminal\n").await?;
+    let mut echoed = vec![0u8; 15];
+    tokio::time::timeout(tests::wait::DEFAULT_TIMEOUT, tokio::io::AsyncReadExt::read_exact(&mut stdout, &mut echoed))
+        .await
+        .with_context(|| format!("no echo\n{}", go.diagnostics()))??;
+    ensure!(echoed == b"hello terminal\n", "{:?}", String::from_utf8_lossy(&echoed));
+    // Closing stdin (v5's close of channel 0) reaches the agent as `eof`; its `eof` ends the
+    // session.
+    // (kube-rs sees stdin end on shutdown; dropping a split half would not close it.)
+    tokio::io::AsyncWriteExt::shutdown(&mut stdin).await?;
+    drop(stdin);
+    let mut rest = Vec::new();
+    tokio::time::timeout(tests::wait::DEFAULT_TIMEOUT, tokio::io::AsyncReadExt::read_to_end(&mut stdout, &mut rest))
+        .await
+        .with_context(|| format!("the session did not end after stdin closed\n{}", go.diagnostics()))??;
+    ensure!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    tokio::time::timeout(tests::wait::DEFAULT_TIMEOUT, cat.join()).await.context("the session's end")??;
+    let open = go.wait("the terminal call", |r| r["kind"] == "terminal_open").await?;
+    ensure!(open["command"] == json!(["cat"]) && open["pod"] == "web", "{open}");
+    let done = go.wait("the terminal's end", |r| r["kind"] == "terminal_done").await?;
+    ensure!(done["code"].is_null() || done["code"] == "OK", "{done}");
     Ok(())
 }

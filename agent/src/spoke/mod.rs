@@ -81,6 +81,9 @@ pub(crate) struct Spoke {
     pub(crate) applying: tokio::sync::Mutex<()>,
     /// Resource-proxy requests: executed against this cluster ([`crate::live`]).
     pub(crate) live: crate::live::Live,
+    /// The connection of the current (or last) event stream: pod logs and terminals open their
+    /// own calls on it, as upstream's agent does ([`Spoke::side_channel`]).
+    pub(crate) principal: Mutex<Option<tonic::transport::Channel>>,
 }
 
 impl Spoke {
@@ -108,7 +111,15 @@ impl Spoke {
             principal_uid: Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(false),
             applying: tokio::sync::Mutex::new(()),
+            principal: Mutex::new(None),
         }
+    }
+
+    /// The connection to the principal to open a side call on (`StreamLogs`, `StreamTerminal`)
+    /// and the credentials every call carries; `None` before the first stream was accepted.
+    pub(crate) fn side_channel(&self) -> Option<(tonic::transport::Channel, Option<crate::credentials::MetadataFn>)> {
+        let channel = link::lock(&self.principal).clone()?;
+        Some((channel, self.config.credentials.clone()))
     }
 
     pub(crate) fn ns(&self) -> &str {

@@ -41,6 +41,8 @@ pub struct AppState {
     pub address: String,
     /// Flips to true when the server shuts down, so watch streams end.
     pub shutdown: tokio_watch::Receiver<bool>,
+    /// The simulated node (`pods/log`, `pods/exec`), when the server runs one.
+    pub node: Option<Arc<crate::node::Node>>,
 }
 
 impl AppState {
@@ -114,7 +116,15 @@ async fn handle(state: Arc<AppState>, req: Request<Body>) -> ApiResult<Response>
         Route::GroupList => Ok(json_value(&registry.group_list())),
         Route::Group(g) => registry.group(&g).map(|v| json_value(&v)).ok_or_else(|| ApiError::no_route(&path)),
         Route::ResourceList { group, version } => {
-            registry.resource_list(&group, &version).map(|v| json_value(&v)).ok_or_else(|| ApiError::no_route(&path))
+            let mut list = registry.resource_list(&group, &version).ok_or_else(|| ApiError::no_route(&path))?;
+            if state.node.is_some()
+                && group.is_empty()
+                && version == "v1"
+                && let Some(resources) = list["resources"].as_array_mut()
+            {
+                resources.extend(crate::node::discovery_entries());
+            }
+            Ok(json_value(&list))
         }
         Route::OpenApiV2 => {
             let accept = req_accept.as_deref().unwrap_or_default();
@@ -138,6 +148,10 @@ async fn handle(state: Arc<AppState>, req: Request<Body>) -> ApiResult<Response>
             };
             doc.map(|d| json_value(&d)).ok_or_else(|| ApiError::no_route(&path))
         }
+        Route::Resource(rp) if is_pod_stream(&rp) => {
+            let (ns, name, sub) = (rp.namespace.unwrap_or_default(), rp.name.unwrap_or_default(), rp.subresource);
+            crate::node::serve(state.node.as_ref(), &ns, &name, sub.as_deref().unwrap_or_default(), req).await
+        }
         Route::Resource(rp) => {
             let rtype = resolve(&registry, &rp, &path)?;
             resource(state, rtype, rp, req).await
@@ -158,6 +172,16 @@ fn version() -> Value {
         "compiler": "rustc",
         "platform": "linux/amd64",
     })
+}
+
+/// `pods/{name}/log` and `pods/{name}/exec` in a namespace: served by the simulated node.
+fn is_pod_stream(rp: &ResourcePath) -> bool {
+    rp.group.is_empty()
+        && rp.version == "v1"
+        && rp.resource == "pods"
+        && rp.namespace.is_some()
+        && rp.name.is_some()
+        && matches!(rp.subresource.as_deref(), Some("log" | "exec"))
 }
 
 fn resolve(registry: &Registry, rp: &ResourcePath, path: &str) -> ApiResult<Arc<ResourceType>> {

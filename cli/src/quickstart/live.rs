@@ -6,14 +6,18 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, AttachParams, LogParams, PostParams};
 use principal::cluster_secret::ClusterSecret;
 use serde_json::json;
 
 /// The namespace and name of the tracked demo object on the managed spoke.
 pub(super) const DEMO_NS: &str = "guestbook";
 pub(super) const DEMO_NAME: &str = "guestbook-ui";
+/// The tracked demo Pod on the managed spoke (run by its simulated node).
+pub(super) const DEMO_POD: &str = "guestbook-ui-0";
+/// How long the demo waits for the Pod to run and answer through the proxy.
+const POD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Where the principal's log says the resource proxy listens.
 pub(super) fn proxy_addr(principal_log: &Path) -> anyhow::Result<String> {
@@ -38,6 +42,57 @@ pub(super) async fn demo_object(spoke: &kube::Client) -> anyhow::Result<()> {
         api.create(&PostParams::default(), &cm).await.context("cannot create the demo ConfigMap")?;
     }
     Ok(())
+}
+
+/// The tracked demo Pod on the managed spoke (created once): it prints a numbered line every
+/// second, so `kubectl logs -f` through the principal has something to follow.
+pub(super) async fn demo_pod(spoke: &kube::Client) -> anyhow::Result<()> {
+    let api: Api<Pod> = Api::namespaced(spoke.clone(), DEMO_NS);
+    if api.get_opt(DEMO_POD).await?.is_none() {
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": DEMO_POD, "annotations": {
+                "argocd.argoproj.io/tracking-id": format!("guestbook:/Pod:{DEMO_NS}/{DEMO_POD}")}},
+            "spec": {"containers": [{
+                "name": "guestbook-ui",
+                "image": "guestbook-ui:simulated",
+                "command": ["sh", "-c", "i=0; while true; do echo \"guestbook-ui: served request $i\"; i=$((i+1)); sleep 1; done"],
+            }]},
+        }))?;
+        api.create(&PostParams::default(), &pod).await.context("cannot create the demo Pod")?;
+    }
+    Ok(())
+}
+
+/// Through the proxy with `kubeconfig`, as kubectl would: waits for the demo Pod's first log
+/// line, and runs `echo` in it. Returns the line and what `echo` printed.
+pub(super) async fn pod_through_proxy(kubeconfig: &Path) -> anyhow::Result<(String, String)> {
+    let text = std::fs::read_to_string(kubeconfig).with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+    let client = principal::cluster_secret::proxy_client(&serde_json::from_str(&text)?).await?;
+    let api: Api<Pod> = Api::namespaced(client, DEMO_NS);
+    let deadline = tokio::time::Instant::now() + POD_TIMEOUT;
+    let line = loop {
+        let last = match api.logs(DEMO_POD, &LogParams { tail_lines: Some(1), ..LogParams::default() }).await {
+            Ok(log) if !log.trim().is_empty() => break log.trim().to_owned(),
+            Ok(_) => "no line yet".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no log line of pod {DEMO_NS}/{DEMO_POD} through the resource proxy within {POD_TIMEOUT:?} (last: {last})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    let params = AttachParams::default().stdin(false).stdout(true).stderr(false);
+    let mut process = api
+        .exec(DEMO_POD, ["echo", "hello from the managed spoke"], &params)
+        .await
+        .context("exec in the demo Pod through the resource proxy")?;
+    let mut out = String::new();
+    if let Some(mut stdout) = process.stdout() {
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out).await.context("the exec's output")?;
+    }
+    process.join().await.context("the exec's end")?;
+    Ok((line, out.trim().to_owned()))
 }
 
 /// A kubeconfig reaching `agent`'s cluster through the resource proxy with the credentials of

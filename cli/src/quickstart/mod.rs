@@ -156,11 +156,12 @@ impl Quickstart {
         result
     }
 
-    async fn start_apiserver(&mut self, name: &str) -> anyhow::Result<PathBuf> {
+    /// Starts an embedded API server for cluster `name`, with `extra` flags.
+    async fn start_apiserver(&mut self, name: &str, extra: &[&str]) -> anyhow::Result<PathBuf> {
         let data = self.dir.join(name);
         let kc = data.join("kubeconfig");
         let _ = std::fs::remove_file(&kc);
-        let args = vec![
+        let mut args = vec![
             "apiserver".to_string(),
             "--data-dir".into(),
             data.join("data").display().to_string(),
@@ -169,6 +170,7 @@ impl Quickstart {
             "--kubeconfig-out".into(),
             kc.display().to_string(),
         ];
+        args.extend(extra.iter().map(|s| (*s).to_string()));
         let (mut child, _) =
             ChildProc::start(&format!("{name} API server"), &args, &self.log(&format!("apiserver-{name}")), None)
                 .await?;
@@ -194,12 +196,15 @@ impl Quickstart {
 
     async fn run_inner(&mut self) -> anyhow::Result<()> {
         println!("argocd-agent quickstart in {}", self.dir.display());
-        let hub = self.start_apiserver(HUB).await?;
-        let managed = self.start_apiserver(MANAGED).await?;
-        let autonomous = self.start_apiserver(AUTONOMOUS).await?;
+        let hub = self.start_apiserver(HUB, &[]).await?;
+        // The managed spoke runs its Pods' commands as local processes (a simulated node, for
+        // the demo only), so `kubectl logs` and `kubectl exec` through the principal work.
+        let managed = self.start_apiserver(MANAGED, &["--simulate-pods"]).await?;
+        let autonomous = self.start_apiserver(AUTONOMOUS, &[]).await?;
         let merged = merged_kubeconfig(&[(HUB, hub), (MANAGED, managed), (AUTONOMOUS, autonomous)])?;
         std::fs::write(self.kubeconfig(), merged).context("cannot write the merged kubeconfig")?;
         println!("  3 embedded API servers up (contexts hub, managed, autonomous in {})", self.kubeconfig().display());
+        println!("  the managed spoke simulates a node: its Pods' commands run as local processes (demo only)");
 
         let (hub_c, managed_c, autonomous_c) =
             (self.client(HUB).await?, self.client(MANAGED).await?, self.client(AUTONOMOUS).await?);
@@ -324,6 +329,7 @@ impl Quickstart {
         self.ctl(&["--principal-context", HUB, "agent", verb, MANAGED_AGENT, "--resource-proxy-server", &proxy])
             .await?;
         live::demo_object(&managed_c).await?;
+        live::demo_pod(&managed_c).await?;
         let live_kubeconfig =
             live::kubeconfig(&hub_c, ARGOCD_NS, MANAGED_AGENT, &self.dir.join("live-agent-managed.kubeconfig")).await?;
         println!(
@@ -388,9 +394,18 @@ impl Quickstart {
         println!();
         println!("Try: kubectl --kubeconfig {kc} --context hub apply -f <an Application in namespace {MANAGED_AGENT}>");
         println!("     kubectl --kubeconfig {kc} --context managed get applications -n argocd --watch");
+        let lk = live_kubeconfig.display();
+        println!("Live resources (the hub's view of the managed spoke, through the principal's resource proxy):");
+        println!("     kubectl --kubeconfig {lk} get configmap {} -n {} -o yaml", live::DEMO_NAME, live::DEMO_NS);
+        println!("     kubectl --kubeconfig {lk} api-resources");
+        println!("     kubectl --kubeconfig {lk} logs -f {} -n {}", live::DEMO_POD, live::DEMO_NS);
         println!(
-            "Live resources (the hub's view of a spoke, through the principal): kubectl --kubeconfig {} get configmap {} -n {} -o yaml",
-            live_kubeconfig.display(),
+            "     kubectl --kubeconfig {lk} exec -i {} -n {} -- sh -c 'echo hello from $(hostname)'",
+            live::DEMO_POD,
+            live::DEMO_NS
+        );
+        println!(
+            "     kubectl --kubeconfig {lk} patch configmap {} -n {} --type merge -p '{{\"data\":{{\"message\":\"patched from the hub\"}}}}'",
             live::DEMO_NAME,
             live::DEMO_NS
         );
@@ -405,6 +420,12 @@ impl Quickstart {
                 "quickstart: {}/{} read from the managed spoke through the resource proxy",
                 live::DEMO_NS,
                 live::DEMO_NAME
+            );
+            let (line, echoed) = live::pod_through_proxy(&live_kubeconfig).await?;
+            println!(
+                "quickstart: pod {}/{} through the resource proxy: log {line:?}, exec {echoed:?}",
+                live::DEMO_NS,
+                live::DEMO_POD
             );
             Ok(())
         } else {

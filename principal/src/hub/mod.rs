@@ -74,6 +74,10 @@ pub(crate) struct Hub {
     pub(crate) live: crate::proxy::Pending,
     /// Redis-proxy requests waiting for their agent's answer, and subscriptions through agents.
     pub(crate) redis: crate::redis::Exchange,
+    /// Pod-log requests waiting for their agent's `StreamLogs` call.
+    pub(crate) logs: crate::proxy::Pending<crate::proxy::logs::Attach>,
+    /// Terminal sessions waiting for their agent's `StreamTerminal` call.
+    pub(crate) terminals: crate::proxy::Pending<crate::proxy::terminal::Attach>,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -137,6 +141,8 @@ impl Hub {
             processors,
             live: crate::proxy::Pending::default(),
             redis: crate::redis::Exchange::default(),
+            logs: crate::proxy::Pending::default(),
+            terminals: crate::proxy::Pending::default(),
         }
     }
 

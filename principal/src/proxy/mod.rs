@@ -14,8 +14,10 @@
 //! request (with `Authorization` redacted), bounds the body's size and how long it may stall;
 //! `ResourceProxy::handle` does the rest.
 
+pub(crate) mod logs;
 mod pending;
 mod status;
+pub(crate) mod terminal;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
 use protocol::payload::{ApiPath, ResourceRequest, ResourceResponse};
 use protocol::{Event, EventType, Target};
@@ -33,6 +36,14 @@ use tower_http::ServiceBuilderExt as _;
 pub(crate) use pending::{Completion, Pending};
 
 use crate::hub::Hub;
+
+/// What the proxy answers with: a whole body, or a stream (`pods/log` with `follow`).
+pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// `resp` with its body boxed as a [`ProxyBody`].
+pub(crate) fn boxed(resp: Response<Full<Bytes>>) -> Response<ProxyBody> {
+    resp.map(|b| b.map_err(|never: Infallible| match never {}).boxed_unsync())
+}
 
 /// The resource proxy's limits and caller authentication.
 #[derive(Clone, Debug)]
@@ -148,7 +159,8 @@ impl ResourceProxy {
         // Upstream's read-header time-out (5 s): a client that opens a connection and sends
         // nothing does not hold it.
         builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        // With upgrades: `pods/<p>/exec` turns the connection into a WebSocket (the terminal).
+        let conn = builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(io), service);
         tokio::pin!(conn);
         let result = tokio::select! {
             result = conn.as_mut() => result,
@@ -163,9 +175,9 @@ impl ResourceProxy {
     }
 
     /// Answers one request, and records it.
-    async fn handle<B>(&self, caller: &Caller, req: Request<B>) -> Response<Full<Bytes>>
+    async fn handle<B>(&self, caller: &Caller, req: Request<B>) -> Response<ProxyBody>
     where
-        B: http_body::Body<Data = Bytes>,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: std::fmt::Display,
     {
         let started = Instant::now();
@@ -183,16 +195,43 @@ impl ResourceProxy {
         resp
     }
 
-    async fn answer<B>(&self, caller: &Caller, req: Request<B>, agent_out: &mut String) -> Response<Full<Bytes>>
+    async fn answer<B>(&self, caller: &Caller, req: Request<B>, agent_out: &mut String) -> Response<ProxyBody>
     where
-        B: http_body::Body<Data = Bytes>,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: std::fmt::Display,
     {
         let agent = match self.agent_of(caller, &req) {
             Ok(agent) => agent,
-            Err(resp) => return resp,
+            Err(resp) => return boxed(resp),
         };
         agent_out.clone_from(&agent);
+        let target = match ApiPath::parse(req.uri().path()) {
+            Ok(ApiPath::Resource(t)) => t,
+            _ => return boxed(self.request(&agent, req).await),
+        };
+        // Pod logs and terminals are sessions on their own streams, not one request and answer.
+        match (target.resource.as_str(), target.subresource.as_str(), target.group.is_empty()) {
+            ("pods", "log", true) => logs::serve(self, &agent, target, req).await,
+            ("pods", "exec", true) => terminal::serve(self, &agent, target, req).await,
+            _ => boxed(self.request(&agent, req).await),
+        }
+    }
+
+    /// The agent `agent`'s stream, if it is connected; else the answer saying it is not.
+    #[allow(clippy::result_large_err)]
+    fn connected(&self, agent: &str) -> Result<Arc<crate::peer::AgentPeer>, Response<Full<Bytes>>> {
+        self.hub.peers.get(agent).filter(|p| p.is_connected()).ok_or_else(|| {
+            status::failure(StatusCode::BAD_GATEWAY, &format!("agent {agent:?} is not connected to this principal"))
+        })
+    }
+
+    /// Sends one request to `agent` and answers with what it answers.
+    async fn request<B>(&self, agent: &str, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let agent = agent.to_owned();
         let target = match ApiPath::parse(req.uri().path()) {
             Ok(ApiPath::Version) => return status::json(StatusCode::OK, VERSION.to_owned()),
             Ok(ApiPath::LegacyVersions) => {
@@ -234,16 +273,15 @@ impl ResourceProxy {
             );
         }
         if matches!(target.subresource.as_str(), "exec" | "attach" | "portforward" | "proxy" | "log") {
+            // `pods/log` and `pods/exec` are served above; these are not.
             return status::failure(
                 StatusCode::NOT_IMPLEMENTED,
                 &format!("subresource {:?} is not served by the resource proxy yet", target.subresource),
             );
         }
-        let Some(peer) = self.hub.peers.get(&agent).filter(|p| p.is_connected()) else {
-            return status::failure(
-                StatusCode::BAD_GATEWAY,
-                &format!("agent {agent:?} is not connected to this principal"),
-            );
+        let peer = match self.connected(&agent) {
+            Ok(peer) => peer,
+            Err(resp) => return resp,
         };
         let uuid = protocol::event::new_uuid();
         let (_ticket, answer) = match self.hub.live.begin(&agent, &uuid, self.config.max_in_flight_per_agent) {
@@ -299,7 +337,7 @@ impl ResourceProxy {
         match answered {
             Ok(Ok(answer)) => respond(&agent, answer),
             Ok(Err(_)) => {
-                status::failure(StatusCode::BAD_GATEWAY, &format!("agent {agent:?}: the request was dropped"))
+                status::failure(StatusCode::BAD_GATEWAY, &format!("agent {agent:?}: disconnected before it answered"))
             }
             Err(_) => status::failure(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -368,6 +406,20 @@ fn verb(method: &Method) -> &'static str {
         Method::DELETE => "delete",
         Method::PUT => "update",
         _ => "other",
+    }
+}
+
+/// `agent`'s stream ended and no other replaced it: its resource requests and the terminal
+/// sessions waiting for it to attach fail at once (502) instead of waiting out their time-outs.
+/// Log sessions are left to wait: a following log resumes when the agent is back.
+pub(crate) fn agent_detached(hub: &Hub, agent: &crate::peer::AgentPeer) {
+    if !agent.is_connected() {
+        let requests = hub.live.abandon(agent.name());
+        let terminals = hub.terminals.abandon(agent.name());
+        if requests + terminals > 0 {
+            tracing::info!(agent = %agent.name(), requests, terminals,
+                "agent stream ended: its pending resource-proxy requests and terminals fail now");
+        }
     }
 }
 

@@ -274,6 +274,7 @@ async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle
     handle.close(None);
     session.detach(&handle);
     crate::redis::agent_detached(&hub, &session);
+    crate::proxy::agent_detached(&hub, &session);
     crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
 }
 

@@ -5,6 +5,7 @@
 //! fields take their zero value, and `[]byte` fields are base64 strings (`null` for nil).
 
 pub mod go_bytes;
+pub mod loglines;
 pub mod redis;
 pub mod resource;
 pub mod resync;

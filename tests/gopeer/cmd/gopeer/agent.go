@@ -52,6 +52,7 @@ func runAgent(args []string) error {
 	version := fs.String("version", "", "AuthRequest.version (empty: an agent from before the handshake)")
 	namespace := fs.String("namespace", "argocd", "AuthRequest.agentNamespace")
 	compress := fs.Bool("compress", false, "gzip every call, as upstream's --enable-compression (pkg/client/remote.go)")
+	logLines := fs.Int("log-lines", 3, "lines each containerlog request is answered with (upstream's StreamLogs)")
 	websocket := fs.Bool("websocket", false, "gRPC over WebSocket, as upstream's --enable-websocket (grpc-http1's ConnectViaProxy with UseWebSocket)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -114,7 +115,8 @@ func runAgent(args []string) error {
 	if err != nil {
 		return fmt.Errorf("Subscribe: %w", err)
 	}
-	p := &peer{role: "agent", source: upstreamAgentSource, stream: stream}
+	side := &sessions{ctx: ctx, conn: conn, token: resp.GetAccessToken(), lines: *logLines}
+	p := &peer{role: "agent", source: upstreamAgentSource, stream: stream, onEvent: side.onEvent}
 	out.report(map[string]any{"kind": "subscribed"})
 	go p.receive(ctx, stream)
 	commands(p.handleSend)

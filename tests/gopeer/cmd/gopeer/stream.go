@@ -26,6 +26,8 @@ type peer struct {
 	source string // CloudEvent source of what this peer sends
 	mu     sync.Mutex
 	stream eventStream
+	// onEvent, when set, sees every event received (after it is reported, before its ACK).
+	onEvent func(ev *cloudevents.Event, target string)
 }
 
 // send encodes with sdk-go's ToProto and sends; Send is not safe for concurrent use.
@@ -61,6 +63,9 @@ func (p *peer) receive(ctx context.Context, s eventStream) {
 		}
 		rep, ev, target := received(msg.GetEvent())
 		out.report(rep)
+		if p.onEvent != nil && ev != nil {
+			p.onEvent(ev, target)
+		}
 		// Upstream drops an event with an unknown target without an ACK (the agent logs "unknown
 		// event target"; the principal's FromWire fails), and never ACKs an ACK.
 		if ev == nil || target == "" || target == targetEventAck {
