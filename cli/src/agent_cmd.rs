@@ -122,7 +122,7 @@ pub struct Args {
     #[arg(long, env = "ARGOCD_AGENT_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
     pub tls_reload_interval: String,
 
-    // --- accepted for compatibility, not supported yet ---
+    // --- more of upstream's flags (the few without effect here say so) ---
     /// Accepted, no effect: upstream's extra log detail (per-subsystem levels in --log-level
     /// do that here).
     #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL")]

@@ -134,7 +134,7 @@ pub struct Args {
     #[arg(long)]
     pub kubecontext: Option<String>,
 
-    // --- accepted for compatibility, not supported yet ---
+    // --- more of upstream's flags (the few without effect here say so) ---
     /// Accepted, no effect: upstream's extra log detail (per-subsystem levels in --log-level
     /// do that here).
     #[arg(long, env = "ARGOCD_PRINCIPAL_FULL_DETAIL")]

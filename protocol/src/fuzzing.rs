@@ -247,6 +247,53 @@ pub fn check_tree_rewrite(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
+/// Checks what the pod-log and terminal paths parse from untrusted peers: the log bytes an agent
+/// (or the API server behind it) streams, through [`crate::payload::loglines::LogLines`] cut into
+/// arbitrary chunks, and a client's `pods/exec` frame and subprotocol offer
+/// ([`crate::remotecommand`]). The first byte picks follow/timestamps and where chunks are cut.
+/// Nothing may panic; lines are only ever dropped or shortened (timestamps removed), never made
+/// up; untracked logs pass unchanged; a close frame exists only in v5.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_pod_streams(bytes: &[u8]) -> Result<(), String> {
+    use crate::payload::ContainerLogRequest;
+    use crate::payload::loglines::LogLines;
+    use crate::remotecommand::{self, ClientFrame};
+    let Some((&first, data)) = bytes.split_first() else { return Ok(()) };
+    let request =
+        ContainerLogRequest { follow: first & 1 == 1, timestamps: first & 2 == 2, ..ContainerLogRequest::default() };
+    let mut lines = LogLines::new(&request);
+    let cut = usize::from(first >> 2).max(1);
+    let mut out = Vec::new();
+    for (i, chunk) in data.chunks(cut).enumerate() {
+        if i == 3 {
+            lines.resuming();
+        }
+        out.extend(lines.push(chunk));
+    }
+    out.extend(lines.finish());
+    if out.len() > data.len() {
+        return Err(format!("{} bytes out of {} in", out.len(), data.len()));
+    }
+    if !lines.tracks() && out != data {
+        return Err("an untracked log was changed".to_owned());
+    }
+    for v5 in [true, false] {
+        if let Ok(ClientFrame::Close(_)) = remotecommand::parse_client_frame(data, v5)
+            && !v5
+        {
+            return Err("a close frame in v4".to_owned());
+        }
+    }
+    let text = String::from_utf8_lossy(data);
+    match remotecommand::negotiate([text.as_ref()]) {
+        None | Some(remotecommand::V5 | remotecommand::V4) => Ok(()),
+        Some(other) => Err(format!("negotiated {other:?}")),
+    }
+}
+
 #[cfg(test)]
 mod resp_fuzz_tests {
     use super::*;
@@ -274,5 +321,29 @@ mod resp_fuzz_tests {
         }
         check_tree_rewrite(br#" {"nodes":[{"group":"argoproj.io","kind":"Application","namespace":"argocd"}]}"#)
             .expect("tree invariants");
+    }
+
+    #[test]
+    fn pod_stream_fuzz_logic_over_kubelet_and_kubectl_shapes_and_mutations() {
+        // Kubelet log lines (RFC 3339 with nanoseconds, trailing zeros trimmed), a line without
+        // a timestamp, a partial last line; kubectl 1.37's exec frames (stdin, a resize, v5's
+        // close of stdin) and its subprotocol offer.
+        let vectors: [&[u8]; 6] = [
+            b"\x032026-11-28T08:28:35.012345678Z tick 1\n2026-11-28T08:28:35.1Z tick 2\nno timestamp\n2026-11-28T08:28:36Z par",
+            b"\x07\x002026-11-28T08:28:35Z a\n2026-11-28T08:28:35Z a\n",
+            b"\x00\x00ls -la\n",
+            b"\x00\x04{\"Width\":120,\"Height\":40}",
+            b"\x00\xff\x00",
+            b"\x00v4.channel.k8s.io, v5.channel.k8s.io",
+        ];
+        for v in vectors {
+            for cut in 0..v.len() {
+                let mut m = v.to_vec();
+                m[cut] = m[cut].wrapping_add(1);
+                for input in [&v[..cut], &m[..]] {
+                    check_pod_streams(input).expect("pod stream invariants");
+                }
+            }
+        }
     }
 }
