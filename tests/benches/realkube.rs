@@ -14,14 +14,11 @@
 //! BENCH_REALKUBE_LATENCY, BENCH_REALKUBE_APPS, BENCH_REALKUBE_WRITERS). Figures are printed,
 //! never asserted.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
-use tests::bench::{AGENT, Side, app_json, env, percentile};
+use tests::bench::{AGENT, Seen, Side, app_json, env, percentile, watch_values};
 use tests::fixtures::{application_resource, dynamic};
 use tests::topology::{ARGOCD_NS, ClusterKind, Clusters, Mode, Topology};
 
@@ -29,28 +26,6 @@ type Res<T> = anyhow::Result<T>;
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
-
-/// When each (name, value) was first seen by a watch, for a field read by `read`.
-type Seen = Arc<Mutex<HashMap<(String, String), Instant>>>;
-
-fn watch_values(
-    api: Api<DynamicObject>,
-    read: fn(&DynamicObject) -> Option<String>,
-) -> (Seen, tokio::task::JoinHandle<()>) {
-    let seen: Seen = Arc::default();
-    let s = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut w = watcher(api, watcher::Config::default()).boxed();
-        while let Some(ev) = w.next().await {
-            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev
-                && let (Some(name), Some(value), Ok(mut m)) = (o.metadata.name.clone(), read(&o), s.lock())
-            {
-                m.entry((name, value)).or_insert_with(Instant::now);
-            }
-        }
-    });
-    (seen, task)
 }
 
 async fn wait_seen(seen: &Seen, key: &(String, String), deadline: Instant) -> Res<Instant> {

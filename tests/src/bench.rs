@@ -19,6 +19,31 @@ type Res<T> = anyhow::Result<T>;
 /// The agent every [`Side`] measures through (managed, one per topology).
 pub const AGENT: &str = "bench";
 
+/// When each (name, value) was first seen by a watch, for a field [`watch_values`] reads.
+pub type Seen = Arc<Mutex<HashMap<(String, String), Instant>>>;
+
+/// Watches `api` and records when each object first showed each value of `read` (the clock
+/// of the benchmarks that time a change from one cluster to another).
+#[must_use]
+pub fn watch_values(
+    api: Api<DynamicObject>,
+    read: fn(&DynamicObject) -> Option<String>,
+) -> (Seen, tokio::task::JoinHandle<()>) {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut w = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = w.next().await {
+            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev
+                && let (Some(name), Some(value), Ok(mut m)) = (o.metadata.name.clone(), read(&o), s.lock())
+            {
+                m.entry((name, value)).or_insert_with(Instant::now);
+            }
+        }
+    });
+    (seen, task)
+}
+
 /// `name` from the environment as a number, else `default`.
 #[must_use]
 pub fn env(name: &str, default: usize) -> usize {
