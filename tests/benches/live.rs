@@ -153,7 +153,13 @@ async fn main() -> Res<()> {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let n = env("BENCH_LIVE_N", if quick { 20 } else { 400 });
     let rounds = env("BENCH_LIVE_ROUNDS", if quick { 1 } else { 5 });
-    let log_lines = env("BENCH_LIVE_LOG_LINES", if quick { 20_000 } else { 200_000 });
+    // The simulated node keeps 4 MiB of a container's log (apiserver::node::logs::MAX_LOG_BYTES):
+    // the full log (3.5 MB) fits.
+    let log_lines = env("BENCH_LIVE_LOG_LINES", if quick { 20_000 } else { 35_000 });
+    anyhow::ensure!(
+        log_lines * (LOG_LINE.len() + 1) <= 4 * 1024 * 1024,
+        "BENCH_LIVE_LOG_LINES={log_lines}: the log would exceed what the simulated node keeps"
+    );
     let options = StartOptions { resource_proxy: true, simulate_pods: true, ..StartOptions::default() };
     let t = Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?;
     let proxy_addr = t.resource_proxy_addr().context("the resource proxy")?;
