@@ -400,7 +400,7 @@ impl Quickstart {
         println!("     kubectl --kubeconfig {lk} api-resources");
         println!("     kubectl --kubeconfig {lk} logs -f {} -n {}", live::DEMO_POD, live::DEMO_NS);
         println!(
-            "     kubectl --kubeconfig {lk} exec -i {} -n {} -- sh -c 'echo hello from $(hostname)'",
+            "     kubectl --kubeconfig {lk} exec -i {} -n {} -- sh -c 'echo hello from $HOSTNAME'",
             live::DEMO_POD,
             live::DEMO_NS
         );
