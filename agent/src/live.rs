@@ -37,12 +37,21 @@ const OWNER_DEPTH: usize = 5;
 const TRACKING_ANNOTATION: &str = "argocd.argoproj.io/tracking-id";
 /// Argo CD's default instance label (label-based tracking).
 const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Argo CD's settings ConfigMap, which names another instance label
+/// (`application.instanceLabelKey`).
+const ARGOCD_CM: &str = "argocd-cm";
+/// How long the instance label read from `argocd-cm` is used before it is read again.
+const SETTINGS_TTL: Duration = Duration::from_secs(60);
 
 /// The agent's side of the resource proxy.
 pub(crate) struct Live {
     client: kube::Client,
+    /// Where Argo CD's `argocd-cm` is (the agent's namespace).
+    namespace: String,
     slots: Arc<tokio::sync::Semaphore>,
     seen: Mutex<crate::recent::RecentIds>,
+    /// The instance label of label-based tracking, and when it was read.
+    instance_label: Mutex<Option<(std::time::Instant, Arc<str>)>>,
 }
 
 impl std::fmt::Debug for Live {
@@ -52,8 +61,39 @@ impl std::fmt::Debug for Live {
 }
 
 impl Live {
-    pub(crate) fn new(client: kube::Client) -> Self {
-        Self { client, slots: Arc::new(tokio::sync::Semaphore::new(CONCURRENT)), seen: Mutex::default() }
+    pub(crate) fn new(client: kube::Client, namespace: &str) -> Self {
+        Self {
+            client,
+            namespace: namespace.to_owned(),
+            slots: Arc::new(tokio::sync::Semaphore::new(CONCURRENT)),
+            seen: Mutex::default(),
+            instance_label: Mutex::default(),
+        }
+    }
+
+    /// The label Argo CD tracks resources by in label-based tracking: `argocd-cm`'s
+    /// `application.instanceLabelKey` in the agent's namespace, else Argo CD's default
+    /// (`app.kubernetes.io/instance`; also when `argocd-cm` cannot be read). Read at most once
+    /// a minute.
+    async fn instance_label(&self) -> Arc<str> {
+        if let Some((at, label)) = link::lock(&self.instance_label).as_ref()
+            && at.elapsed() < SETTINGS_TTL
+        {
+            return label.clone();
+        }
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(self.client.clone(), &self.namespace);
+        let read = tokio::time::timeout(TIMEOUT, api.get_opt(ARGOCD_CM)).await;
+        let label: Arc<str> = match read {
+            Ok(Ok(cm)) => Arc::from(instance_label_of(cm.as_ref())),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "cannot read argocd-cm; Argo CD's default instance label applies");
+                Arc::from(INSTANCE_LABEL)
+            }
+            Err(_) => Arc::from(INSTANCE_LABEL),
+        };
+        *link::lock(&self.instance_label) = Some((std::time::Instant::now(), label.clone()));
+        label
     }
 
     /// Whether request `uuid` arrives for the first time (remembering it).
@@ -78,7 +118,9 @@ impl Live {
             subresource: "exec".to_owned(),
             ..ResourceRequest::default()
         };
-        let found = tokio::time::timeout(TIMEOUT, managed_parent(&self.client, &req, &ApiResource::of(&req))).await;
+        let label = self.instance_label().await;
+        let found =
+            tokio::time::timeout(TIMEOUT, managed_parent(&self.client, &label, &req, &ApiResource::of(&req))).await;
         match found {
             Ok(Ok(Ok(_))) => Ok(()),
             Ok(Ok(Err(refusal))) => Err((refusal.status, refusal.body)),
@@ -112,7 +154,8 @@ pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError>
     tokio::spawn(async move {
         let answer = if spoke.config.enable_resource_proxy {
             let _slot = spoke.live.slots.clone().acquire_owned().await;
-            match tokio::time::timeout(TIMEOUT, execute(&spoke.live.client, &req)).await {
+            let label = spoke.live.instance_label().await;
+            match tokio::time::timeout(TIMEOUT, execute(&spoke.live.client, &label, &req)).await {
                 Ok(answer) => answer,
                 Err(_) => Answer::failure(504, &format!("the request took longer than {TIMEOUT:?} on this cluster")),
             }
@@ -174,14 +217,14 @@ fn resource_name(req: &ResourceRequest) -> String {
     if req.group.is_empty() { req.resource.clone() } else { format!("{}.{}", req.resource, req.group) }
 }
 
-async fn execute(client: &kube::Client, req: &ResourceRequest) -> Answer {
-    match run(client, req).await {
+async fn execute(client: &kube::Client, label: &str, req: &ResourceRequest) -> Answer {
+    match run(client, label, req).await {
         Ok(answer) => answer,
         Err(error) => Answer::failure(503, &format!("cannot reach this cluster's API server: {error}")),
     }
 }
 
-async fn run(client: &kube::Client, req: &ResourceRequest) -> Result<Answer, kube::Error> {
+async fn run(client: &kube::Client, label: &str, req: &ResourceRequest) -> Result<Answer, kube::Error> {
     let target = ApiResource::of(req);
     let method = req.method.to_ascii_uppercase();
     if req.resource.is_empty() {
@@ -209,7 +252,7 @@ async fn run(client: &kube::Client, req: &ResourceRequest) -> Result<Answer, kub
             send(client, "GET", &path, &query, Vec::new(), None).await
         }
         "GET" => {
-            let parent = match managed_parent(client, req, &target).await? {
+            let parent = match managed_parent(client, label, req, &target).await? {
                 Ok(parent) => parent,
                 Err(refusal) => return Ok(refusal),
             };
@@ -225,7 +268,9 @@ async fn run(client: &kube::Client, req: &ResourceRequest) -> Result<Answer, kub
             let Ok(object) = serde_json::from_slice::<serde_json::Value>(&req.body) else {
                 return Ok(Answer::failure(400, "the body of a create is not a JSON object"));
             };
-            if !tracked(&object) && !owner_managed(client, &object, req.namespace.as_str(), OWNER_DEPTH).await? {
+            if !tracked(&object, label)
+                && !owner_managed(client, label, &object, req.namespace.as_str(), OWNER_DEPTH).await?
+            {
                 return Ok(Answer::forbidden(
                     req,
                     "only an object tracked by an Argo CD Application, or owned by one it tracks, can be created",
@@ -234,7 +279,7 @@ async fn run(client: &kube::Client, req: &ResourceRequest) -> Result<Answer, kub
             send(client, "POST", &path, &query, req.body.clone(), Some("application/json")).await
         }
         "POST" | "PATCH" | "DELETE" => {
-            if let Err(refusal) = managed_parent(client, req, &target).await? {
+            if let Err(refusal) = managed_parent(client, label, req, &target).await? {
                 return Ok(refusal);
             }
             let content_type = match method.as_str() {
@@ -273,6 +318,7 @@ fn query(req: &ResourceRequest) -> String {
 /// request (404 and the like passed on as the API server gave them).
 async fn managed_parent(
     client: &kube::Client,
+    label: &str,
     req: &ResourceRequest,
     target: &ApiResource,
 ) -> Result<Result<Answer, Answer>, kube::Error> {
@@ -288,7 +334,7 @@ async fn managed_parent(
     let Ok(object) = serde_json::from_str::<serde_json::Value>(&answer.body) else {
         return Ok(Err(Answer::failure(502, "the API server's answer is not JSON")));
     };
-    if tracked(&object) || owner_managed(client, &object, &req.namespace, OWNER_DEPTH).await? {
+    if tracked(&object, label) || owner_managed(client, label, &object, &req.namespace, OWNER_DEPTH).await? {
         return Ok(Ok(answer));
     }
     Ok(Err(Answer::forbidden(
@@ -297,15 +343,25 @@ async fn managed_parent(
     )))
 }
 
-/// Whether `object` carries Argo CD's tracking annotation or instance label.
-fn tracked(object: &serde_json::Value) -> bool {
+/// Whether `object` carries Argo CD's tracking annotation or instance label `label`.
+fn tracked(object: &serde_json::Value, label: &str) -> bool {
     let meta = &object["metadata"];
-    meta["annotations"].get(TRACKING_ANNOTATION).is_some() || meta["labels"].get(INSTANCE_LABEL).is_some()
+    meta["annotations"].get(TRACKING_ANNOTATION).is_some() || meta["labels"].get(label).is_some()
+}
+
+/// The instance label `argocd-cm` names (`application.instanceLabelKey`), or Argo CD's default.
+fn instance_label_of(cm: Option<&k8s_openapi::api::core::v1::ConfigMap>) -> &str {
+    cm.and_then(|cm| cm.data.as_ref())
+        .and_then(|d| d.get("application.instanceLabelKey"))
+        .map(|k| k.trim())
+        .filter(|k| !k.is_empty())
+        .unwrap_or(INSTANCE_LABEL)
 }
 
 /// Whether an owner of `object` (within `depth` links) is tracked.
 async fn owner_managed(
     client: &kube::Client,
+    label: &str,
     object: &serde_json::Value,
     namespace: &str,
     depth: usize,
@@ -340,7 +396,7 @@ async fn owner_managed(
             continue;
         }
         let Ok(parent) = serde_json::from_str::<serde_json::Value>(&answer.body) else { continue };
-        if tracked(&parent) || Box::pin(owner_managed(client, &parent, namespace, depth - 1)).await? {
+        if tracked(&parent, label) || Box::pin(owner_managed(client, label, &parent, namespace, depth - 1)).await? {
             return Ok(true);
         }
     }
@@ -399,16 +455,34 @@ mod tests {
     #[test]
     fn tracking_is_the_annotation_or_the_instance_label() {
         assert!(tracked(
-            &serde_json::json!({"metadata":{"annotations":{TRACKING_ANNOTATION:"gb:apps/Deployment:gb/ui"}}})
+            &serde_json::json!({"metadata":{"annotations":{TRACKING_ANNOTATION:"gb:apps/Deployment:gb/ui"}}}),
+            INSTANCE_LABEL
         ));
-        assert!(tracked(&serde_json::json!({"metadata":{"labels":{INSTANCE_LABEL:"gb"}}})));
-        assert!(!tracked(&serde_json::json!({"metadata":{"labels":{"app":"gb"}}})));
-        assert!(!tracked(&serde_json::json!({"kind":"Pod"})));
+        assert!(tracked(&serde_json::json!({"metadata":{"labels":{INSTANCE_LABEL:"gb"}}}), INSTANCE_LABEL));
+        assert!(!tracked(&serde_json::json!({"metadata":{"labels":{"app":"gb"}}}), INSTANCE_LABEL));
+        assert!(tracked(&serde_json::json!({"metadata":{"labels":{"app":"gb"}}}), "app"), "a custom instance label");
+        assert!(!tracked(&serde_json::json!({"kind":"Pod"}), INSTANCE_LABEL));
+        let cm = |data: serde_json::Value| -> k8s_openapi::api::core::v1::ConfigMap {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ARGOCD_CM}, "data": data}))
+                .expect("a ConfigMap")
+        };
+        assert_eq!(
+            instance_label_of(Some(&cm(
+                serde_json::json!({"application.instanceLabelKey": "argocd.argoproj.io/instance"})
+            ))),
+            "argocd.argoproj.io/instance"
+        );
+        assert_eq!(
+            instance_label_of(Some(&cm(serde_json::json!({"application.instanceLabelKey": " "})))),
+            INSTANCE_LABEL
+        );
+        assert_eq!(instance_label_of(Some(&cm(serde_json::json!({})))), INSTANCE_LABEL);
+        assert_eq!(instance_label_of(None), INSTANCE_LABEL);
     }
 
     #[tokio::test]
     async fn a_resent_request_runs_once_and_old_uuids_are_forgotten() {
-        let live = Live::new(link::testing::offline_client("argocd"));
+        let live = Live::new(link::testing::offline_client("argocd"), "argocd");
         assert!(live.first_time("a"));
         assert!(!live.first_time("a"), "a resend");
         for i in 0..crate::recent::REMEMBERED {

@@ -61,6 +61,25 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
         )
         .await?;
 
+    // On agent-b's cluster Argo CD tracks by a custom instance label (`argocd-cm`'s
+    // `application.instanceLabelKey`): objects with it are managed, the default label is not.
+    let spoke_b = t.spoke("agent-b")?;
+    ensure_namespace(&spoke_b, "guestbook").await?;
+    Api::<ConfigMap>::namespaced(spoke_b.clone(), ARGOCD_NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "argocd-cm"},
+                "data": {"application.instanceLabelKey": "argocd.argoproj.io/instance"}}))?,
+        )
+        .await?;
+    let cms_b: Api<ConfigMap> = Api::namespaced(spoke_b, "guestbook");
+    for (name, label) in
+        [("custom-label", "argocd.argoproj.io/instance"), ("default-label", "app.kubernetes.io/instance")]
+    {
+        let cm = json!({"metadata": {"name": name, "labels": {label: "gb"}}, "data": {"k": "v"}});
+        cms_b.create(&PostParams::default(), &serde_json::from_value(cm)?).await?;
+    }
+
     let a = Kubectl::new(&tests::live::cluster_kubeconfig(&t, "agent-a", scratch.path()).await?)?;
     let b = Kubectl::new(&tests::live::cluster_kubeconfig(&t, "agent-b", scratch.path()).await?)?;
 
@@ -123,6 +142,9 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
     // agent-b's credentials reach agent-b's cluster, never agent-a's.
     let other = b.fails(["get", "configmap", "tracked", "-n", "guestbook"]).await?;
     ensure!(other.stderr.contains("not found"), "agent-b has no such object: {other}");
+    b.ok(["get", "configmap", "custom-label", "-n", "guestbook", "-o", "name"]).await?;
+    let refused = b.fails(["get", "configmap", "default-label", "-n", "guestbook"]).await?;
+    ensure!(refused.stderr.contains("not managed"), "agent-b tracks by its own instance label: {refused}");
 
     // A disconnected agent is answered at once, saying so.
     t.kill_agent("agent-b")?;

@@ -93,13 +93,14 @@ impl Spoke {
                 "the principal's namespace is not known (no Authenticate answer): Applications from it keep their namespace here instead of moving to this agent's"
             );
         }
+        let live = crate::live::Live::new(client.clone(), &config.namespace);
         Self {
             mailbox: Mailbox::new(config.retry.clone()),
             config,
             apps: ObjectStore::applications(client.clone()),
             projects: ObjectStore::app_projects(client.clone()),
             secrets: ObjectStore::secrets(client.clone()),
-            live: crate::live::Live::new(client.clone()),
+            live,
             config_maps: ObjectStore::config_maps(client),
             managed: Copies::default(),
             reported: Known::default(),
