@@ -157,7 +157,9 @@ where
                 return tracing::debug!(%agent, %uuid, "terminal: WebSocket upgrade timed out");
             }
         };
-        let ws = WebSocketStream::from_raw_socket(hyper_util::rt::TokioIo::new(upgraded), Role::Server, None).await;
+        let ws =
+            WebSocketStream::from_raw_socket(hyper_util::rt::TokioIo::new(upgraded), Role::Server, Some(ws_config()))
+                .await;
         let attach = async {
             let attach = tokio::time::timeout(limits.attach, attached).await;
             // Attached or not, the request must not be sent (again) from now on.
@@ -178,6 +180,18 @@ where
         tracing::info!(%agent, %uuid, end = ?end, "terminal session ended");
     });
     boxed(switching(&key, protocol))
+}
+
+/// Largest client message (a terminal's keystrokes, a pasted block, a resize): what waits
+/// towards the agent stays bounded (`BUFFER` messages of at most this).
+const MAX_CLIENT_MESSAGE: usize = 256 << 10;
+
+/// The terminal WebSocket's limits: client messages bounded by [`MAX_CLIENT_MESSAGE`] (a
+/// larger one ends the session), the default buffers otherwise.
+fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_CLIENT_MESSAGE))
+        .max_frame_size(Some(MAX_CLIENT_MESSAGE))
 }
 
 /// The `101 Switching Protocols` answer.
