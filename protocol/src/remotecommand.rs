@@ -35,6 +35,21 @@ pub fn negotiate<'a>(offered: impl IntoIterator<Item = &'a str>) -> Option<&'sta
     PROTOCOLS.iter().copied().find(|p| offered.iter().any(|o| o == p))
 }
 
+/// Whether a request asks for a WebSocket upgrade (`Connection: upgrade`, `Upgrade: websocket`,
+/// each a comma list matched without regard to case).
+#[must_use]
+pub fn is_websocket_upgrade(headers: &http::HeaderMap) -> bool {
+    let has = |name: http::header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    has(http::header::CONNECTION, "upgrade") && has(http::header::UPGRADE, "websocket")
+}
+
 /// A terminal size, as the resize channel carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub struct TermSize {

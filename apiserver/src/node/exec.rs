@@ -88,15 +88,6 @@ pub fn parse_exec_query(query: Option<&str>) -> ApiResult<ExecOptions> {
     Ok(o)
 }
 
-fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
 /// Check a WebSocket upgrade request: the `Sec-WebSocket-Accept` value and the subprotocol.
 ///
 /// # Errors
@@ -104,7 +95,7 @@ fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool
 pub fn check_upgrade(method: &http::Method, headers: &HeaderMap) -> ApiResult<(String, &'static str)> {
     let needs = "exec needs a WebSocket upgrade (GET, Connection: Upgrade, Upgrade: websocket) with subprotocol \
                  v5.channel.k8s.io (or v4.channel.k8s.io); SPDY is not served here";
-    if !has_token(headers, header::CONNECTION, "upgrade") || !has_token(headers, header::UPGRADE, "websocket") {
+    if !channel::is_websocket_upgrade(headers) {
         return Err(ApiError::bad_request(needs));
     }
     if method != http::Method::GET {

@@ -216,15 +216,7 @@ fn switching(key: &str, protocol: Option<&'static str>) -> Response<Full<Bytes>>
 fn check_upgrade(method: &Method, headers: &HeaderMap) -> Result<(Option<&'static str>, String), String> {
     const NEEDED: &str = "exec through the resource proxy needs a WebSocket upgrade (GET, Upgrade: websocket) \
         with subprotocol v5.channel.k8s.io or v4.channel.k8s.io; SPDY is not served";
-    let has_token = |name: header::HeaderName, token: &str| {
-        headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    };
-    if method != Method::GET || !has_token(header::CONNECTION, "upgrade") || !has_token(header::UPGRADE, "websocket") {
+    if method != Method::GET || !remotecommand::is_websocket_upgrade(headers) {
         return Err(NEEDED.to_owned());
     }
     let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).and_then(|v| v.to_str().ok()).map(str::trim) else {
