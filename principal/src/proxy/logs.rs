@@ -87,12 +87,10 @@ async fn open(proxy: &ResourceProxy, agent: &str, mut request: ContainerLogReque
     let (ticket, attached) = match proxy.hub.logs.begin(agent, &uuid, proxy.config.max_in_flight_per_agent) {
         Ok(t) => t,
         Err(busy) => {
-            let mut resp = status::failure(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!("agent {agent:?} already has {} pod logs open through the resource proxy", busy.in_flight),
-            );
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return boxed(resp);
+            return boxed(status::busy(&format!(
+                "agent {agent:?} already has {} pod logs open through the resource proxy",
+                busy.in_flight
+            )));
         }
     };
     let mut lines = LogLines::new(&request);

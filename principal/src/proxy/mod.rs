@@ -287,12 +287,10 @@ impl ResourceProxy {
         let (_ticket, answer) = match self.hub.live.begin(&agent, &uuid, self.config.max_in_flight_per_agent) {
             Ok(t) => t,
             Err(busy) => {
-                let mut resp = status::failure(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    &format!("agent {agent:?} already has {} resource-proxy requests in flight", busy.in_flight),
-                );
-                resp.headers_mut().insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-                return resp;
+                return status::busy(&format!(
+                    "agent {agent:?} already has {} resource-proxy requests in flight",
+                    busy.in_flight
+                ));
             }
         };
         let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);

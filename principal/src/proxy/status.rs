@@ -16,6 +16,14 @@ pub(crate) fn failure(code: StatusCode, message: &str) -> Response<Full<Bytes>> 
     json(code, protocol::payload::status_body(code.as_u16(), message))
 }
 
+/// `429 Too Many Requests` with a `Status` saying `message` and `Retry-After: 1`: an agent's
+/// bound of requests, logs or terminals in flight is reached.
+pub(crate) fn busy(message: &str) -> Response<Full<Bytes>> {
+    let mut resp = failure(StatusCode::TOO_MANY_REQUESTS, message);
+    resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
 /// A JSON response.
 pub(crate) fn json(code: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));

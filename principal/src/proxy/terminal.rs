@@ -109,12 +109,10 @@ where
     let (ticket, attached) = match proxy.hub.terminals.begin(agent, &uuid, proxy.config.max_in_flight_per_agent) {
         Ok(t) => t,
         Err(busy) => {
-            let mut resp = status::failure(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!("agent {agent:?} already has {} terminal sessions open", busy.in_flight),
-            );
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return boxed(resp);
+            return boxed(status::busy(&format!(
+                "agent {agent:?} already has {} terminal sessions open",
+                busy.in_flight
+            )));
         }
     };
     let request = ContainerTerminalRequest {
