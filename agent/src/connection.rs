@@ -160,11 +160,13 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
             State::Connected(stream) => {
                 spoke.connected.store(true, Ordering::Relaxed);
                 crate::metrics::global().connected();
-                serve(&spoke, &redis, *stream, &cancel).await;
+                let at_once = serve(&spoke, &redis, *stream, &cancel).await;
                 spoke.connected.store(false, Ordering::Relaxed);
                 crate::metrics::global().disconnected();
                 resync_due = true;
-                State::Disconnected { attempt: 1 }
+                // A principal replica that hands the agent over says so: another replica can
+                // take it now (a refused reconnect still backs off).
+                State::Disconnected { attempt: u32::from(!at_once) }
             }
         };
     }
@@ -214,8 +216,16 @@ async fn connect(
     }
 }
 
-async fn serve(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, stream: Stream, cancel: &CancellationToken) {
+/// Serves one stream until it ends; returns whether the principal asked for an immediate
+/// reconnect (a replica shutting down or giving the agent up, see [`RECONNECT_TRAILER`]).
+async fn serve(
+    spoke: &Arc<Spoke>,
+    redis: &Arc<crate::redis::Redis>,
+    stream: Stream,
+    cancel: &CancellationToken,
+) -> bool {
     let Stream { mut inbound, sender } = stream;
+    let mut at_once = false;
     // Ends with the stream: the next one starts its own.
     let _periodic =
         spoke.config.resync_interval.map(|every| AbortOnDrop(tokio::spawn(crate::resync::every(spoke.clone(), every))));
@@ -239,7 +249,8 @@ async fn serve(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, stream: Str
                 break;
             }
             Next::Failed(status) => {
-                tracing::info!(%status, "event stream failed");
+                at_once = status.metadata().get(RECONNECT_TRAILER).is_some_and(|v| v == "immediately");
+                tracing::info!(%status, reconnect_at_once = at_once, "event stream failed");
                 session_refused(spoke, &status);
                 crate::metrics::global().reconnect(crate::metrics::stream_end_cause(Some(&status)));
                 break;
@@ -247,7 +258,12 @@ async fn serve(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, stream: Str
         }
     }
     sender.stop(spoke).await;
+    at_once
 }
+
+/// The trailer with which a principal replica asks for an immediate reconnect (the
+/// principal's `peer::RECONNECT_TRAILER`).
+pub(crate) const RECONNECT_TRAILER: &str = "x-argocd-agent-reconnect";
 
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -151,3 +151,74 @@ async fn agent_acks_malformed_and_unknown_events_and_keeps_the_stream() {
     tokio::time::timeout(Duration::from_secs(10), agent_task).await.unwrap().unwrap();
     spoke.shutdown().await;
 }
+
+/// A principal replica that hands the agent over on its first stream (ends it with the reconnect
+/// trailer), then keeps the next one.
+struct HandingOver {
+    subscribes: std::sync::atomic::AtomicUsize,
+    kept: Mutex<Vec<mpsc::Sender<Result<WireEvent, Status>>>>,
+}
+
+#[tonic::async_trait]
+impl EventStream for HandingOver {
+    type SubscribeStream = ReceiverStream<Result<WireEvent, Status>>;
+
+    async fn subscribe(&self, _req: Request<Streaming<WireEvent>>) -> Result<Response<Self::SubscribeStream>, Status> {
+        let n = self.subscribes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = mpsc::channel(4);
+        if n == 0 {
+            let mut status = Status::unavailable("the principal is shutting down");
+            status.metadata_mut().insert("x-argocd-agent-reconnect", "immediately".parse().unwrap());
+            tx.send(Err(status)).await.unwrap();
+        } else {
+            self.kept.lock().unwrap().push(tx);
+        }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn push(&self, _req: Request<Streaming<WireEvent>>) -> Result<Response<PushSummary>, Status> {
+        Err(Status::unimplemented("push"))
+    }
+
+    async fn ping(&self, _req: Request<PingRequest>) -> Result<Response<PongReply>, Status> {
+        Err(Status::unimplemented("ping"))
+    }
+}
+
+#[tokio::test]
+async fn a_stream_ended_with_the_reconnect_trailer_is_reopened_without_backoff() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let spoke = apiserver::ApiServer::start(apiserver::Config::new(dir.path())).await.unwrap();
+    let client = spoke.client().await.unwrap();
+    let fake = std::sync::Arc::new(HandingOver {
+        subscribes: std::sync::atomic::AtomicUsize::new(0),
+        kept: Mutex::new(Vec::new()),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancel = CancellationToken::new();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(EventStreamServer::from_arc(fake.clone()))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.clone().cancelled_owned()),
+    );
+    let mut config = AgentConfig::new(format!("http://{addr}"), AGENT, AgentMode::Managed);
+    config.namespace = "default".into();
+    // A backoff no test waits out: only the trailer can bring the second stream in time.
+    config.backoff.initial = Duration::from_secs(3600);
+    config.backoff.max = Duration::from_secs(3600);
+    let agent = Agent::new(config, client).unwrap();
+    let agent_task = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { agent.run(cancel).await }
+    });
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while fake.subscribes.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "the agent did not reconnect at once after the handover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(10), agent_task).await.unwrap().unwrap();
+    spoke.shutdown().await;
+}

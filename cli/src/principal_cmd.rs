@@ -123,6 +123,19 @@ pub struct Args {
     /// a free port, printed at startup).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_ADDRESS")]
     pub healthz_address: Option<String>,
+    /// Share the agents with the other replicas of this hub: each agent is owned by one
+    /// replica at a time through a Lease in --namespace, and only its owner writes the hub for
+    /// it (docs/ha.md). Off: a lone principal.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_LEASES", default_value_t = false)]
+    pub agent_leases: bool,
+    /// This replica's name among the hub's replicas (--agent-leases): the holder of its Leases.
+    /// Default: $POD_NAME, else the host name.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+    /// How long a replica's Lease lasts without renewal (--agent-leases); it renews every third
+    /// of it and stops writing for its agents two thirds of it after its last renewal.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_LEASE_DURATION", default_value = "15s")]
+    pub agent_lease_duration: String,
     /// How long an agent's metric series outlive its last stream (e.g. 15m; 0: removed as soon
     /// as it disconnects).
     #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_AGENT_RETENTION", default_value = "15m")]
@@ -553,12 +566,42 @@ async fn observe(
     let health = {
         let cell = cell.clone();
         Arc::new(move || match cell.get() {
-            Some(p) if p.is_ready() => Ok(()),
-            Some(_) => Err("the hub watchers have not listed the hub yet".to_owned()),
+            Some(p) => p.readiness(),
             None => Err("the principal is starting".to_owned()),
         })
     };
     start("principal", metrics, healthz, render, health, cancel).await
+}
+
+impl Args {
+    /// `--agent-leases` with its replica name and duration.
+    fn agent_leases(&self) -> anyhow::Result<Option<principal::lease::LeaseConfig>> {
+        if !self.agent_leases {
+            return Ok(None);
+        }
+        let duration = crate::flags::parse_duration(&self.agent_lease_duration)
+            .with_context(|| format!("--agent-lease-duration {:?}", self.agent_lease_duration))?;
+        anyhow::ensure!(
+            duration >= std::time::Duration::from_secs(3),
+            "--agent-lease-duration {:?}: at least 3s (a replica renews every third of it)",
+            self.agent_lease_duration
+        );
+        let replica = match self.replica_name.clone().filter(|n| !n.is_empty()) {
+            Some(name) => name,
+            None => std::env::var("POD_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+                .filter(|n| !n.is_empty())
+                .context("--agent-leases needs a replica name: set --replica-name (or POD_NAME)")?,
+        };
+        anyhow::ensure!(
+            principal::config::is_dns_label(&replica),
+            "--replica-name {replica:?}: must be a DNS label (lowercase letters, digits, '-'), as a pod name is"
+        );
+        tracing::info!(%replica, ?duration, "sharing agents with the hub's other replicas (--agent-leases)");
+        Ok(Some(principal::lease::LeaseConfig::new(replica, duration)))
+    }
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
@@ -623,6 +666,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tracing::warn!("--allowed-namespaces is empty: no agent can connect; pass e.g. --allowed-namespaces 'agent-*'");
     }
     config.version = VERSION.to_string();
+    config.agent_leases = args.agent_leases()?;
     if let Some(secret) = args.self_registration_secret()? {
         config.self_registration = Some(principal::registration::SelfRegistration {
             resource_proxy_address: args.resource_proxy_address.clone(),

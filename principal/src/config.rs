@@ -61,6 +61,9 @@ pub struct PrincipalConfig {
     /// principal's namespace or any namespace `allowed_namespaces` covers; their namespace is
     /// kept on the agent. Autonomous agents keep namespace-based mapping (as upstream).
     pub destination_based_mapping: bool,
+    /// `--agent-leases`: replicas of one hub share the agents, each owned by one replica at a
+    /// time through a Lease ([`crate::lease`]). `None`: a lone principal.
+    pub agent_leases: Option<crate::lease::LeaseConfig>,
 }
 
 /// How hub Applications map to managed agents (§4.9).
@@ -95,6 +98,7 @@ impl PrincipalConfig {
             self_registration: None,
             client_cert_subject_match: false,
             destination_based_mapping: false,
+            agent_leases: None,
         }
     }
 

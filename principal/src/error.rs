@@ -25,11 +25,22 @@ pub enum InboundError {
         /// The agent's mode.
         mode: AgentMode,
     },
+    /// This replica does not own the agent (`--agent-leases`), or its ownership ran out while
+    /// the event was applied: it is not acknowledged, so the agent sends it to its owner.
+    #[error(
+        "principal replica {replica:?} does not own agent {agent:?} now (another replica does, or this one cannot renew its Lease); not applied, the agent sends it again"
+    )]
+    NotOwner {
+        /// The agent.
+        agent: String,
+        /// This replica.
+        replica: String,
+    },
 }
 
 impl link::Retryable for InboundError {
     /// Whether the peer should resend (the event is then not ACKed).
     fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store(e) if e.is_retryable())
+        matches!(self, Self::Store(e) if e.is_retryable()) || matches!(self, Self::NotOwner { .. })
     }
 }

@@ -22,6 +22,7 @@ pub mod error;
 pub mod hub;
 pub mod ident;
 pub mod inbound;
+pub mod lease;
 pub mod metrics;
 mod otel;
 pub mod peer;
@@ -185,7 +186,8 @@ impl Principal {
             hub::watch::run_projects(self.hub.clone(), cancel.clone()),
             hub::watch::run_repositories(self.hub.clone(), cancel.clone()),
             hub::watch::run_gpg_keys(self.hub.clone(), cancel.clone()),
-            self.blocklist.clone().run(self.hub.clone(), cancel),
+            self.blocklist.clone().run(self.hub.clone(), cancel.clone()),
+            lease::run(self.hub.clone(), cancel),
         );
     }
 
@@ -198,6 +200,9 @@ impl Principal {
     /// Ends every agent stream (they reconnect with backoff). Call it when shutting down a
     /// server that carries [`Self::event_stream_service`], before waiting for it to drain.
     pub fn disconnect_all(&self) {
+        if let Some(leases) = &self.hub.leases {
+            leases.drain();
+        }
         self.hub.peers.disconnect_all();
     }
 
@@ -239,11 +244,36 @@ impl Principal {
     /// principal's readiness (`/healthz`, `/readyz`).
     #[must_use]
     pub fn is_ready(&self) -> bool {
+        self.readiness().is_ok()
+    }
+
+    /// Whether this principal can take agents now, or why not: its hub watchers have not listed
+    /// the hub yet; among replicas (`--agent-leases`), it is shutting down or cannot renew its
+    /// own Lease. What `/readyz` answers, so a load balancer sends agents to replicas that can
+    /// take them.
+    ///
+    /// # Errors
+    ///
+    /// Why the principal is not ready.
+    pub fn readiness(&self) -> Result<(), String> {
         use std::sync::atomic::Ordering::Relaxed;
-        self.hub.apps_synced.load(Relaxed)
+        let synced = self.hub.apps_synced.load(Relaxed)
             && self.hub.projects_synced.load(Relaxed)
             && self.hub.repos_synced.load(Relaxed)
-            && self.hub.gpg_synced.load(Relaxed)
+            && self.hub.gpg_synced.load(Relaxed);
+        if !synced {
+            return Err("the hub watchers have not listed the hub yet".to_owned());
+        }
+        match self.hub.leases.as_ref().and_then(lease::Ownership::not_serving_reason) {
+            Some(why) => Err(format!("replica {:?}: {why}", self.hub.leases.as_ref().map_or("", |l| l.replica()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Among replicas (`--agent-leases`): this replica's name and how many agents it owns.
+    #[must_use]
+    pub fn owned_agents(&self) -> Option<(String, usize)> {
+        self.hub.leases.as_ref().map(|l| (l.replica().to_owned(), l.held()))
     }
 
     /// The Prometheus exposition of [`metrics::global`], with this principal's outboxes.

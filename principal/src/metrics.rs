@@ -77,6 +77,12 @@ pub struct PrincipalMetrics {
     redis_requests: CounterVec,
     redis_errors: CounterVec,
     redis_duration: HistogramVec,
+    /// Agents' owner Leases this replica took from another replica, by whether that one was live.
+    lease_takeovers: CounterVec,
+    /// Agents this replica stopped owning (taken by another, or its own Lease lapsed).
+    leases_lost: AtomicU64,
+    /// Agents' events not applied because this replica did not own the agent (re-sent by it).
+    writes_fenced: AtomicU64,
 }
 
 impl Default for PrincipalMetrics {
@@ -179,6 +185,13 @@ impl PrincipalMetrics {
                 DEFAULT_BUCKETS,
             ),
             proxy_log_bytes: Mutex::new(BTreeMap::new()),
+            lease_takeovers: CounterVec::new(
+                "argocd_principal_agent_lease_takeovers_total",
+                "The total number of agents' owner Leases this replica took from another replica (--agent-leases), by whether that replica was live or expired.",
+                &["from"],
+            ),
+            leases_lost: AtomicU64::new(0),
+            writes_fenced: AtomicU64::new(0),
             proxy_duration: HistogramVec::new(
                 "argocd_principal_resource_proxy_request_duration_seconds",
                 "Time to answer a resource-proxy request, agent round trip included (in seconds).",
@@ -300,6 +313,21 @@ impl PrincipalMetrics {
         self.resyncs.inc(&[agent, outcome]);
     }
 
+    /// This replica took an agent's owner Lease from another replica, `live` or expired.
+    pub fn lease_taken_over(&self, live: bool) {
+        self.lease_takeovers.inc(&[if live { "live" } else { "expired" }]);
+    }
+
+    /// This replica stopped owning an agent.
+    pub fn lease_lost(&self) {
+        self.leases_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An agent's event was not applied: this replica does not own the agent.
+    pub fn write_fenced(&self) {
+        self.writes_fenced.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// An authentication or call was refused: `method` (`mtls`, `xfcc`, ..., `access_token`,
     /// `refresh_token`) and a short `reason`.
     pub fn auth_failed(&self, method: &str, reason: &str) {
@@ -392,6 +420,20 @@ impl PrincipalMetrics {
             "The total number of events sent by principal.",
             self.events_sent.load(Ordering::Relaxed) as f64,
         );
+        single(
+            &mut out,
+            "argocd_principal_agent_leases_lost_total",
+            "counter",
+            "The total number of agents this replica stopped owning: taken by another replica, or its own Lease lapsed (--agent-leases).",
+            self.leases_lost.load(Ordering::Relaxed) as f64,
+        );
+        single(
+            &mut out,
+            "argocd_principal_hub_writes_fenced_total",
+            "counter",
+            "The total number of agents' events not applied because this replica did not own the agent (--agent-leases); the agent sends them again to its owner.",
+            self.writes_fenced.load(Ordering::Relaxed) as f64,
+        );
         let labels: Vec<[(&str, &str); 1]> = agents.iter().map(|(n, _, _)| [("agent_name", n.as_str())]).collect();
         let label_refs: Vec<&[(&str, &str)]> = labels.iter().map(|l| l.as_slice()).collect();
         let up: Vec<f64> = agents.iter().map(|(_, c, _)| if *c { 1.0 } else { 0.0 }).collect();
@@ -434,6 +476,7 @@ impl PrincipalMetrics {
             &self.proxy_errors,
             &self.redis_requests,
             &self.redis_errors,
+            &self.lease_takeovers,
         ] {
             family.encode(&mut out);
         }

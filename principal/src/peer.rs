@@ -24,6 +24,18 @@ use tonic::Status;
 use crate::config::AgentMode;
 use crate::ident::StreamGrant;
 
+/// The trailer that tells an agent to reconnect at once instead of after its backoff: the
+/// principal replica closing the stream is going away or gave the agent up, and another
+/// replica can take it now (`argocd-agent agent` honours it; other agents back off as usual).
+pub const RECONNECT_TRAILER: &str = "x-argocd-agent-reconnect";
+
+/// `status` with [`RECONNECT_TRAILER`]: `immediately`.
+#[must_use]
+pub fn reconnect_elsewhere(mut status: Status) -> Status {
+    status.metadata_mut().insert(RECONNECT_TRAILER, tonic::metadata::MetadataValue::from_static("immediately"));
+    status
+}
+
 /// One attached stream: how to end it, and the status the agent sees when it ends.
 #[derive(Debug, Clone)]
 pub(crate) struct StreamHandle {
@@ -269,11 +281,34 @@ impl Peers {
     }
 
     /// Ends every attached stream with `Unavailable` (on shutdown, so a graceful server stop
-    /// does not wait for agents to hang up); agents reconnect with backoff.
+    /// does not wait for agents to hang up), telling agents to reconnect at once: behind a
+    /// Service another replica takes them ([`RECONNECT_TRAILER`]).
     pub fn disconnect_all(&self) {
         for session in self.all() {
-            session.close_current(Some(Status::unavailable("the principal is shutting down; reconnect with backoff")));
+            session.close_current(Some(reconnect_elsewhere(Status::unavailable(
+                "the principal is shutting down; reconnect (another replica, or this one once restarted)",
+            ))));
         }
+    }
+
+    /// Closes `agent`'s live stream with `status`; returns whether one was live.
+    pub(crate) fn close(&self, agent: &str, status: Status) -> bool {
+        self.get(agent).is_some_and(|session| session.close_current(Some(status)).is_some())
+    }
+
+    /// Forgets `agent`'s peer (its mailbox) when no stream is attached and `keep` says this
+    /// principal no longer acts for it: another replica owns it and resyncs it on its stream.
+    /// Checked under the registry's lock, so a stream opened since (which takes the agent
+    /// before it looks its peer up) keeps it.
+    pub(crate) fn forget_idle(&self, agent: &str, keep: impl Fn(&str) -> bool) -> bool {
+        let mut by_name = lock(&self.by_name);
+        let idle = by_name.get(agent).is_some_and(|s| !s.is_connected());
+        if idle && !keep(agent) {
+            by_name.remove(agent);
+            tracing::debug!(%agent, "forgot the agent's peer: another replica owns it");
+            return true;
+        }
+        false
     }
 
     /// Revokes the live session of `agent`: its stream is closed now with `Unauthenticated`,

@@ -223,7 +223,6 @@ fn upstream_values_of_missing_features_stop_the_rendering_naming_the_key() {
             json!({"principal": {"auth": "userpass:/app/config/userpass/passwd"}}),
             "principal.auth userpass:",
         ),
-        (PRINCIPAL_CHART, json!({"replicaCount": 2}), "replicaCount"),
         (AGENT_CHART, json!({}), "server"),
     ];
     for (chart, values, key) in cases {
@@ -659,6 +658,24 @@ fn kustomize_deployment(overlay: &str, name: &str) -> Value {
     let docs = documents(&kustomize(overlay).unwrap_or_else(|e| panic!("kustomize: {e:#}")))
         .unwrap_or_else(|e| panic!("parse: {e:#}"));
     find(&docs, "Deployment", name).unwrap_or_else(|e| panic!("deployment: {e:#}")).clone()
+}
+
+#[test]
+fn principal_replicas_share_the_agents_through_leases() {
+    let env_of = |d: &Value| -> BTreeMap<String, Value> {
+        let env = d["spec"]["template"]["spec"]["containers"][0]["env"].as_array().cloned().unwrap_or_default();
+        env.into_iter().filter_map(|e| Some((e["name"].as_str()?.to_owned(), e))).collect()
+    };
+    let one = env_of(&rendered_deployment(PRINCIPAL_CHART, &json!({})));
+    assert!(!one.contains_key("ARGOCD_PRINCIPAL_AGENT_LEASES"), "one replica: a lone principal");
+    let three = rendered_deployment(PRINCIPAL_CHART, &json!({"replicaCount": 3}));
+    assert_eq!(three["spec"]["replicas"], 3);
+    let env = env_of(&three);
+    assert_eq!(env["ARGOCD_PRINCIPAL_AGENT_LEASES"]["value"], "true");
+    assert_eq!(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name", "the replica's name");
+    // The flags the chart sets are the binary's.
+    let said = help("principal");
+    assert!(said.contains("ARGOCD_PRINCIPAL_AGENT_LEASES") && said.contains("--replica-name"), "{said}");
 }
 
 /// `argocd-agent <command> --help`.

@@ -78,6 +78,8 @@ pub(crate) struct Hub {
     pub(crate) logs: crate::proxy::Pending<crate::proxy::logs::Attach>,
     /// Terminal sessions waiting for their agent's `StreamTerminal` call.
     pub(crate) terminals: crate::proxy::Pending<crate::proxy::terminal::Attach>,
+    /// `--agent-leases`: which agents this replica owns among the hub's replicas.
+    pub(crate) leases: Option<crate::lease::Ownership>,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -119,6 +121,8 @@ impl Hub {
     pub(crate) fn new(config: PrincipalConfig, principal_uid: String, client: kube::Client) -> Self {
         let processors = config.event_processors.filter(|n| *n > 0).map(tokio::sync::Semaphore::new);
         let mapping = config.mapping();
+        let leases =
+            config.agent_leases.clone().map(|c| crate::lease::Ownership::new(c, client.clone(), &config.namespace));
         Self {
             peers: Peers::new(config.retry.clone()),
             config,
@@ -143,7 +147,27 @@ impl Hub {
             redis: crate::redis::Exchange::default(),
             logs: crate::proxy::Pending::default(),
             terminals: crate::proxy::Pending::default(),
+            leases,
         }
+    }
+
+    /// Whether this principal writes the hub for `agent`: always for a lone principal; among
+    /// replicas (`--agent-leases`), only while it owns the agent.
+    pub(crate) fn acts_for(&self, agent: &str) -> bool {
+        self.leases.as_ref().is_none_or(|l| l.write_deadline(agent).is_some())
+    }
+
+    /// Until when this principal may write the hub for `agent` (`Ok(None)`: no bound, a lone
+    /// principal), or why it may not.
+    pub(crate) fn write_deadline(
+        &self,
+        agent: &str,
+    ) -> Result<Option<tokio::time::Instant>, crate::error::InboundError> {
+        let Some(leases) = &self.leases else { return Ok(None) };
+        leases.write_deadline(agent).map(Some).ok_or_else(|| crate::error::InboundError::NotOwner {
+            agent: agent.to_owned(),
+            replica: leases.replica().to_owned(),
+        })
     }
 
     /// A hub whose API server is never reached: every request fails. For unit tests of

@@ -90,8 +90,10 @@ pub(crate) async fn hub_copy_changed(
 ) -> Result<(), StoreError> {
     let key = key_of(&cur.metadata);
     let (agent, name) = (key.0.clone(), key.1.clone());
+    // Among replicas only the agent's owner reverts the hub (the others' indexes follow the watch).
+    let owner = hub.acts_for(&agent);
     if cur.is_being_deleted() {
-        if !hub.autonomous.is_delete_expected(&key) {
+        if owner && !hub.autonomous.is_delete_expected(&key) {
             tracing::info!(%agent, %name, "hub copy of an autonomous Application is being deleted on the hub; it will be recreated");
             hub.apps.strip_finalizers(&agent, &name).await?;
         }
@@ -99,6 +101,7 @@ pub(crate) async fn hub_copy_changed(
     }
     if let Some(src) = hub.autonomous.source_or_adopt(&key, cur)
         && src.spec != cur.spec
+        && owner
     {
         tracing::info!(%agent, %name, "reverting a spec edit made on the hub to an autonomous agent's Application");
         hub.apps
@@ -142,6 +145,9 @@ pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(),
         None => None,
     };
     let Gone::Restore(mut src) = hub.autonomous.deleted(&key) else { return Ok(()) };
+    if !hub.acts_for(&key.0) {
+        return Ok(());
+    }
     tracing::info!(agent = %key.0, name = %key.1, "recreating an autonomous agent's Application deleted on the hub");
     clear_server_fields(&mut src.metadata);
     hub.apps.create(&key.0, &key.1, &src).await?;

@@ -107,13 +107,32 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
             None => None,
         };
         let started = std::time::Instant::now();
-        let result = inbound::process(hub, session, &ev).await;
+        // Among replicas, only the agent's owner writes the hub for it, and only while its
+        // ownership lasts: a write still running when it runs out is abandoned ([`crate::lease`]).
+        let result = match hub.write_deadline(session.name()) {
+            Ok(None) => inbound::process(hub, session, &ev).await,
+            Ok(Some(until)) => tokio::time::timeout_at(until, inbound::process(hub, session, &ev))
+                .await
+                .unwrap_or_else(|_| Err(not_owner(hub, session.name()))),
+            Err(e) => Err(e),
+        };
+        if matches!(result, Err(crate::error::InboundError::NotOwner { .. })) {
+            crate::metrics::global().write_fenced();
+        }
         crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
         link::recv::settle(session.mailbox(), &ev, &result);
     }
     .instrument(span)
     .await;
     true
+}
+
+/// This replica's ownership of `agent` ran out while one of its events was applied.
+fn not_owner(hub: &Hub, agent: &str) -> crate::error::InboundError {
+    crate::error::InboundError::NotOwner {
+        agent: agent.to_owned(),
+        replica: hub.leases.as_ref().map(|l| l.replica().to_owned()).unwrap_or_default(),
+    }
 }
 
 /// What the send loop reports for one agent.
@@ -276,6 +295,9 @@ async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle
     crate::redis::agent_detached(&hub, &session);
     crate::proxy::agent_detached(&hub, &session);
     crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
+    if hub.leases.is_some() {
+        hub.peers.forget_idle(session.name(), |agent| hub.acts_for(agent));
+    }
 }
 
 #[tonic::async_trait]
@@ -286,6 +308,14 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<WireEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        // Among replicas, take the agent first (the newest stream wins across replicas), then
+        // its peer: a peer forgotten meanwhile is created again (see `Peers::forget_idle`).
+        if let (Some(leases), Some(permit)) = (&self.hub.leases, request.extensions().get::<Permit>()) {
+            leases.acquire(&permit.agent).await.map_err(|e| {
+                tracing::warn!(agent = %permit.agent, error = %e, "stream refused: cannot take the agent's Lease");
+                Status::from(e)
+            })?;
+        }
         let (session, Permit { mode, grant, .. }) = self.peer_for(&request)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let expires = grant.expires_at.is_some();

@@ -105,7 +105,6 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- define "argocd-agent-principal.checkUnsupported" -}}
 {{- $p := .Values.principal -}}
 {{- $bad := list -}}
-{{- if gt (int .Values.replicaCount) 1 }}{{ $bad = append $bad "replicaCount > 1 (no HA yet)" }}{{ end -}}
 {{- if not (has (toString $p.keepAlive.minInterval) (list "" "0" "0s")) }}{{ $bad = append $bad "principal.keepAlive.minInterval" }}{{ end -}}
 {{- if not (has (toString $p.pprof.port) (list "" "0")) }}{{ $bad = append $bad "principal.pprof.port" }}{{ end -}}
 {{- if hasPrefix "userpass:" (toString $p.auth) }}{{ $bad = append $bad "principal.auth userpass:" }}{{ end -}}
