@@ -170,6 +170,44 @@ struct Seen {
     at: Instant,
 }
 
+/// What a replica keeps of an agent's Lease to write it again without reading it.
+#[derive(Debug, Default)]
+struct SeenLease {
+    resource_version: String,
+    holder: String,
+    transitions: i32,
+}
+
+impl SeenLease {
+    /// The Lease `name` of `agent` as seen (no resourceVersion when never seen: a create).
+    fn lease(&self, name: &str, namespace: &str, agent: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                labels: Some([(LEASE_LABEL.to_owned(), "agent".to_owned())].into()),
+                annotations: Some([(AGENT_ANNOTATION.to_owned(), agent.to_owned())].into()),
+                resource_version: (!self.resource_version.is_empty()).then(|| self.resource_version.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: (!self.holder.is_empty()).then(|| self.holder.clone()),
+                lease_transitions: Some(self.transitions),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+}
+
+/// Whether resourceVersion `a` is newer than `b`: both are etcd revisions in practice (numbers);
+/// anything else counts as newer, so the watch's latest wins.
+fn rv_newer(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a > b,
+        _ => true,
+    }
+}
+
 /// The agents this replica owns, and whether it may act for them.
 #[derive(Debug)]
 pub(crate) struct Ownership {
@@ -183,6 +221,8 @@ pub(crate) struct Ownership {
     held: Mutex<HashMap<String, i32>>,
     /// Other replicas' Leases as last seen.
     replicas: Mutex<HashMap<String, Seen>>,
+    /// Every agent's Lease as last seen (written or watched): the base of the next take.
+    seen_agents: Mutex<HashMap<String, SeenLease>>,
     /// Set on shutdown: no new streams.
     draining: std::sync::atomic::AtomicBool,
 }
@@ -196,6 +236,7 @@ impl Ownership {
             valid_until: Mutex::new(None),
             held: Mutex::new(HashMap::new()),
             replicas: Mutex::new(HashMap::new()),
+            seen_agents: Mutex::new(HashMap::new()),
             draining: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -270,52 +311,34 @@ impl Ownership {
     async fn take(&self, agent: &str) -> Result<Option<String>, LeaseError> {
         let name = agent_lease_name(agent);
         let hub_err = |source| LeaseError::Hub { agent: agent.to_owned(), lease: name.clone(), source };
-        let me = self.config.replica.clone();
-        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let seconds = i32::try_from(self.config.duration.as_secs()).unwrap_or(i32::MAX);
+        // First from the watch's copy: one conditional write instead of a read and a write (a
+        // failover moves thousands of agents at once). A stale copy is refused (409) and read.
+        let mut current = lock(&self.seen_agents).get(agent).map(|seen| seen.lease(&name, &self.namespace, agent));
+        let mut fresh = false;
         for _ in 0..ACQUIRE_ATTEMPTS {
-            let written = match self.api.get_opt(&name).await.map_err(hub_err)? {
-                None => {
-                    let lease = Lease {
-                        metadata: ObjectMeta {
-                            name: Some(name.clone()),
-                            namespace: Some(self.namespace.clone()),
-                            labels: Some([(LEASE_LABEL.to_owned(), "agent".to_owned())].into()),
-                            annotations: Some([(AGENT_ANNOTATION.to_owned(), agent.to_owned())].into()),
-                            ..ObjectMeta::default()
-                        },
-                        spec: Some(LeaseSpec {
-                            holder_identity: Some(me.clone()),
-                            acquire_time: Some(now.clone()),
-                            renew_time: Some(now.clone()),
-                            lease_duration_seconds: Some(seconds),
-                            lease_transitions: Some(0),
-                            ..LeaseSpec::default()
-                        }),
-                    };
-                    self.api.create(&PostParams::default(), &lease).await.map(|l| (l, None))
-                }
-                Some(mut lease) => {
-                    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                    let previous = spec.holder_identity.clone().filter(|h| !h.is_empty());
-                    if previous.as_deref() == Some(me.as_str()) {
-                        let transitions = spec.lease_transitions.unwrap_or(0);
-                        lock(&self.held).insert(agent.to_owned(), transitions);
-                        return Ok(None);
-                    }
-                    spec.holder_identity = Some(me.clone());
-                    spec.acquire_time = Some(now.clone());
-                    spec.renew_time = Some(now.clone());
-                    spec.lease_duration_seconds = Some(seconds);
-                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
-                    // `replace` carries the resourceVersion read: a concurrent taker makes it 409.
-                    self.api.replace(&name, &PostParams::default(), &lease).await.map(|l| (l, previous))
-                }
+            if current.is_none() && !fresh {
+                current = self.api.get_opt(&name).await.map_err(hub_err)?;
+                fresh = true;
+            }
+            let (lease, previous) = self.claim(current.take(), &name, agent);
+            if fresh && previous.as_deref() == Some(self.config.replica.as_str()) {
+                // Read just now and already ours: nothing to write.
+                let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+                lock(&self.held).insert(agent.to_owned(), transitions);
+                return Ok(None);
+            }
+            let written = if lease.metadata.resource_version.is_some() {
+                // `replace` carries the resourceVersion read: a concurrent taker makes it 409.
+                self.api.replace(&name, &PostParams::default(), &lease).await
+            } else {
+                self.api.create(&PostParams::default(), &lease).await
             };
             match written {
-                Ok((lease, previous)) => {
-                    let transitions = lease.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+                Ok(lease) => {
+                    let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
                     lock(&self.held).insert(agent.to_owned(), transitions);
+                    self.saw_agent_lease(agent, &lease);
+                    let previous = previous.filter(|p| *p != self.config.replica);
                     if let Some(from) = &previous {
                         let live = !self.replica_expired(from);
                         crate::metrics::global().lease_taken_over(live);
@@ -324,11 +347,49 @@ impl Ownership {
                     }
                     return Ok(previous);
                 }
-                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(kube::Error::Api(status)) if status.code == 409 => fresh = false,
                 Err(e) => return Err(hub_err(e)),
             }
         }
         Err(LeaseError::Contended { agent: agent.to_owned(), lease: name })
+    }
+
+    /// `current` (the agent's Lease as read, `None`: there is none) with this replica as its
+    /// holder, and the holder it had.
+    fn claim(&self, current: Option<Lease>, name: &str, agent: &str) -> (Lease, Option<String>) {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let seconds = i32::try_from(self.config.duration.as_secs()).unwrap_or(i32::MAX);
+        let me = self.config.replica.clone();
+        let mut lease = current.unwrap_or_else(|| SeenLease::default().lease(name, &self.namespace, agent));
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        let previous = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        if previous.as_deref() != Some(me.as_str()) {
+            spec.acquire_time = Some(now.clone());
+            if lease.metadata.resource_version.is_some() {
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            }
+        }
+        spec.holder_identity = Some(me);
+        spec.renew_time = Some(now);
+        spec.lease_duration_seconds = Some(seconds);
+        (lease, previous)
+    }
+
+    /// Keeps what a write or the watch showed of `agent`'s Lease.
+    fn saw_agent_lease(&self, agent: &str, lease: &Lease) {
+        let Some(rv) = lease.metadata.resource_version.clone() else { return };
+        let spec = lease.spec.as_ref();
+        let seen = SeenLease {
+            resource_version: rv,
+            holder: spec.and_then(|s| s.holder_identity.clone()).unwrap_or_default(),
+            transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+        };
+        let mut all = lock(&self.seen_agents);
+        // The watch may deliver an older version after our own write: keep the newest.
+        let newer = all.get(agent).is_none_or(|old| rv_newer(&seen.resource_version, &old.resource_version));
+        if newer {
+            all.insert(agent.to_owned(), seen);
+        }
     }
 
     /// Renews this replica's Lease once; on success the replica may act until a third of the
@@ -448,6 +509,7 @@ impl link::Index for Leases<'_> {
         match classify(&lease) {
             Some(LeaseOf::Replica(replica)) => self.1.saw_replica(&replica, lease.spec.as_ref()),
             Some(LeaseOf::Agent(agent)) => {
+                self.1.saw_agent_lease(&agent, &lease);
                 if let Some(holder) = self.1.saw_agent(&agent, lease.spec.as_ref()) {
                     tracing::info!(%agent, new_owner = %holder, "another replica took the agent; closing its stream here");
                     let why = format!("agent {agent:?} moved to principal replica {holder:?} (the newest stream wins)");
@@ -462,10 +524,13 @@ impl link::Index for Leases<'_> {
             Some(LeaseOf::Replica(replica)) => {
                 lock(&self.1.replicas).remove(&replica);
             }
-            Some(LeaseOf::Agent(agent)) if self.1.drop_agent(&agent) => {
-                lost(self.0, &agent, Status::aborted(format!("the owner Lease of agent {agent:?} was deleted")));
+            Some(LeaseOf::Agent(agent)) => {
+                lock(&self.1.seen_agents).remove(&agent);
+                if self.1.drop_agent(&agent) {
+                    lost(self.0, &agent, Status::aborted(format!("the owner Lease of agent {agent:?} was deleted")));
+                }
             }
-            Some(LeaseOf::Agent(_)) | None => {}
+            None => {}
         }
     }
     fn known(&self) -> Vec<Lease> {
@@ -574,6 +639,29 @@ mod tests {
         assert_eq!(own.saw_agent("a", Some(&spec("r2", 4))), Some("r2".into()));
         assert_eq!(own.held(), 0);
         assert_eq!(own.write_deadline("a"), None);
+    }
+
+    #[tokio::test]
+    async fn a_claim_counts_a_transition_only_when_the_holder_changes() {
+        let own = Ownership::new(
+            LeaseConfig::new("r1", Duration::from_secs(15)),
+            link::testing::offline_client("argocd"),
+            "argocd",
+        );
+        let seen =
+            |holder: &str, transitions| SeenLease { resource_version: "7".into(), holder: holder.into(), transitions };
+        let spec = |l: &Lease| l.spec.clone().unwrap_or_default();
+        let (created, previous) = own.claim(None, "argocd-agent-owner-a", "a");
+        assert_eq!((spec(&created).lease_transitions, previous), (Some(0), None), "a new Lease");
+        assert!(created.metadata.resource_version.is_none(), "created, not replaced");
+        let (taken, previous) = own.claim(Some(seen("r2", 4).lease("n", "argocd", "a")), "n", "a");
+        assert_eq!(spec(&taken).holder_identity.as_deref(), Some("r1"));
+        assert_eq!((spec(&taken).lease_transitions, previous.as_deref()), (Some(5), Some("r2")));
+        assert_eq!(taken.metadata.resource_version.as_deref(), Some("7"), "conditional on what was seen");
+        assert_eq!(taken.metadata.annotations.unwrap_or_default().get(AGENT_ANNOTATION).map(String::as_str), Some("a"));
+        let (kept, previous) = own.claim(Some(seen("r1", 5).lease("n", "argocd", "a")), "n", "a");
+        assert_eq!((spec(&kept).lease_transitions, previous.as_deref()), (Some(5), Some("r1")));
+        assert!(rv_newer("10", "9") && !rv_newer("9", "10"));
     }
 
     #[tokio::test]
