@@ -124,13 +124,27 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
     // Whether the next stream starts with a resync: after start and after every stream the
     // principal accepted; not after a refused one, whose resync requests are still queued.
     let mut resync_due = true;
+    // Quick retries left after a handover: the first reconnect may still reach the replica
+    // going away (e.g. through a sidecar's pooled connection until its drain's GOAWAY lands).
+    let mut handover_retries = 0u32;
     loop {
         if cancel.is_cancelled() {
             return;
         }
         state = match state {
             State::Disconnected { attempt } => {
-                if attempt > 0 {
+                if attempt > 0 && handover_retries > 0 {
+                    handover_retries -= 1;
+                    tracing::info!(
+                        attempt,
+                        delay_ms = HANDOVER_RETRY.as_millis(),
+                        "handover: reconnecting again shortly"
+                    );
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(HANDOVER_RETRY) => {}
+                    }
+                } else if attempt > 0 {
                     let delay = spoke.config.backoff.delay_random(attempt);
                     tracing::info!(attempt, delay_ms = delay.as_millis(), "reconnecting after backoff");
                     tokio::select! {
@@ -160,7 +174,11 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
             State::Connected(stream) => {
                 spoke.connected.store(true, Ordering::Relaxed);
                 crate::metrics::global().connected();
+                handover_retries = 0;
                 let at_once = serve(&spoke, &redis, *stream, &cancel).await;
+                if at_once {
+                    handover_retries = HANDOVER_RETRIES;
+                }
                 spoke.connected.store(false, Ordering::Relaxed);
                 crate::metrics::global().disconnected();
                 resync_due = true;
@@ -260,6 +278,12 @@ async fn serve(
     sender.stop(spoke).await;
     at_once
 }
+
+/// After a handover, refused reconnects are retried this many times at [`HANDOVER_RETRY`]
+/// before the backoff applies.
+const HANDOVER_RETRIES: u32 = 3;
+/// The pause between those retries.
+const HANDOVER_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The trailer with which a principal replica asks for an immediate reconnect (the
 /// principal's `peer::RECONNECT_TRAILER`).

@@ -267,6 +267,10 @@ impl EnvoySidecar {
             .arg("--use-dynamic-base-id")
             .arg("--concurrency")
             .arg("1")
+            // A drain (`/drain_listeners?graceful`, as a pod's `preStop` hook sends it) sends
+            // every downstream HTTP/2 connection a GOAWAY at once, not gradually over
+            // `--drain-time-s` (envoy/README.md).
+            .args(["--drain-strategy", "immediate", "--drain-time-s", "5"])
             .arg("--log-level")
             .arg("info");
         let mut process = ChildProcess::spawn(kind.label(), cmd)?;
@@ -282,6 +286,20 @@ impl EnvoySidecar {
         })?;
         let listen = listener_address(admin).with_context(|| process.log_tail(20))?;
         Ok(Self { process, kind, admin, listen, dir })
+    }
+
+    /// Starts draining, as a `preStop` hook does before the pod's containers get SIGTERM
+    /// (`POST /drain_listeners?graceful`): downstream HTTP/2 connections get a GOAWAY, so their
+    /// clients open new streams on new connections (through the Service, to another replica).
+    ///
+    /// # Errors
+    /// The admin interface refuses it.
+    pub fn drain(&self) -> anyhow::Result<()> {
+        let (status, body) = admin_call(self.admin, "POST", "/drain_listeners?graceful")?;
+        if status != 200 {
+            bail!("envoy /drain_listeners?graceful answered {status}: {body}");
+        }
+        Ok(())
     }
 
     /// Which sidecar this is.
@@ -357,9 +375,18 @@ fn listener_address(admin: SocketAddr) -> anyhow::Result<SocketAddr> {
 /// # Errors
 /// The admin interface cannot be reached or answers malformed HTTP.
 pub fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    admin_call(admin, "GET", path)
+}
+
+/// The same with `method` (`POST` for Envoy's mutating admin endpoints, e.g.
+/// `/drain_listeners?graceful`).
+///
+/// # Errors
+/// The admin interface cannot be reached or answers malformed HTTP.
+pub fn admin_call(admin: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n")?;
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);

@@ -28,6 +28,7 @@ pub mod otlp;
 pub mod pki;
 pub mod process;
 pub mod realkube;
+pub mod replicas;
 pub mod spire;
 pub mod topology;
 pub mod wait;

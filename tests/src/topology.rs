@@ -98,6 +98,8 @@ pub struct StartOptions {
     /// (`argocd-agent apiserver --simulate-pods`): Pods' commands run as local processes, so
     /// `kubectl logs` and `kubectl exec` work against them.
     pub simulate_pods: bool,
+    /// Extra flags for the hub's kube-apiserver when it is a real one (e.g. an audit policy).
+    pub hub_apiserver_args: Vec<String>,
 }
 
 impl Default for StartOptions {
@@ -111,6 +113,7 @@ impl Default for StartOptions {
             resource_proxy: false,
             auth: None,
             simulate_pods: false,
+            hub_apiserver_args: Vec::new(),
         }
     }
 }
@@ -145,13 +148,26 @@ impl Cluster {
         extra_rbac: &[&str],
         simulate_pods: bool,
     ) -> anyhow::Result<Self> {
+        Self::start_with_args(kind, data_dir, role, extra_rbac, simulate_pods, &[]).await
+    }
+
+    /// [`Self::start`]; a real kube-apiserver also gets `apiserver_args`.
+    async fn start_with_args(
+        kind: ClusterKind,
+        data_dir: PathBuf,
+        role: &str,
+        extra_rbac: &[&str],
+        simulate_pods: bool,
+        apiserver_args: &[String],
+    ) -> anyhow::Result<Self> {
         match kind {
             ClusterKind::Embedded if simulate_pods => {
                 Ok(Self::Embedded(Box::new(ApiServerProcess::start_simulating_pods().await?)))
             }
             ClusterKind::Embedded => Ok(Self::Embedded(Box::new(ApiServerProcess::start_on(data_dir).await?))),
             ClusterKind::Real => {
-                let cluster = RealCluster::start().await?;
+                let options = crate::realkube::RealClusterOptions { apiserver_args: apiserver_args.to_vec() };
+                let cluster = RealCluster::start_with(options).await?;
                 cluster.install_argocd_crds().await?;
                 cluster.ensure_namespace(ARGOCD_NS).await?;
                 let rbac = rbac_dir();
@@ -360,6 +376,20 @@ impl Topology {
         Self::start_parts(agents, Transport::Mtls, MeshOptions::default(), options).await
     }
 
+    /// Any transport with every knob of [`StartOptions`] (e.g. a mesh without starting the
+    /// agents).
+    ///
+    /// # Errors
+    /// Any part fails to start.
+    pub async fn start_with_transport(
+        agents: &[(&str, Mode)],
+        transport: Transport,
+        mesh_options: MeshOptions,
+        options: StartOptions,
+    ) -> anyhow::Result<Self> {
+        Self::start_parts(agents, transport, mesh_options, options).await
+    }
+
     async fn start_with(
         agents: &[(&str, Mode)],
         transport: Transport,
@@ -384,7 +414,15 @@ impl Topology {
         if options.principal_args.iter().any(|a| a == "--enable-self-cluster-registration") {
             hub_rbac.push("principal-self-registration.yaml");
         }
-        let hub = Cluster::start(clusters.hub, dir.path().join("hub"), "principal", &hub_rbac, false).await?;
+        let hub = Cluster::start_with_args(
+            clusters.hub,
+            dir.path().join("hub"),
+            "principal",
+            &hub_rbac,
+            false,
+            &options.hub_apiserver_args,
+        )
+        .await?;
         let mut spoke_rbac = Vec::new();
         if options.agent_args.iter().any(|a| a == "--destination-based-mapping") {
             spoke_rbac.push("agent-destination-mapping.yaml");
@@ -510,24 +548,7 @@ impl Topology {
     /// # Errors
     /// It does not report listening in time.
     pub async fn start_principal(&mut self) -> anyhow::Result<()> {
-        let port = self.principal_port.unwrap_or(0).to_string();
-        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
-        let auth = match (&self.auth, self.transport) {
-            (Some(auth), _) => auth.as_str(),
-            (None, Transport::Mtls) => "mtls:subject:CN=([^,]+)",
-            (None, Transport::Mesh | Transport::PrincipalSidecarOnly) => "xfcc:",
-        };
-        cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", ARGOCD_NS, "--auth", auth])
-            .args(["--listen-host", "127.0.0.1"]);
-        if self.transport.principal_sidecar() {
-            cmd.arg("--insecure-plaintext");
-        }
-        cmd.args(["--listen-port", &port, "--kubecontext", "hub", "--log-level", "debug"])
-            .arg("--kubeconfig")
-            .arg(self.process_kubeconfig())
-            .env("NO_COLOR", "1");
-        // Metrics and health on free loopback ports (see `principal_metrics_addr`).
-        cmd.args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"]).args(&self.principal_args);
+        let cmd = self.principal_command(self.principal_port.unwrap_or(0), &self.process_kubeconfig(), &[])?;
         let mut child = ChildProcess::spawn("principal", cmd)?;
         let addr = wait_for(START, "the principal to listen", || {
             child.ensure_running()?;
@@ -557,6 +578,40 @@ impl Topology {
             self.principal_sidecar = Some(sidecar);
         }
         Ok(())
+    }
+
+    /// The command line [`Self::start_principal`] runs, listening on `listen_port` (0: a free
+    /// port) with `kubeconfig` (context `hub`), the topology's extra principal flags and then
+    /// `extra`: for more principals on the same hub (replicas, [`crate::replicas`]).
+    ///
+    /// # Errors
+    /// The binary is missing.
+    pub fn principal_command(&self, listen_port: u16, kubeconfig: &Path, extra: &[String]) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        let auth = match (&self.auth, self.transport) {
+            (Some(auth), _) => auth.as_str(),
+            (None, Transport::Mtls) => "mtls:subject:CN=([^,]+)",
+            (None, Transport::Mesh | Transport::PrincipalSidecarOnly) => "xfcc:",
+        };
+        cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", ARGOCD_NS, "--auth", auth])
+            .args(["--listen-host", "127.0.0.1"]);
+        if self.transport.principal_sidecar() {
+            cmd.arg("--insecure-plaintext");
+        }
+        cmd.args(["--listen-port", &listen_port.to_string(), "--kubecontext", "hub", "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("NO_COLOR", "1")
+            .args(["--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
+            .args(&self.principal_args)
+            .args(extra);
+        Ok(cmd)
+    }
+
+    /// How agents reach the principal.
+    #[must_use]
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// A client certificate issued by the hub's CA (`argocd-agent-ca`), as `argocd-agentctl` would
