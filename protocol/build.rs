@@ -10,6 +10,8 @@ const PROTOS: &[&str] = &[
     "proto/version.proto",
     "proto/logstream.proto",
     "proto/terminalstream.proto",
+    "proto/replication.proto",
+    "proto/haadmin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -10,6 +10,8 @@ use crate::ctl::kube::Secrets;
 use crate::material::{VERSION, key_pair, pem_from, secret_field};
 use crate::unsupported::Unsupported;
 
+mod ha;
+
 /// Requests the principal has in flight against the hub API server at most (its few watches
 /// included). Status writes from thousands of agents queue here instead of opening a
 /// connection each: the storm bench saw ~1,500 pooled hub connections after 1,000 agents
@@ -242,7 +244,10 @@ pub struct Args {
     /// time, in order); unset or 0: no limit.
     #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS")]
     pub event_processors: Option<u32>,
-    /// Upstream's flags of features not here yet (cross-hub HA, SPIRE-specific flags).
+    /// Cross-hub disaster recovery (`--ha-*`, upstream's active/passive pair; docs/ha.md).
+    #[command(flatten)]
+    pub ha: ha::HaArgs,
+    /// Upstream's flags of features not here yet (SPIRE-specific flags).
     #[command(flatten)]
     pub upstream: crate::upstream_only::PrincipalOnly,
 }
@@ -319,6 +324,7 @@ impl Args {
         u.finish("argocd-agent principal")?;
         self.notes()?;
         self.namespace_create()?;
+        self.ha.plan(&self.auth, self.insecure_plaintext, self.agent_leases)?;
         self.tls_policy()?;
         crate::reload::interval(&self.tls_reload_interval)?;
         self.resource_proxy_timeout()?;
@@ -688,6 +694,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             cancel.cancel();
         }
     });
+    // Cross-hub HA: the controller and its admin endpoint, before agents are served.
+    if let Some(plan) = args.ha.plan(&args.auth, args.insecure_plaintext, args.agent_leases)? {
+        ha::start(plan, &args, &secrets, &principal, &cancel).await?;
+    }
     // Before the agents' listener announces itself: once it has, both are up.
     serve_resource_proxy(&args, &secrets, &principal, sessions.issuer(), &cancel).await?;
     let redis_tls = crate::redis_proxy::ListenerTls {

@@ -1,6 +1,5 @@
-//! Upstream flags of features this implementation does not have yet (cross-hub HA,
-//! SPIRE-specific flags), and tuning knobs of upstream internals that have no counterpart here. Each parses
-//! with upstream's name and environment variable, so an upstream command line, manifest or
+//! Upstream flags of features this implementation does not have yet (SPIRE-specific flags),
+//! and tuning knobs of upstream internals that have no counterpart here. Each parses with upstream's name and environment variable, so an upstream command line, manifest or
 //! `argocd-agent-params` ConfigMap reaches a clear answer: setting a feature's flag stops startup
 //! naming it ([`Unsupported`]); a knob without a counterpart is accepted and logged as having no
 //! effect ([`AgentOnly::notes`]). docs/compatibility.md lists both.
@@ -14,46 +13,13 @@ pub struct PrincipalOnly {
     spire_agent_socket: Option<String>,
     #[arg(long, env = "ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", hide = true)]
     spire_auth_method: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ENABLED", hide = true)]
-    ha_enabled: Option<bool>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_PREFERRED_ROLE", hide = true)]
-    ha_preferred_role: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_PEER_ADDRESS", hide = true)]
-    ha_peer_address: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_FAILOVER_TIMEOUT", hide = true)]
-    ha_failover_timeout: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ADMIN_PORT", hide = true)]
-    ha_admin_port: Option<u16>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ALLOWED_REPLICATION_CLIENTS", hide = true, value_delimiter = ',')]
-    ha_allowed_replication_clients: Vec<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_REPLICATION_INITIAL_ACK_TIMEOUT", hide = true)]
-    ha_replication_initial_ack_timeout: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ADMIN_AUTH", hide = true)]
-    ha_admin_auth: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ADMIN_TLS_CERT", hide = true)]
-    ha_admin_tls_cert: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ADMIN_TLS_KEY", hide = true)]
-    ha_admin_tls_key: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ADMIN_CA", hide = true)]
-    ha_admin_ca: Option<String>,
 }
 
 impl PrincipalOnly {
     /// Records every flag that was set to use a missing feature.
     pub fn check(&self, u: &mut Unsupported) {
         u.check_opt("--spire-agent-socket (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
-            .check_opt("--spire-auth-method (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_auth_method)
-            .check("--ha-enabled", self.ha_enabled == Some(true))
-            .check_opt("--ha-preferred-role", &self.ha_preferred_role)
-            .check_opt("--ha-peer-address", &self.ha_peer_address)
-            .check_opt("--ha-failover-timeout", &self.ha_failover_timeout)
-            .check("--ha-admin-port", self.ha_admin_port.is_some_and(|p| p != 0))
-            .check_list("--ha-allowed-replication-clients", &self.ha_allowed_replication_clients)
-            .check_opt("--ha-replication-initial-ack-timeout", &self.ha_replication_initial_ack_timeout)
-            .check_opt("--ha-admin-auth", &self.ha_admin_auth)
-            .check_opt("--ha-admin-tls-cert", &self.ha_admin_tls_cert)
-            .check_opt("--ha-admin-tls-key", &self.ha_admin_tls_key)
-            .check_opt("--ha-admin-ca", &self.ha_admin_ca);
+            .check_opt("--spire-auth-method (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_auth_method);
     }
 }
 

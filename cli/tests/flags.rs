@@ -16,15 +16,29 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--ha-enabled", "--ha-admin-port", "8404"]].concat(), &[]);
+    let (ok, err) = run(&[&base[..], &["--spire-agent-socket", "/s"]].concat(), &[]);
     assert!(!ok);
-    assert!(
-        err.contains("not supported yet") && err.contains("--ha-enabled") && err.contains("--ha-admin-port"),
-        "{err}"
-    );
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_HA_PREFERRED_ROLE", "primary")]);
+    assert!(err.contains("not supported yet") && err.contains("--spire-agent-socket"), "{err}");
+    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", "x509")]);
     assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--ha-preferred-role"), "{err}");
+    assert!(err.contains("not supported yet") && err.contains("--spire-auth-method"), "{err}");
+}
+
+/// Cross-hub HA's flags (upstream's names and environment variables) are supported and checked
+/// before anything starts, each bad value named.
+#[test]
+fn ha_flags_are_checked_by_name() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
+    let (ok, err) = run(&[&base[..], &["--ha-enabled", "--ha-preferred-role", "replica"]].concat(), &[]);
+    assert!(!ok && !err.contains("not supported yet") && err.contains("--ha-peer-address"), "{err}");
+    let (ok, err) =
+        run(&base, &[("ARGOCD_PRINCIPAL_HA_ENABLED", "true"), ("ARGOCD_PRINCIPAL_HA_PREFERRED_ROLE", "boss")]);
+    assert!(!ok && err.contains("--ha-preferred-role") && err.contains("unknown role: boss"), "{err}");
+    let (ok, err) = run(&[&base[..], &["--ha-enabled", "--ha-admin-auth", "CN=admin"]].concat(), &[]);
+    assert!(!ok && err.contains("--ha-admin-auth") && err.contains("must start with 'mtls:'"), "{err}");
+    let header = ["principal", "-n", "argocd", "--auth", "header:x-id:(.+)", "--insecure-plaintext", "--ha-enabled"];
+    let (ok, err) = run(&header, &[]);
+    assert!(!ok && err.contains("--ha-enabled needs --auth mtls"), "{err}");
 }
 
 /// The Redis proxy's flags (upstream's names and environment variables) are accepted and
@@ -140,19 +154,17 @@ fn unsupported_agent_flags_are_refused_by_name() {
     assert!(err.contains("not supported yet") && err.contains("--spire-agent-socket"), "{err}");
 }
 
-/// Upstream's flags of features not here (HA, SPIRE-specific) stop
+/// Upstream's flags of features not here (SPIRE-specific) stop
 /// startup naming each, from the command line or upstream's environment variables; a knob of
 /// upstream internals is accepted with a warning saying why it does nothing; a bad duration in
 /// one is refused by name.
 #[test]
 fn upstream_only_flags_are_refused_or_explained_by_name() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
-    let (ok, err) = run(
-        &[&base[..], &["--ha-enabled", "--ha-peer-address", "p:8443"]].concat(),
-        &[("ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", "/s")],
-    );
+    let (ok, err) =
+        run(&[&base[..], &["--spire-auth-method", "x509"]].concat(), &[("ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", "/s")]);
     assert!(!ok && err.contains("not supported yet"), "{err}");
-    for flag in ["--ha-enabled", "--ha-peer-address", "--spire-agent-socket"] {
+    for flag in ["--spire-auth-method", "--spire-agent-socket"] {
         assert!(err.contains(flag), "{flag}: {err}");
     }
     let agent =
@@ -230,12 +242,14 @@ fn booleans_take_pflags_forms_on_the_command_line_and_in_the_environment() {
             "parsed: {inert:?}: {err}"
         );
     }
+    // --ha-enabled is supported: every form parses, and startup goes on (to the hub, which
+    // does not exist here).
     for set in [&["--ha-enabled"][..], &["--ha-enabled=true"], &["--ha-enabled=T"]] {
         let (ok, err) = run(&[&base[..], set].concat(), &[]);
-        assert!(!ok && err.contains("not supported yet") && err.contains("--ha-enabled"), "{set:?}: {err}");
+        assert!(!ok && !err.contains("not supported yet") && !err.contains("--ha-enabled"), "{set:?}: {err}");
     }
     let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_HA_ENABLED", "true")]);
-    assert!(!ok && err.contains("--ha-enabled"), "{err}");
+    assert!(!ok && !err.contains("not supported yet"), "{err}");
     // --enable-websocket is supported: every form parses, and startup goes on (to the hub,
     // which does not exist here).
     for set in [&["--enable-websocket"][..], &["--enable-websocket=true"], &["--enable-websocket=T"]] {

@@ -225,6 +225,9 @@ pub(crate) struct Ownership {
     seen_agents: Mutex<HashMap<String, SeenLease>>,
     /// Set on shutdown: no new streams.
     draining: std::sync::atomic::AtomicBool,
+    /// Whether the watch of the Leases has listed them all once: an agent missing from
+    /// `seen_agents` then has no Lease yet.
+    leases_listed: std::sync::atomic::AtomicBool,
 }
 
 impl Ownership {
@@ -238,6 +241,7 @@ impl Ownership {
             replicas: Mutex::new(HashMap::new()),
             seen_agents: Mutex::new(HashMap::new()),
             draining: std::sync::atomic::AtomicBool::new(false),
+            leases_listed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -302,7 +306,9 @@ impl Ownership {
         if let Some(why) = self.not_serving() {
             return Err(LeaseError::NotServing { replica: self.config.replica.clone(), why });
         }
-        let after = self.config.renew_every();
+        // A reconnect storm queues thousands of takes behind the hub client's bound on
+        // requests in flight: wait as long as a Lease lasts, not a renewal.
+        let after = self.config.duration;
         tokio::time::timeout(after, self.take(agent))
             .await
             .unwrap_or_else(|_| Err(LeaseError::Timeout { agent: agent.to_owned(), after }))
@@ -315,8 +321,10 @@ impl Ownership {
         // failover moves thousands of agents at once). A stale copy is refused (409) and read.
         let mut current = lock(&self.seen_agents).get(agent).map(|seen| seen.lease(&name, &self.namespace, agent));
         let mut fresh = false;
-        for _ in 0..ACQUIRE_ATTEMPTS {
-            if current.is_none() && !fresh {
+        for attempt in 0..ACQUIRE_ATTEMPTS {
+            // Not in the watch's full list: create it without reading (409 if it appeared).
+            let listed = attempt == 0 && self.leases_listed.load(std::sync::atomic::Ordering::Acquire);
+            if current.is_none() && !fresh && !listed {
                 current = self.api.get_opt(&name).await.map_err(hub_err)?;
                 fresh = true;
             }
@@ -347,7 +355,8 @@ impl Ownership {
                     }
                     return Ok(previous);
                 }
-                Err(kube::Error::Api(status)) if status.code == 409 => fresh = false,
+                // Stale (409), or deleted since it was seen (404): read it and try again.
+                Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => fresh = false,
                 Err(e) => return Err(hub_err(e)),
             }
         }
@@ -532,6 +541,9 @@ impl link::Index for Leases<'_> {
             }
             None => {}
         }
+    }
+    fn synced(&self) {
+        self.1.leases_listed.store(true, std::sync::atomic::Ordering::Release);
     }
     fn known(&self) -> Vec<Lease> {
         // A re-list that misses a Lease this replica holds is judged by the next takeover;

@@ -19,6 +19,7 @@ pub mod cluster_secret;
 pub mod compression;
 pub mod config;
 pub mod error;
+pub mod ha;
 pub mod hub;
 pub mod ident;
 pub mod inbound;
@@ -170,6 +171,15 @@ impl Principal {
         RedisProxy::new(self.hub.clone(), config)
     }
 
+    /// Makes this principal one of a cross-hub HA pair (`--ha-*`, [`ha`]): agents are served
+    /// only while it is active, and the `Replication` service answers on the agents' port.
+    /// Run the returned controller ([`ha::Ha::run`]) beside the server, and serve its admin API
+    /// with [`ha::admin::serve`].
+    #[must_use]
+    pub fn enable_ha(&self, config: ha::HaConfig) -> Arc<ha::Ha> {
+        ha::Ha::attach(&self.hub, config)
+    }
+
     /// The `Version` service.
     #[must_use]
     pub fn version_service(&self) -> VersionServer<VersionService> {
@@ -266,7 +276,8 @@ impl Principal {
         }
         match self.hub.leases.as_ref().and_then(lease::Ownership::not_serving_reason) {
             Some(why) => Err(format!("replica {:?}: {why}", self.hub.leases.as_ref().map_or("", |l| l.replica()))),
-            None => Ok(()),
+            // Cross-hub HA: ready only while active (upstream's `HAHealthzHandler`).
+            None => ha::of(&self.hub).map_or(Ok(()), |ha| ha.readiness()),
         }
     }
 
@@ -279,7 +290,12 @@ impl Principal {
     /// The Prometheus exposition of [`metrics::global`], with this principal's outboxes.
     #[must_use]
     pub fn metrics_text(&self) -> String {
-        metrics::global().render(Some(&self.hub.peers))
+        let mut text = metrics::global().render(Some(&self.hub.peers));
+        // Cross-hub HA: its state and replication.
+        if let Some(ha) = ha::of(&self.hub) {
+            text.push_str(&ha.metrics_text());
+        }
+        text
     }
 
     /// Runs the watchers and serves `EventStream` and `Version` in plaintext (h2c) on
@@ -330,7 +346,10 @@ impl Principal {
             }
         };
         // gzip answered in kind, as upstream's principal answers it (see [`compression`]).
-        let mut server = tonic::transport::Server::builder().layer(compression::mirror_layer());
+        // `Replication` (cross-hub HA) before the agents' token check: its callers are peers.
+        let mut server = tonic::transport::Server::builder()
+            .layer(ha::replication::ReplicationLayer::new(self.hub.clone()))
+            .layer(compression::mirror_layer());
         let served = match auth {
             None => {
                 server

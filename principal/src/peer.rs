@@ -280,6 +280,20 @@ impl Peers {
             .clone()
     }
 
+    /// The session of `agent` (created on first use) with a new stream opened with `grant`
+    /// attached, as [`AgentPeer::attach`] does, in one step under the registry's lock: a peer
+    /// [`Self::forget_idle`] drops is never the one a stream attaches to.
+    pub(crate) fn attach(&self, agent: &str, mode: AgentMode, grant: StreamGrant) -> (Arc<AgentPeer>, StreamHandle) {
+        let mut by_name = lock(&self.by_name);
+        let peer = by_name
+            .entry(agent.to_owned())
+            .or_insert_with(|| Arc::new(AgentPeer::new(agent, mode, self.retry.clone())))
+            .clone();
+        let handle = peer.attach(mode, grant);
+        drop(by_name);
+        (peer, handle)
+    }
+
     /// Ends every attached stream with `Unavailable` (on shutdown, so a graceful server stop
     /// does not wait for agents to hang up), telling agents to reconnect at once: behind a
     /// Service another replica takes them ([`RECONNECT_TRAILER`]).
@@ -298,8 +312,8 @@ impl Peers {
 
     /// Forgets `agent`'s peer (its mailbox) when no stream is attached and `keep` says this
     /// principal no longer acts for it: another replica owns it and resyncs it on its stream.
-    /// Checked under the registry's lock, so a stream opened since (which takes the agent
-    /// before it looks its peer up) keeps it.
+    /// Checked under the registry's lock, which [`Self::attach`] holds too, so a stream
+    /// attached since keeps it.
     pub(crate) fn forget_idle(&self, agent: &str, keep: impl Fn(&str) -> bool) -> bool {
         let mut by_name = lock(&self.by_name);
         let idle = by_name.get(agent).is_some_and(|s| !s.is_connected());

@@ -59,6 +59,14 @@ async fn holder(h: &Harness, agent: &str) -> anyhow::Result<Option<(String, i32)
     Ok(lease.and_then(|l| l.spec).map(|s| (s.holder_identity.unwrap_or_default(), s.lease_transitions.unwrap_or(0))))
 }
 
+/// Waits until the agent's Lease is held by `replica` with `transitions` (`None`: any).
+async fn held_by(h: &Harness, agent: &str, replica: &str, transitions: Option<i32>) -> anyhow::Result<()> {
+    wait_until(&format!("{agent}'s Lease held by {replica}"), || async {
+        Ok(holder(h, agent).await?.is_some_and(|(r, t)| r == replica && transitions.is_none_or(|n| n == t)))
+    })
+    .await
+}
+
 async fn ready(p: &Principal, what: &str) -> anyhow::Result<()> {
     wait_until(what, || async { Ok(p.is_ready()) }).await
 }
@@ -75,11 +83,11 @@ async fn the_newest_stream_wins_across_replicas_and_the_old_owner_lets_go() -> a
     ready(&r2.principal, "r2 is ready").await?;
 
     let mut first = open_insecure(&h.url, "agent-a", "managed").await?;
-    assert_eq!(holder(&h, "agent-a").await?, Some(("r1".into(), 0)));
+    held_by(&h, "agent-a", "r1", Some(0)).await?;
     assert_eq!(h.principal.owned_agents(), Some(("r1".into(), 1)));
 
     let _second = open_insecure(&r2.url, "agent-a", "managed").await?;
-    assert_eq!(holder(&h, "agent-a").await?, Some(("r2".into(), 1)), "taken over: one transition");
+    held_by(&h, "agent-a", "r2", Some(1)).await?;
     let (_, status) = read_to_end(&mut first.inbound).await?;
     let status = status.expect("r1 ends its stream with a status");
     assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
@@ -92,7 +100,7 @@ async fn the_newest_stream_wins_across_replicas_and_the_old_owner_lets_go() -> a
 
     // The agent comes back to r1: r1 takes it again; its own stale view of r2's take is ignored.
     let _third = open_insecure(&h.url, "agent-a", "managed").await?;
-    assert_eq!(holder(&h, "agent-a").await?, Some(("r1".into(), 2)));
+    held_by(&h, "agent-a", "r1", Some(2)).await?;
     wait_until("r2 let go", || async { Ok(!r2.principal.is_connected("agent-a")) }).await?;
     assert!(h.principal.is_connected("agent-a"), "r1 keeps the newest stream");
 
@@ -107,7 +115,7 @@ async fn a_replica_cut_off_from_the_hub_gives_its_agents_up_and_refuses_new_ones
     ready(&h.principal, "r1 is ready").await?;
     ready(&r2.principal, "r2 is ready").await?;
     let mut stream = open_insecure(&h.url, "agent-a", "autonomous").await?;
-    assert_eq!(holder(&h, "agent-a").await?.map(|(r, _)| r), Some("r1".into()));
+    held_by(&h, "agent-a", "r1", None).await?;
 
     // r1 cannot reach the hub: it stops renewing, and within two thirds of the duration it
     // gives the agent up (no more writes for it) and closes its stream.
@@ -132,7 +140,7 @@ async fn a_replica_cut_off_from_the_hub_gives_its_agents_up_and_refuses_new_ones
 
     // The agent goes to r2, which takes it (r1's Lease is not renewed: taken from an expired one).
     let _moved = open_insecure(&r2.url, "agent-a", "autonomous").await?;
-    assert_eq!(holder(&h, "agent-a").await?.map(|(r, _)| r), Some("r2".into()));
+    held_by(&h, "agent-a", "r2", None).await?;
 
     // The hub comes back to r1: it serves again, and does not take the agent back by itself.
     proxies.requests.set(ProxyMode::Open);
@@ -157,7 +165,7 @@ async fn shutdown_hands_agents_over_at_once_and_deletes_the_replica_lease() -> a
     })
     .await?;
     let mut stream = open_insecure(&r2.url, "agent-a", "managed").await?;
-    assert_eq!(holder(&h, "agent-a").await?.map(|(r, _)| r), Some("r2".into()));
+    held_by(&h, "agent-a", "r2", None).await?;
 
     r2.cancel.cancel();
     let (_, status) = read_to_end(&mut stream.inbound).await?;
@@ -170,6 +178,6 @@ async fn shutdown_hands_agents_over_at_once_and_deletes_the_replica_lease() -> a
 
     // r1 takes the agent at once, from a replica whose Lease is gone.
     let _moved = open_insecure(&h.url, "agent-a", "managed").await?;
-    assert_eq!(holder(&h, "agent-a").await?, Some(("r1".into(), 1)));
+    held_by(&h, "agent-a", "r1", Some(1)).await?;
     h.stop().await
 }

@@ -33,6 +33,16 @@ pub mod terminalstreamapi {
     include!(concat!(env!("OUT_DIR"), "/terminalstreamapi.rs"));
 }
 
+/// `replicationapi`: the `Replication` service between the principals of a cross-hub HA pair.
+pub mod replicationapi {
+    include!(concat!(env!("OUT_DIR"), "/replicationapi.rs"));
+}
+
+/// `haadminapi`: the `HAAdmin` service (`Status`, `Promote`, `Demote`) on `--ha-admin-port`.
+pub mod haadminapi {
+    include!(concat!(env!("OUT_DIR"), "/haadminapi.rs"));
+}
+
 /// `io.cloudevents.v1`: the CloudEvents protobuf format.
 pub mod io {
     /// `io.cloudevents`

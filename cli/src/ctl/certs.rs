@@ -33,6 +33,9 @@ pub const DEFAULT_LEAF_DAYS: u32 = 180;
 pub enum Usage {
     /// TLS server (`serverAuth`).
     Server,
+    /// TLS server that also dials peers with the same certificate (`serverAuth` and
+    /// `clientAuth`): the principal, whose cross-hub replica authenticates to its peer with it.
+    ServerAndClient,
     /// TLS client (`clientAuth`).
     Client,
 }
@@ -95,10 +98,11 @@ impl Ca {
             // As Go's crypto/tls does: key encipherment only makes sense for RSA keys.
             params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
         }
-        params.extended_key_usages = vec![match spec.usage {
-            Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
-            Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
-        }];
+        params.extended_key_usages = match spec.usage {
+            Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+            Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Usage::ServerAndClient => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+        };
         for dns in &spec.dns {
             let name = dns.clone().try_into().with_context(|| format!("invalid DNS name {dns:?}"))?;
             params.subject_alt_names.push(SanType::DnsName(name));

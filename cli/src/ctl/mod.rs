@@ -3,16 +3,17 @@
 //!
 //! Implemented: `pki init|issue principal|issue resource-proxy|issue agent|propagate|inspect|dump|delete`,
 //! `jwt create-key|inspect-key|delete-key`, `agent create|list|inspect|print-tls|reconfigure`,
-//! `blocklist tls add|remove|list`, `validate principal|agent` and `version`. Additions over
+//! `blocklist tls add|remove|list`, `validate principal|agent`, `ha status|promote|demote` and `version`. Additions over
 //! upstream: `--kubeconfig`, `--out-dir` (PEM files beside the secrets), the SPIFFE URI SAN of
 //! `pki issue agent`, more checks in `validate`, `blocklist agent add|remove|list`, `blocklist
 //! list` and `--reason` (see docs/operations/agentctl.md and docs/operations/blocklist.md). Not
-//! implemented: `ha`, `config`.
+//! implemented: `config`.
 
 mod agent;
 mod blocklist;
 pub(crate) mod certs;
 pub(crate) mod cluster;
+mod ha;
 mod inspect;
 mod jwt;
 mod keys;
@@ -116,6 +117,8 @@ enum Command {
     /// Validate principal and agent installations.
     #[command(subcommand, visible_alias = "check-config")]
     Validate(validate::ValidateCommand),
+    /// Manage HA state of the principal server.
+    Ha(ha::HaArgs),
     /// Display the version of argocd-agentctl.
     Version(VersionArgs),
 }
@@ -150,6 +153,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(cmd) => agent::run(&cli.global, cmd).await,
         Command::Blocklist(cmd) => blocklist::run(&cli.global, cmd).await,
         Command::Validate(cmd) => validate::run(&cli.global, cmd).await,
+        Command::Ha(args) => ha::run(&cli.global, args).await,
         Command::Version(args) => version(&args),
     }
 }

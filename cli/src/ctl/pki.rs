@@ -270,7 +270,8 @@ async fn issue_principal(global: &GlobalFlags, args: PrincipalArgs) -> anyhow::R
         ips: parse_ips(&args.ip)?,
         dns: clean_names(&args.dns),
         uris,
-        usage: Usage::Server,
+        // `clientAuth` too: a cross-hub HA replica dials its peer's principal with it (docs/ha.md).
+        usage: Usage::ServerAndClient,
     };
     let target = global.principal_secrets().await?;
     issue(global, &target, SECRET_PRINCIPAL_TLS, "principal", &spec, &args.issue).await

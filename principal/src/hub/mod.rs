@@ -80,6 +80,8 @@ pub(crate) struct Hub {
     pub(crate) terminals: crate::proxy::Pending<crate::proxy::terminal::Attach>,
     /// `--agent-leases`: which agents this replica owns among the hub's replicas.
     pub(crate) leases: Option<crate::lease::Ownership>,
+    /// `--ha-enabled`: the cross-hub HA controller, once attached ([`crate::ha::Ha::attach`]).
+    pub(crate) ha: std::sync::OnceLock<std::sync::Weak<crate::ha::Ha>>,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -148,6 +150,7 @@ impl Hub {
             logs: crate::proxy::Pending::default(),
             terminals: crate::proxy::Pending::default(),
             leases,
+            ha: std::sync::OnceLock::new(),
         }
     }
 

@@ -71,13 +71,20 @@ impl EventStreamService {
         Self { hub, authorizer }
     }
 
-    /// The caller's peer and permit.
-    fn peer_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentPeer>, Permit), Status> {
-        let permit = request
+    /// The caller's permit, once cross-hub HA admits agents here.
+    fn permit<T>(&self, request: &Request<T>) -> Result<Permit, Status> {
+        // Cross-hub HA: only the active principal serves agents.
+        crate::ha::admit(&self.hub)?;
+        request
             .extensions()
             .get::<Permit>()
             .cloned()
-            .ok_or_else(|| Status::unauthenticated("this call did not pass the principal's authorization layer"))?;
+            .ok_or_else(|| Status::unauthenticated("this call did not pass the principal's authorization layer"))
+    }
+
+    /// The caller's peer and permit.
+    fn peer_for<T>(&self, request: &Request<T>) -> Result<(Arc<AgentPeer>, Permit), Status> {
+        let permit = self.permit(request)?;
         let peer = self.hub.peers.get_or_create(&permit.agent, permit.mode);
         Ok((peer, permit))
     }
@@ -120,7 +127,10 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
             crate::metrics::global().write_fenced();
         }
         crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
-        link::recv::settle(session.mailbox(), &ev, &result);
+        // Cross-hub HA: on the replicas' hubs before the agent's ACK.
+        if crate::ha::replicated(hub, session, &ev, &result).await {
+            link::recv::settle(session.mailbox(), &ev, &result);
+        }
     }
     .instrument(span)
     .await;
@@ -234,7 +244,41 @@ fn inbound_failure(agent: &str, status: Status, limit: usize) -> Status {
 const RESYNC_RETRY_INITIAL: std::time::Duration = std::time::Duration::from_millis(500);
 const RESYNC_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle, mut inbound: Streaming<WireEvent>) {
+async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle, inbound: Streaming<WireEvent>) {
+    // Among replicas: the newest stream takes the agent's Lease (the old owner lets go); until
+    // it has, nothing from the agent is applied. A take that fails ends the stream.
+    if let Some(leases) = &hub.leases
+        && let Err(e) = tokio::select! {
+            taken = leases.acquire(session.name()) => taken.map(drop),
+            () = handle.closed() => Ok(()),
+        }
+    {
+        tracing::warn!(agent = %session.name(), error = %e, "stream closed: cannot take the agent's Lease");
+        handle.close(Some(Status::from(e)));
+    }
+    if !handle.stop().is_cancelled() {
+        serve_stream(&hub, &session, &handle, inbound).await;
+    }
+    if let Some(status) = handle.end_status() {
+        tracing::info!(agent = %session.name(), code = ?status.code(), reason = status.message(), "agent stream closed");
+    }
+    handle.close(None);
+    session.detach(&handle);
+    crate::redis::agent_detached(&hub, &session);
+    crate::proxy::agent_detached(&hub, &session);
+    crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
+    if hub.leases.is_some() {
+        hub.peers.forget_idle(session.name(), |agent| hub.acts_for(agent));
+    }
+}
+
+/// Resyncs and applies the agent's events until the stream ends or is closed.
+async fn serve_stream(
+    hub: &Arc<Hub>,
+    session: &Arc<AgentPeer>,
+    handle: &StreamHandle,
+    mut inbound: Streaming<WireEvent>,
+) {
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
     crate::metrics::global().agent_connected(session.name());
     if hub.config.namespace_create_enable
@@ -279,24 +323,13 @@ async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle
         match link::recv::next(&mut inbound, handle.stop(), None).await {
             // Boxed: inline, the largest message handler (hub writes) would size this task,
             // which lives as long as the stream, for every idle agent.
-            Next::Message(msg) => _ = Box::pin(on_message(&hub, &session, msg)).await,
+            Next::Message(msg) => _ = Box::pin(on_message(hub, session, msg)).await,
             Next::Ended | Next::Stopped | Next::Silent(_) => break,
             Next::Failed(status) => {
                 handle.close(Some(inbound_failure(session.name(), status, hub.config.max_message_bytes)));
                 break;
             }
         }
-    }
-    if let Some(status) = handle.end_status() {
-        tracing::info!(agent = %session.name(), code = ?status.code(), reason = status.message(), "agent stream closed");
-    }
-    handle.close(None);
-    session.detach(&handle);
-    crate::redis::agent_detached(&hub, &session);
-    crate::proxy::agent_detached(&hub, &session);
-    crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
-    if hub.leases.is_some() {
-        hub.peers.forget_idle(session.name(), |agent| hub.acts_for(agent));
     }
 }
 
@@ -308,19 +341,22 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<WireEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        // Among replicas, take the agent first (the newest stream wins across replicas), then
-        // its peer: a peer forgotten meanwhile is created again (see `Peers::forget_idle`).
-        if let (Some(leases), Some(permit)) = (&self.hub.leases, request.extensions().get::<Permit>()) {
-            leases.acquire(&permit.agent).await.map_err(|e| {
-                tracing::warn!(agent = %permit.agent, error = %e, "stream refused: cannot take the agent's Lease");
-                Status::from(e)
-            })?;
+        let Permit { agent, mode, grant, .. } = self.permit(&request)?;
+        // Among replicas, one that cannot take agents says so at once.
+        if let Some(leases) = &self.hub.leases
+            && let Some(why) = leases.not_serving_reason()
+        {
+            return Err(Status::from(crate::lease::LeaseError::NotServing {
+                replica: leases.replica().to_owned(),
+                why,
+            }));
         }
-        let (session, Permit { mode, grant, .. }) = self.peer_for(&request)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let expires = grant.expires_at.is_some();
-        // Attach now, so an older stream of this agent is closed before this one runs.
-        let handle = session.attach(mode, grant);
+        // Attach now, so an older stream of this agent is closed before this one runs. Among
+        // replicas, the stream takes the agent's Lease before it applies anything
+        // ([`run_stream`]); events to the agent flow meanwhile.
+        let (session, handle) = self.hub.peers.attach(&agent, mode, grant);
         if expires {
             tokio::spawn(expire_at(handle.clone(), session.name().to_owned()));
         }
