@@ -44,17 +44,16 @@
 //! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
 //! largest size. Figures are printed, never asserted.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tests::loadgen::{LoadConfig, LoadGen, Snapshot, procstat};
-use tests::{ApiServerProcess, ChildProcess, wait_for, workspace_binary};
+use tests::loadhub::{
+    FANOUT_PROJECT, Fanout, LoadHub as Hub, LoadPrincipal as Principal, create_namespace, fanout, fanout_project,
+    progress, projects,
+};
 
 type Res<T> = anyhow::Result<T>;
-
-const NS: &str = "argocd";
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -76,81 +75,6 @@ fn open_files_limit() -> Option<u64> {
 
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
-/// The spawned principal.
-struct Principal {
-    process: ChildProcess,
-    port: u16,
-}
-
-impl Principal {
-    fn start(hub: &Hub, key: &Path, port: u16, start: Instant) -> Res<(Self, Duration)> {
-        Self::start_with(hub, key, port, start, &[])
-    }
-
-    fn start_with(hub: &Hub, key: &Path, port: u16, start: Instant, extra: &[&str]) -> Res<(Self, Duration)> {
-        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
-        cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", NS, "--auth", "xfcc:"])
-            .args(extra)
-            .args(["--insecure-plaintext", "--listen-host", "127.0.0.1", "--listen-port", &port.to_string()])
-            .args(["--log-level", "info", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"])
-            .arg("--kubeconfig")
-            .arg(hub.api.kubeconfig_path())
-            .arg("--jwt-key")
-            .arg(key)
-            .env("NO_COLOR", "1");
-        let mut process = ChildProcess::spawn("principal", cmd)?;
-        let addr = wait_for(Duration::from_secs(60), "the principal to listen", || {
-            process.ensure_running()?;
-            Ok(process.stdout().lines().find_map(|l| l.strip_prefix("principal listening on ").map(str::to_owned)))
-        })?;
-        let listening = start.elapsed();
-        let port = addr.trim().rsplit(':').next().and_then(|p| p.parse().ok()).context("principal address")?;
-        Ok((Self { process, port }, listening))
-    }
-
-    fn addr(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-
-    fn rss(&self) -> Res<u64> {
-        procstat::rss_kib(self.pid())
-    }
-
-    /// `cannot start resync` warnings and ERROR lines in its log, counted.
-    fn warnings(&self) -> String {
-        let log = self.process.stderr();
-        let resync = log.lines().filter(|l| l.contains("cannot start resync")).count();
-        let errors = log.lines().filter(|l| l.contains(" ERROR ")).count();
-        format!("{resync} \"cannot start resync\" warnings, {errors} ERROR lines")
-    }
-
-    /// The sum of `argocd_principal_resyncs_total` over agents with this `result`.
-    async fn resyncs(&self, result: &str) -> Res<f64> {
-        let metrics = self
-            .process
-            .stdout()
-            .lines()
-            .find_map(|l| l.strip_prefix("principal metrics listening on ").map(|a| a.trim().to_owned()))
-            .context("the principal's metrics address")?;
-        let (_, text) = tests::http::get(metrics.parse()?, "/metrics").await?;
-        let label = format!("result=\"{result}\"");
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with("argocd_principal_resyncs_total{") && l.contains(&label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
-    }
-
-    /// How many times it logged `agent connected`.
-    fn connects(&self) -> usize {
-        self.process.stderr().lines().filter(|l| l.contains("agent connected")).count()
-    }
 }
 
 /// CPU use of the principal and of this process over a window.
@@ -203,16 +127,6 @@ fn config(addr: String, agents: usize, first: usize) -> LoadConfig {
     c
 }
 
-fn progress(label: &'static str, total: usize) -> impl FnMut(usize, Duration) {
-    let mut last = Instant::now();
-    move |count, elapsed| {
-        if last.elapsed() >= Duration::from_secs(10) {
-            last = Instant::now();
-            eprintln!("  {label}: {count}/{total} resynced after {:.0} s", elapsed.as_secs_f64());
-        }
-    }
-}
-
 struct IdleRow {
     agents: usize,
     added_in: Duration,
@@ -220,61 +134,6 @@ struct IdleRow {
     window: Window,
     fds: usize,
     fanout: Fanout,
-}
-
-/// One AppProject change on the hub that every agent must apply.
-struct Fanout {
-    /// Until the hub API server acknowledged the write (the baseline: one hub write).
-    hub_write: Duration,
-    /// Until the first and the last agent applied it.
-    first: Duration,
-    last: Duration,
-}
-
-/// The AppProject every agent matches (destination name `*`, source namespaces `*`).
-const FANOUT_PROJECT: &str = "fanout";
-
-fn fanout_project(description: &str) -> Res<kube::api::DynamicObject> {
-    tests::fixtures::dynamic(serde_json::json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "AppProject",
-        "metadata": {"name": FANOUT_PROJECT, "namespace": NS},
-        "spec": {
-            "description": description,
-            "sourceRepos": ["*"],
-            "sourceNamespaces": ["*"],
-            "destinations": [{"name": "*", "namespace": "*"}],
-        },
-    }))
-}
-
-fn projects(hub: &Hub) -> kube::api::Api<kube::api::DynamicObject> {
-    let gvk = kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject");
-    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "appprojects");
-    kube::api::Api::namespaced_with(hub.api.client(), NS, &ar)
-}
-
-/// Changes the fan-out AppProject's description and waits until every agent has applied it.
-async fn fanout(hub: &Hub, loads: &[LoadGen], level: usize, timeout: Duration) -> Res<Fanout> {
-    use kube::api::{Patch, PatchParams};
-    let marker = format!("fan-out to {level} agents");
-    for load in loads {
-        load.expect_marker(&marker);
-    }
-    let started = Instant::now();
-    let patch = Patch::Merge(serde_json::json!({"spec": {"description": marker}}));
-    projects(hub)
-        .patch(FANOUT_PROJECT, &PatchParams::default(), &patch)
-        .await
-        .context("cannot change the AppProject")?;
-    let hub_write = started.elapsed();
-    let (mut first, mut last) = (Duration::MAX, Duration::ZERO);
-    for load in loads {
-        let (f, l) = load.wait_all_marked(started, timeout).await?;
-        first = first.min(f);
-        last = last.max(l);
-    }
-    Ok(Fanout { hub_write, first, last })
 }
 
 async fn idle(
@@ -602,45 +461,6 @@ async fn latency_report(hub: &Hub, agents: usize, rate: f64, timeout: Duration) 
 }
 
 /// The hub API server and two JWT signing keys made by `argocd-agentctl jwt create-key`.
-struct Hub {
-    api: ApiServerProcess,
-    keys: [std::path::PathBuf; 2],
-    _dir: tempfile::TempDir,
-}
-
-async fn create_namespace(client: kube::Client, name: &str) -> Res<()> {
-    let namespaces: kube::api::Api<k8s_openapi::api::core::v1::Namespace> = kube::api::Api::all(client);
-    let mut ns = k8s_openapi::api::core::v1::Namespace::default();
-    ns.metadata.name = Some(name.to_owned());
-    namespaces
-        .create(&kube::api::PostParams::default(), &ns)
-        .await
-        .with_context(|| format!("cannot create the {name} namespace"))?;
-    Ok(())
-}
-
-async fn hub() -> Res<Hub> {
-    let api = ApiServerProcess::start().await?;
-    create_namespace(api.client(), NS).await?;
-    let dir = tempfile::Builder::new().prefix("storm-jwt-").tempdir()?;
-    let mut keys = Vec::new();
-    for (i, upsert) in [(0, false), (1, true)] {
-        let out_dir = dir.path().join(format!("key-{i}"));
-        let mut cmd = Command::new(workspace_binary("argocd-agentctl")?);
-        cmd.arg("--kubeconfig").arg(api.kubeconfig_path()).args(["jwt", "create-key", "--out-dir"]).arg(&out_dir);
-        if upsert {
-            cmd.arg("--upsert");
-        }
-        let out = cmd.output().context("cannot run argocd-agentctl")?;
-        if !out.status.success() {
-            bail!("argocd-agentctl jwt create-key: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        keys.push(out_dir.join("jwt.key"));
-    }
-    let keys: [std::path::PathBuf; 2] = keys.try_into().map_err(|_| anyhow::anyhow!("two keys expected"))?;
-    Ok(Hub { api, keys, _dir: dir })
-}
-
 /// Periodic resync: a fresh principal (`--resync-min-interval 0`) and `agents` managed agents,
 /// each holding the fan-out AppProject; an idle window with no periodic resync (the baseline),
 /// then the same agents reconnected sending a digest every `every`: the principal's CPU both
@@ -734,7 +554,7 @@ async fn main() -> Res<()> {
     let phases =
         std::env::var("BENCH_STORM_PHASES").unwrap_or_else(|_| "idle,storm,latency,status,periodic".to_owned());
     let phase = |name: &str| phases.split(',').any(|p| p.trim() == name);
-    let hub = hub().await?;
+    let hub = Hub::start().await?;
 
     if phase("idle") {
         idle_report(&hub, &idle_sizes, window, timeout).await?;

@@ -24,6 +24,7 @@ pub mod istio;
 pub mod kubectl;
 pub mod live;
 pub mod loadgen;
+pub mod loadhub;
 pub mod otlp;
 pub mod pki;
 pub mod process;

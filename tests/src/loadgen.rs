@@ -14,7 +14,11 @@
 //! - **transport**: one HTTP/2 connection per agent from [`agent::transport::connect`] (h2c,
 //!   the agent's keepalive PINGs); the `Authenticate`/`RefreshToken` calls ride on the same
 //!   connection as the `Subscribe` stream (the real agent keeps a second, lazy connection for
-//!   them: that would double the file descriptors);
+//!   them: that would double the file descriptors). With
+//!   [`LoadConfig::streams_per_connection`] `k > 1`, `k` agents share one connection instead,
+//!   as a principal's sidecar (Envoy) multiplexes its agents' streams onto a few upstream
+//!   connections: every call still carries its own agent's `x-forwarded-client-cert`, and each
+//!   agent keeps its own session, stream and reconnects;
 //! - **stream**: `Subscribe` with the access token, and the agent's own peer machinery from
 //!   [`link`]: its mailbox (ACKs and retries), send loop (heartbeats at an interval) and ACK
 //!   policy (a `.processed` ACK for every event received); the stream is taken as dead after
@@ -80,6 +84,11 @@ const REFRESH_RETRY: Duration = Duration::from_secs(1);
 pub struct LoadConfig {
     /// The principal, e.g. `http://127.0.0.1:8443` (plaintext h2c).
     pub principal_addr: String,
+    /// More replicas of the same hub's principal (`--agent-leases`): agent `i` first dials
+    /// address `i mod n` of [`Self::principal_addr`] and these, and the next one after every
+    /// stream that ended and every failed connect, as a Service spreads new connections over
+    /// ready replicas. Connections shared by several agents keep to [`Self::principal_addr`].
+    pub more_principals: Vec<String>,
     /// How many agents.
     pub agents: usize,
     /// The first agent's number: agents are `agent-<first>` .. `agent-<first + agents - 1>`.
@@ -109,6 +118,16 @@ pub struct LoadConfig {
     /// Native mTLS instead of forwarded identities (`None`: plaintext h2c with
     /// `x-forwarded-client-cert`); [`Self::principal_addr`] is then `https://...`.
     pub mtls: Option<ClientTls>,
+    /// How many agents share one HTTP/2 connection (1: one connection per agent; `k > 1`:
+    /// agents `0..k`, `k..2k`, ... each share one, as the streams of an Envoy upstream pool).
+    /// Every call still carries its agent's own `x-forwarded-client-cert`; every agent keeps its
+    /// own session, `Subscribe` stream and backoff. When a shared connection is lost, its
+    /// channel dials one new connection on the next call (tonic's reconnect) and every agent of
+    /// the group reconnects through it. Plaintext only: with [`Self::mtls`] each agent shows
+    /// its own certificate, so [`LoadGen::start`] keeps one connection per agent.
+    /// The principal's HTTP/2 server advertises no `SETTINGS_MAX_CONCURRENT_STREAMS` (tonic's
+    /// default: unlimited), so a connection carries any number of streams.
+    pub streams_per_connection: usize,
 }
 
 /// Makes agent `n`'s TLS towards the principal: its own client certificate (whose subject the
@@ -130,6 +149,7 @@ impl LoadConfig {
     pub fn new(principal_addr: impl Into<String>, agents: usize) -> Self {
         Self {
             principal_addr: principal_addr.into(),
+            more_principals: Vec::new(),
             agents,
             first: 1,
             mode: AgentMode::Managed,
@@ -143,7 +163,21 @@ impl LoadConfig {
             agent_namespace: agent::DEFAULT_NAMESPACE.to_owned(),
             periodic_resync: None,
             mtls: None,
+            streams_per_connection: 1,
         }
+    }
+
+    /// How many agents share each HTTP/2 connection: [`Self::streams_per_connection`], at least
+    /// 1, and 1 with [`Self::mtls`].
+    #[must_use]
+    pub fn agents_per_connection(&self) -> usize {
+        if self.mtls.is_some() { 1 } else { self.streams_per_connection.max(1) }
+    }
+
+    /// How many HTTP/2 connections [`Self::agents`] agents hold.
+    #[must_use]
+    pub fn connections(&self) -> usize {
+        self.agents.div_ceil(self.agents_per_connection())
     }
 
     /// The SPIFFE ID agent `n` presents.
@@ -182,6 +216,7 @@ struct Counters {
     resyncs: AtomicU64,
     principal_resyncs: AtomicU64,
     digests_sent: AtomicU64,
+    duplicates_received: AtomicU64,
 }
 
 /// A copy of the counters.
@@ -220,6 +255,10 @@ pub struct Snapshot {
     pub principal_resyncs: u64,
     /// Periodic resync digests sent ([`LoadConfig::periodic_resync`]).
     pub digests_sent: u64,
+    /// Application and AppProject events received again: the same `eventid` as the last one of
+    /// their resource (a retransmission, or a version sent twice), counted in
+    /// [`Self::objects_applied`] too.
+    pub duplicates_received: u64,
 }
 
 /// Per-agent state the harness reads.
@@ -282,9 +321,15 @@ impl LoadGen {
         let cancel = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
         let n = shared.config.agents.max(1);
+        let per_connection = shared.config.agents_per_connection();
+        let mut group = Arc::new(SharedConnection::default());
         for i in 0..shared.config.agents {
             let delay = shared.config.ramp.mul_f64(i as f64 / n as f64);
-            tasks.spawn(Box::pin(run_agent(shared.clone(), i, delay, cancel.clone())));
+            if i > 0 && i % per_connection == 0 {
+                group = Arc::new(SharedConnection::default());
+            }
+            let conn = (per_connection > 1).then(|| group.clone());
+            tasks.spawn(Box::pin(run_agent(shared.clone(), i, conn, delay, cancel.clone())));
         }
         Self { shared, cancel, tasks }
     }
@@ -317,6 +362,7 @@ impl LoadGen {
             resyncs: get(&c.resyncs),
             principal_resyncs: get(&c.principal_resyncs),
             digests_sent: get(&c.digests_sent),
+            duplicates_received: get(&c.duplicates_received),
         }
     }
 
@@ -466,10 +512,36 @@ impl Session {
     }
 }
 
+/// One HTTP/2 connection that several agents' calls share ([`LoadConfig::streams_per_connection`]):
+/// dialled by the first agent of the group that needs it; the others wait for that dial.
+#[derive(Debug, Default)]
+struct SharedConnection {
+    channel: tokio::sync::Mutex<Option<Channel>>,
+}
+
+impl SharedConnection {
+    /// The group's channel, dialled now if no agent of the group has dialled it yet. A channel
+    /// whose connection is lost dials a new one itself on its next call (tonic's reconnect: one
+    /// connection at a time), so every agent of the group goes on sharing one connection.
+    async fn channel(&self, config: &LoadConfig) -> Result<Channel, agent::transport::TransportError> {
+        let mut slot = self.channel.lock().await;
+        if let Some(channel) = slot.as_ref() {
+            return Ok(channel.clone());
+        }
+        let channel = agent::transport::connect(&config.principal_addr, None, config.keepalive).await?;
+        *slot = Some(channel.clone());
+        Ok(channel)
+    }
+}
+
 /// One simulated agent's state across connections.
 struct Sim {
     shared: Arc<Shared>,
     index: usize,
+    /// The connection this agent shares with others; `None`: one of its own per connect.
+    conn: Option<Arc<SharedConnection>>,
+    /// Connects so far (which replica the next one dials, [`LoadConfig::more_principals`]).
+    dials: usize,
     xfcc: AsciiMetadataValue,
     /// TLS with the agent's own client certificate ([`LoadConfig::mtls`]); `None`: h2c + XFCC.
     tls: Option<agent::transport::AgentTls>,
@@ -479,6 +551,9 @@ struct Sim {
     mailbox: Arc<Mailbox>,
     apps: BTreeMap<String, Application>,
     projects: BTreeMap<String, AppProject>,
+    /// The last `eventid` received per Application and AppProject (`resourceid`), to count
+    /// duplicates.
+    last_received: BTreeMap<String, String>,
 }
 
 /// How a connection attempt ended.
@@ -491,7 +566,13 @@ enum Outcome {
     Stopped,
 }
 
-async fn run_agent(shared: Arc<Shared>, index: usize, delay: Duration, cancel: CancellationToken) {
+async fn run_agent(
+    shared: Arc<Shared>,
+    index: usize,
+    conn: Option<Arc<SharedConnection>>,
+    delay: Duration,
+    cancel: CancellationToken,
+) {
     let n = shared.config.first + index;
     let Ok(xfcc) = AsciiMetadataValue::try_from(shared.config.xfcc(n)) else {
         return;
@@ -525,6 +606,8 @@ async fn run_agent(shared: Arc<Shared>, index: usize, delay: Duration, cancel: C
     let mut sim = Sim {
         shared: shared.clone(),
         index,
+        conn,
+        dials: 0,
         xfcc,
         tls,
         session: Session { shared, creds, params },
@@ -532,6 +615,7 @@ async fn run_agent(shared: Arc<Shared>, index: usize, delay: Duration, cancel: C
         mailbox: Arc::new(Mailbox::new(RetryPolicy::default())),
         apps: BTreeMap::new(),
         projects: BTreeMap::new(),
+        last_received: BTreeMap::new(),
     };
     if !delay.is_zero() {
         tokio::select! {
@@ -612,9 +696,23 @@ impl Sim {
         }
     }
 
-    async fn connect_and_serve(&mut self, cancel: &CancellationToken) -> Outcome {
+    /// The principal replica this connect dials ([`LoadConfig::more_principals`]).
+    fn next_principal(&mut self) -> String {
         let cfg = &self.shared.config;
-        let channel = match agent::transport::connect(&cfg.principal_addr, self.tls.as_ref(), cfg.keepalive).await {
+        let n = cfg.more_principals.len() + 1;
+        let pick = (self.index + self.dials) % n;
+        self.dials += 1;
+        if pick == 0 { cfg.principal_addr.clone() } else { cfg.more_principals[pick - 1].clone() }
+    }
+
+    async fn connect_and_serve(&mut self, cancel: &CancellationToken) -> Outcome {
+        let addr = self.next_principal();
+        let cfg = &self.shared.config;
+        let dialled = match &self.conn {
+            Some(shared) => shared.channel(cfg).await,
+            None => agent::transport::connect(&addr, self.tls.as_ref(), cfg.keepalive).await,
+        };
+        let channel = match dialled {
             Ok(c) => c,
             Err(_) => {
                 self.counters().dial_failed.fetch_add(1, Ordering::Relaxed);
@@ -919,6 +1017,12 @@ impl Sim {
                 }
             }
             Inbound::Event(ev) => {
+                if matches!(ev.target, Target::Application | Target::AppProject)
+                    && self.last_received.insert(ev.resource_id.clone(), ev.event_id.clone()).as_deref()
+                        == Some(ev.event_id.as_str())
+                {
+                    self.counters().duplicates_received.fetch_add(1, Ordering::Relaxed);
+                }
                 self.apply(&ev);
                 link::recv::settle::<std::convert::Infallible>(&self.mailbox, &ev, &Ok(()));
                 self.check_resync_done(resync);

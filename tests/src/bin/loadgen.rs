@@ -6,10 +6,14 @@
 //! argocd-agent-loadgen --server http://127.0.0.1:8443 [--agents 1000] [--first 1]
 //!     [--mode managed|autonomous] [--heartbeat 30] [--keepalive 30] [--status-interval 0]
 //!     [--ramp 0] [--trust-domain cluster.local] [--sa-namespace agents] [--duration 0]
+//!     [--streams-per-connection 1]
 //! ```
 //!
 //! Durations are in seconds (0 = off; `--duration 0` = until Ctrl-C). Prints the counters every
-//! 5 s. Each agent holds one TCP connection: raise `ulimit -n` above the agent count.
+//! 5 s. Each agent holds one TCP connection (raise `ulimit -n` above the agent count), unless
+//! `--streams-per-connection K` (K > 1) puts K agents' streams on one HTTP/2 connection, as a
+//! principal's Envoy sidecar multiplexes them upstream: each call still carries its agent's own
+//! `x-forwarded-client-cert`, and each agent keeps its own session, stream and reconnects.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +22,7 @@ use tests::loadgen::{LoadConfig, LoadGen};
 
 const USAGE: &str = "usage: argocd-agent-loadgen --server http://127.0.0.1:PORT [--agents N] [--first N] \
     [--mode managed|autonomous] [--heartbeat SECS] [--keepalive SECS] [--status-interval SECS] [--ramp SECS] \
-    [--trust-domain TD] [--sa-namespace NS] [--duration SECS]";
+    [--trust-domain TD] [--sa-namespace NS] [--duration SECS] [--streams-per-connection K]";
 
 fn secs(v: &str, flag: &str) -> anyhow::Result<Option<Duration>> {
     let s: f64 = v.parse().with_context(|| format!("{flag} {v:?}: seconds expected"))?;
@@ -47,6 +51,12 @@ fn parse(args: &[String]) -> anyhow::Result<(LoadConfig, Option<Duration>)> {
             "--trust-domain" => config.trust_domain = value.clone(),
             "--sa-namespace" => config.sa_namespace = value.clone(),
             "--duration" => duration = secs(value, flag)?,
+            "--streams-per-connection" => {
+                config.streams_per_connection = value.parse().context("--streams-per-connection: a count expected")?;
+                if config.streams_per_connection == 0 {
+                    bail!("--streams-per-connection must be at least 1 (1: one connection per agent)");
+                }
+            }
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
     }
@@ -62,8 +72,13 @@ async fn main() -> anyhow::Result<()> {
     let (config, duration) = parse(&args)?;
     let n = config.agents;
     println!(
-        "loadgen: {n} {} agents (agent-{}..) -> {}, heartbeat {:?}, status updates {:?}",
-        config.mode, config.first, config.principal_addr, config.heartbeat, config.status_interval
+        "loadgen: {n} {} agents (agent-{}..) -> {} on {} HTTP/2 connections, heartbeat {:?}, status updates {:?}",
+        config.mode,
+        config.first,
+        config.principal_addr,
+        config.connections(),
+        config.heartbeat,
+        config.status_interval
     );
     let started = Instant::now();
     let load = LoadGen::start(config);

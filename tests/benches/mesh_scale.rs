@@ -1,0 +1,331 @@
+//! One principal in mesh mode with many idle agents multiplexed onto a few HTTP/2 connections, as
+//! the principal's Envoy sidecar delivers them (docs/mesh/envoy.md: 3,000 agents through one
+//! Envoy arrived on 4 upstream connections), against one connection per agent.
+//!
+//! Setup (`tests::loadhub`, shared with `storm.rs`): a hub embedded API server, a JWT key made by
+//! `argocd-agentctl jwt create-key` (RSA-4096), and the release `argocd-agent principal` spawned
+//! with `--insecure-plaintext --auth xfcc:` on 127.0.0.1 (behind a sidecar; loopback is a trusted
+//! hop).
+//! Agents are simulated in this process by `tests::loadgen`: managed, empty spokes, each with its
+//! own forwarded SPIFFE identity (`x-forwarded-client-cert` on every call), session, `Subscribe`
+//! stream and reconnects, heartbeats and keepalive PINGs every 30 s; with
+//! `LoadConfig::streams_per_connection` K agents share one HTTP/2 connection, as the streams of
+//! an Envoy upstream pool.
+//!
+//! Levels, each on a fresh principal whose RSS and descriptors with 0 agents (after an idle
+//! window) are that level's baseline:
+//! 1. `BENCH_MESH_DIRECT_AGENTS` (10,000) agents, one connection each: the per-agent cost today,
+//!    bounded by the open-files limit (20,000 here, one descriptor per agent in each process);
+//! 2. the same number multiplexed, K per connection (the same-size comparison);
+//! 3. `BENCH_MESH_AGENTS` (50,000) multiplexed, K per connection
+//!    (`BENCH_MESH_STREAMS_PER_CONNECTION`, 1,000).
+//!
+//! Agents connect at `BENCH_MESH_RAMP_RATE` (80) per second (`0`: all at once): every first
+//! connect is an `Authenticate` that signs two RSA-4096 tokens (~12 ms of a core), and 50,000 at
+//! once queue for minutes, past their own keepalive and session deadlines, and reconnect over and
+//! over (a storm, not an idle fleet). Multiplexed connections carry no HTTP/2 keepalive PINGs, as
+//! Envoy's upstream connections in `envoy/principal-sidecar.yaml` carry none (the agents' PINGs
+//! end at their sidecar); each agent's stream still has heartbeats and the silence limit.
+//!
+//! At each level: the time until every agent is connected and resynced, an idle window
+//! (`BENCH_MESH_WINDOW`, 20 s) for the principal's CPU, then its RSS (`VmRSS`) and open
+//! descriptors; per agent = (RSS − RSS with 0 agents) / agents. Then fan-out: one change to an
+//! AppProject every agent matches, the time until the last agent has applied it, beside the hub
+//! write's own time. Targets (printed, never asserted): < 40 KiB per idle agent and fan-out
+//! < 5 s at 50,000 agents.
+//!
+//! Run: `cargo build --release -p cli && cargo bench -p tests --bench mesh_scale`;
+//! `BENCH_MESH_TIMEOUT` (1800 s) bounds each wait. `BENCH_QUICK=1`: 200 agents 50 per connection,
+//! 100 with one connection each, 1 s windows, no ramp.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tests::loadgen::{LoadConfig, LoadGen, procstat};
+use tests::loadhub::{FANOUT_PROJECT, LoadHub, LoadPrincipal, fanout, fanout_project, progress, projects};
+
+type Res<T> = anyhow::Result<T>;
+
+/// Targets of the issue at `BENCH_MESH_AGENTS` agents.
+const TARGET_KIB_PER_AGENT: f64 = 40.0;
+const TARGET_FANOUT: Duration = Duration::from_secs(5);
+
+/// Descriptors a process needs besides its agents' connections.
+const FD_HEADROOM: usize = 256;
+
+fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// ERROR lines in the principal's log.
+fn errors(principal: &LoadPrincipal) -> usize {
+    principal.process.stderr().lines().filter(|l| l.contains(" ERROR ")).count()
+}
+
+/// CPU of the principal and of this process (the load generator) over a measurement window, as
+/// % of one core.
+async fn cpu_window(pid: u32, window: Duration) -> Res<(f64, f64)> {
+    let hz = procstat::clock_ticks_per_second() as f64;
+    let me = std::process::id();
+    let (p0, l0, t0) = (procstat::cpu_ticks(pid)?, procstat::cpu_ticks(me)?, Instant::now());
+    tokio::time::sleep(window).await; // a measurement window, not synchronisation
+    let (p1, l1) = (procstat::cpu_ticks(pid)?, procstat::cpu_ticks(me)?);
+    let secs = t0.elapsed().as_secs_f64();
+    Ok(((p1 - p0) as f64 / hz / secs * 100.0, (l1 - l0) as f64 / hz / secs * 100.0))
+}
+
+/// One level: a fresh principal, its 0-agent baseline, `agents` agents `per_connection` to a
+/// connection, idle, fan-out.
+struct Row {
+    agents: usize,
+    per_connection: usize,
+    connect: Duration,
+    rss0: u64,
+    fds0: usize,
+    cpu0: f64,
+    rss: u64,
+    fds: usize,
+    cpu: f64,
+    loadgen_cpu: f64,
+    hub_write: Duration,
+    first: Duration,
+    last: Duration,
+    heartbeats: u64,
+    refreshed: u64,
+    streams_ended: u64,
+    errors: usize,
+}
+
+impl Row {
+    fn kib_per_agent(&self) -> f64 {
+        self.rss.saturating_sub(self.rss0) as f64 / self.agents as f64
+    }
+
+    /// The principal's descriptors for its agents (HTTP/2 connections).
+    fn connections(&self) -> usize {
+        self.fds.saturating_sub(self.fds0)
+    }
+
+    fn delivery(&self) -> String {
+        if self.per_connection == 1 {
+            "one connection per agent".to_owned()
+        } else {
+            format!("multiplexed, {} per connection", self.per_connection)
+        }
+    }
+}
+
+/// How a level runs: the idle window, each wait's bound, and first connects per second (0: all
+/// at once).
+#[derive(Clone, Copy)]
+struct Pace {
+    window: Duration,
+    timeout: Duration,
+    ramp_rate: usize,
+}
+
+async fn level(hub: &LoadHub, agents: usize, per_connection: usize, pace: Pace) -> Res<Row> {
+    use kube::api::{Patch, PatchParams};
+    let Pace { window, timeout, ramp_rate } = pace;
+    let label = format!("{agents} agents, {per_connection} per connection");
+    // Another level may have left the fan-out's marker in the description: the fan-out below must
+    // be a change.
+    let before = Patch::Merge(serde_json::json!({"spec": {"description": format!("before {label} connect")}}));
+    projects(hub)
+        .patch(FANOUT_PROJECT, &PatchParams::default(), &before)
+        .await
+        .context("cannot reset the fan-out AppProject")?;
+    let (principal, _) = LoadPrincipal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let (cpu0, _) = cpu_window(principal.pid(), window).await?;
+    let rss0 = principal.rss()?;
+    let fds0 = procstat::open_fds(principal.pid());
+
+    let mut config = LoadConfig::new(principal.addr(), agents);
+    config.streams_per_connection = per_connection;
+    if per_connection > 1 {
+        // Envoy's upstream connections to the principal carry no keepalive PINGs.
+        config.keepalive = None;
+    }
+    if ramp_rate > 0 {
+        config.ramp = Duration::from_secs_f64(agents as f64 / ramp_rate as f64);
+    }
+    let started = Instant::now();
+    let load = LoadGen::start(config);
+    let connect = load
+        .wait_all_resynced(started, timeout, progress(label.clone(), agents))
+        .await
+        .with_context(|| format!("{label}: not every agent connected; raise BENCH_MESH_TIMEOUT or lower the sizes"))?;
+    eprintln!("  {label}: all resynced after {:.1} s", connect.as_secs_f64());
+    let before = load.snapshot();
+    let (cpu, loadgen_cpu) = cpu_window(principal.pid(), window).await?;
+    let after = load.snapshot();
+    let rss = principal.rss()?;
+    let fds = procstat::open_fds(principal.pid());
+    if after.connected != agents {
+        bail!("{label}: only {} agents still connected after the idle window: {after:?}", after.connected);
+    }
+    let fan =
+        fanout(hub, std::slice::from_ref(&load), agents, timeout).await.with_context(|| format!("{label}: fan-out"))?;
+    let errors = errors(&principal);
+    load.stop().await;
+    drop(principal);
+    Ok(Row {
+        agents,
+        per_connection,
+        connect,
+        rss0,
+        fds0,
+        cpu0,
+        rss,
+        fds,
+        cpu,
+        loadgen_cpu,
+        hub_write: fan.hub_write,
+        first: fan.first,
+        last: fan.last,
+        heartbeats: after.heartbeats_sent - before.heartbeats_sent,
+        refreshed: after.refreshed - before.refreshed,
+        streams_ended: after.streams_ended - before.streams_ended,
+        errors,
+    })
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn print_rows(rows: &[Row], window: Duration) {
+    println!(
+        "  | delivery | agents | principal connections (fds - baseline) | connect + resync | principal RSS, 0 agents -> agents | per agent | principal CPU idle (0 agents) | fan-out: hub write | first agent | last agent |"
+    );
+    for r in rows {
+        println!(
+            "  | {} | {} | {} | {:.1} s | {} -> {} | {:.1} KiB | {:.2}% ({:.2}%) | {} | {} | {} |",
+            r.delivery(),
+            r.agents,
+            r.connections(),
+            r.connect.as_secs_f64(),
+            mib(r.rss0),
+            mib(r.rss),
+            r.kib_per_agent(),
+            r.cpu,
+            r.cpu0,
+            ms(r.hub_write),
+            ms(r.first),
+            ms(r.last),
+        );
+    }
+    for r in rows {
+        println!(
+            "  {} agents, {}: over the {:.0} s window {} heartbeats, {} token refreshes, {} streams ended; load generator CPU {:.1}%; principal log: {} ERROR lines",
+            r.agents,
+            r.delivery(),
+            window.as_secs_f64(),
+            r.heartbeats,
+            r.refreshed,
+            r.streams_ended,
+            r.loadgen_cpu,
+            r.errors
+        );
+    }
+}
+
+fn print_ratios(direct: &Row, same: Option<&Row>, big: &Row) {
+    if let Some(same) = same {
+        println!(
+            "  same size ({} agents): multiplexed / one connection per agent: memory per agent {:.2}x ({:.1} / {:.1} KiB), fan-out last agent {:.2}x, connect + resync {:.2}x, idle CPU {:.2}x",
+            same.agents,
+            same.kib_per_agent() / direct.kib_per_agent().max(1e-9),
+            same.kib_per_agent(),
+            direct.kib_per_agent(),
+            same.last.as_secs_f64() / direct.last.as_secs_f64().max(1e-9),
+            same.connect.as_secs_f64() / direct.connect.as_secs_f64().max(1e-9),
+            same.cpu / direct.cpu.max(1e-9),
+        );
+    }
+    println!(
+        "  {} multiplexed agents against {} with one connection each: memory per agent {:.2}x, fan-out last agent {:.2}x for {:.1}x the agents",
+        big.agents,
+        direct.agents,
+        big.kib_per_agent() / direct.kib_per_agent().max(1e-9),
+        big.last.as_secs_f64() / direct.last.as_secs_f64().max(1e-9),
+        big.agents as f64 / direct.agents as f64,
+    );
+    let verdict = |ok: bool| if ok { "met" } else { "missed" };
+    println!(
+        "  target: < {TARGET_KIB_PER_AGENT:.0} KiB per idle agent at {}: {:.1} KiB, {}",
+        big.agents,
+        big.kib_per_agent(),
+        verdict(big.kib_per_agent() < TARGET_KIB_PER_AGENT)
+    );
+    println!(
+        "  target: fan-out to all {} < {:.0} s: {:.2} s to the last agent (hub write {}), {}",
+        big.agents,
+        TARGET_FANOUT.as_secs_f64(),
+        big.last.as_secs_f64(),
+        ms(big.hub_write),
+        verdict(big.last < TARGET_FANOUT)
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let quick = std::env::var("BENCH_QUICK").is_ok();
+    let env = |name: &str, quick_default: usize, default: usize| {
+        tests::bench::env(name, if quick { quick_default } else { default }).max(1)
+    };
+    let agents = env("BENCH_MESH_AGENTS", 200, 50_000);
+    let per_connection = env("BENCH_MESH_STREAMS_PER_CONNECTION", 50, 1000);
+    let direct = env("BENCH_MESH_DIRECT_AGENTS", 100, 10_000);
+    let window = Duration::from_secs(env("BENCH_MESH_WINDOW", 1, 20) as u64);
+    let timeout = Duration::from_secs(env("BENCH_MESH_TIMEOUT", 120, 1800) as u64);
+    let ramp_rate = tests::bench::env("BENCH_MESH_RAMP_RATE", if quick { 0 } else { 80 });
+    let pace = Pace { window, timeout, ramp_rate };
+    let limit = open_files_limit();
+    println!(
+        "mesh scale ({} cores, ulimit -n {}): principal --insecure-plaintext --auth xfcc:, managed agents each with its own XFCC, session and stream; heartbeats and keepalive 30 s",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        limit.map_or("unknown".to_owned(), |l| l.to_string())
+    );
+    if let Some(limit) = limit {
+        let needed = direct.max(agents.div_ceil(per_connection)) + FD_HEADROOM;
+        if needed > limit {
+            bail!(
+                "ulimit -n is {limit}: {direct} agents with a connection each (or {agents} agents {per_connection} per connection) need {needed} descriptors in this process and in the principal; lower BENCH_MESH_DIRECT_AGENTS or raise BENCH_MESH_STREAMS_PER_CONNECTION"
+            );
+        }
+    }
+    let hub = LoadHub::start().await?;
+    projects(&hub)
+        .create(&kube::api::PostParams::default(), &fanout_project("created before the agents")?)
+        .await
+        .context("cannot create the fan-out AppProject")?;
+    let mut plan = vec![(direct, 1)];
+    if per_connection > 1 && direct != agents {
+        plan.push((direct, per_connection));
+    }
+    plan.push((agents, per_connection));
+    let mut rows = Vec::new();
+    for (n, k) in plan {
+        let row = level(&hub, n, k, pace).await?;
+        // Printed as soon as measured: a later level may fail.
+        println!("level measured:");
+        print_rows(std::slice::from_ref(&row), window);
+        rows.push(row);
+    }
+    let ramp = if ramp_rate > 0 { format!("{ramp_rate} first connects/s") } else { "all at once".to_owned() };
+    println!(
+        "idle agents and fan-out, each level on a fresh principal (its own 0-agent baseline), agents connecting {ramp}:"
+    );
+    print_rows(&rows, window);
+    let same = (rows.len() == 3).then(|| &rows[1]);
+    print_ratios(&rows[0], same, &rows[rows.len() - 1]);
+    drop(hub);
+    Ok(())
+}
