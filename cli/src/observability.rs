@@ -97,7 +97,13 @@ fn health_router(health: Health) -> Router {
             }
         }
     };
-    Router::new().route("/healthz", get(answer.clone())).route("/readyz", get(answer))
+    // `/livez`: the process answers. Liveness probes use it, not `/healthz`, which is 503
+    // whenever the process cannot take work (a replica without its Lease, a cross-hub replica,
+    // a principal still listing the hub): restarting it would not help.
+    Router::new()
+        .route("/healthz", get(answer.clone()))
+        .route("/readyz", get(answer))
+        .route("/livez", get(|| async { "ok\n" }))
 }
 
 /// `router` behind the tower-http stack (module docs); `kind` names the listener in the span,
@@ -239,6 +245,8 @@ mod tests {
         healthy.store(false, std::sync::atomic::Ordering::SeqCst);
         let (code, _, body) = call(&router, get_req("/readyz")).await;
         assert_eq!((code, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "not connected\n"));
+        let (code, _, body) = call(&router, get_req("/livez")).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "ok\n"), "alive while not ready");
         let req = Request::get("/healthz").header("x-request-id", "abc-123").body(axum::body::Body::empty());
         let (_, headers, _) = call(&router, req.expect("request")).await;
         assert_eq!(headers.get("x-request-id").map(|v| v.as_bytes()), Some(&b"abc-123"[..]), "a caller's id is kept");
