@@ -292,6 +292,14 @@ impl Ownership {
         (Instant::now() < until && lock(&self.held).contains_key(agent)).then_some(until)
     }
 
+    /// `(this replica, the live replica that owns agent)` when another replica does, as the
+    /// Leases were last seen.
+    pub(crate) fn owner_elsewhere(&self, agent: &str) -> Option<(String, String)> {
+        let holder = lock(&self.seen_agents).get(agent).map(|seen| seen.holder.clone())?;
+        (!holder.is_empty() && holder != self.config.replica && !self.replica_expired(&holder))
+            .then(|| (self.config.replica.clone(), holder))
+    }
+
     /// Whether `replica`'s Lease, as last seen, has expired (or was deleted).
     fn replica_expired(&self, replica: &str) -> bool {
         if replica == self.config.replica {
@@ -696,5 +704,11 @@ mod tests {
         assert!(own.replica_expired("r2"), "never seen");
         own.saw_replica("r2", Some(&LeaseSpec { lease_duration_seconds: Some(15), ..LeaseSpec::default() }));
         assert!(!own.replica_expired("r2"));
+        lock(&own.seen_agents)
+            .insert("b".into(), SeenLease { resource_version: "3".into(), holder: "r2".into(), transitions: 0 });
+        assert_eq!(own.owner_elsewhere("b"), Some(("r1".into(), "r2".into())), "a live owner elsewhere");
+        assert_eq!(own.owner_elsewhere("c"), None, "no Lease");
+        lock(&own.replicas).clear();
+        assert_eq!(own.owner_elsewhere("b"), None, "its owner's Lease is gone");
     }
 }

@@ -221,7 +221,14 @@ impl ResourceProxy {
     #[allow(clippy::result_large_err)]
     fn connected(&self, agent: &str) -> Result<Arc<crate::peer::AgentPeer>, Response<Full<Bytes>>> {
         self.hub.peers.get(agent).filter(|p| p.is_connected()).ok_or_else(|| {
-            status::failure(StatusCode::BAD_GATEWAY, &format!("agent {agent:?} is not connected to this principal"))
+            let message = match self.hub.leases.as_ref().and_then(|l| l.owner_elsewhere(agent)) {
+                // Among replicas: say where the agent is (the resource proxy does not forward yet).
+                Some((here, owner)) => format!(
+                    "agent {agent:?} is connected to principal replica {owner:?}, not to this one ({here:?});                      live resources reach an agent only through the replica that owns it (docs/ha.md)"
+                ),
+                None => format!("agent {agent:?} is not connected to this principal"),
+            };
+            status::failure(StatusCode::BAD_GATEWAY, &message)
         })
     }
 
