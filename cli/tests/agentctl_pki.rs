@@ -375,6 +375,13 @@ fn rsa_defaults_propagate_and_jwt_key() {
     assert!(inspect.contains("\"keyLength\":4096") && inspect.contains("\"keyType\":\"RSA\""), "{inspect}");
     let err = c.fails(&["jwt", "create-key"]);
     assert!(err.contains("--upsert"), "{err}");
+    // An ECDSA P-256 key (tokens ES256), which the principal loads.
+    c.ok(&["jwt", "create-key", "--upsert", "--type", "ecdsa-p256"]);
+    let pem = field(&c.must_secret("argocd", "argocd-agent-jwt"), "jwt.key");
+    let key = auth::SigningKey::from_pem(&pem).expect("the principal loads it");
+    assert_eq!(format!("{:?}", key.algorithm()), "ES256");
+    let inspect = c.ok(&["jwt", "inspect-key", "-o", "text"]);
+    assert!(inspect.contains("ECDSA-P256") && inspect.contains("Key length:      256"), "{inspect}");
     c.ok(&["jwt", "delete-key", "--force"]);
     assert!(c.secret("argocd", "argocd-agent-jwt").is_none());
 }

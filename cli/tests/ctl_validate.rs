@@ -313,7 +313,7 @@ fn validate_catches_foreign_server_certs_bad_jwt_keys_and_expiry() {
     jwt.data.as_mut().unwrap().insert("jwt.key".into(), ByteString(b"not a key".to_vec()));
     c.replace(&jwt);
     let out = c.flags(&["principal"]);
-    assert!(line(&out, "FAIL", "JWT secret").contains("not a usable RSA key"), "{out}");
+    assert!(line(&out, "FAIL", "JWT secret").contains("not a usable RSA or ECDSA P-256 key"), "{out}");
     c.replace(&{
         let mut fresh = jwt_secret();
         fresh.metadata = c.secret("argocd", "argocd-agent-jwt").metadata;

@@ -43,11 +43,14 @@ pub async fn create_namespace(client: kube::Client, name: &str) -> anyhow::Resul
 }
 
 impl LoadHub {
-    /// Starts the API server and makes the keys.
+    /// Starts the API server and makes the keys: RSA-4096 (upstream's), or of the type
+    /// `BENCH_JWT_KEY_TYPE` names (`ecdsa-p256`: tokens ES256, `argocd-agentctl jwt create-key
+    /// --type`).
     ///
     /// # Errors
     /// The API server or `argocd-agentctl` fails.
     pub async fn start() -> anyhow::Result<Self> {
+        let key_type = std::env::var("BENCH_JWT_KEY_TYPE").unwrap_or_else(|_| "rsa".to_owned());
         let api = ApiServerProcess::start().await?;
         create_namespace(api.client(), NS).await?;
         let dir = tempfile::Builder::new().prefix("loadhub-jwt-").tempdir()?;
@@ -55,7 +58,10 @@ impl LoadHub {
         for (i, upsert) in [(0, false), (1, true)] {
             let out_dir = dir.path().join(format!("key-{i}"));
             let mut cmd = Command::new(workspace_binary("argocd-agentctl")?);
-            cmd.arg("--kubeconfig").arg(api.kubeconfig_path()).args(["jwt", "create-key", "--out-dir"]).arg(&out_dir);
+            cmd.arg("--kubeconfig")
+                .arg(api.kubeconfig_path())
+                .args(["jwt", "create-key", "--type", &key_type, "--out-dir"])
+                .arg(&out_dir);
             if upsert {
                 cmd.arg("--upsert");
             }

@@ -17,7 +17,8 @@ use super::token::{
 use crate::error::AuthError;
 use crate::identity::{AgentIdentity, AgentMode, AgentName, Binding};
 
-/// The only algorithm upstream signs with and accepts.
+/// The only algorithm upstream signs with and accepts (RSA keys; an ECDSA P-256 key signs ES256,
+/// [`SigningKey::algorithm`]).
 pub const ALGORITHM: Algorithm = Algorithm::RS512;
 
 // === Clock ===
@@ -305,10 +306,11 @@ impl SessionIssuer {
     fn verify_uncached(&self, token: &str, kind: TokenKind) -> Result<VerifiedToken, AuthError> {
         let malformed = |reason: String| AuthError::MalformedToken { kind, reason };
         let header = jsonwebtoken::decode_header(token).map_err(|e| malformed(e.to_string()))?;
-        if header.alg != ALGORITHM {
+        let algorithm = self.key.algorithm();
+        if header.alg != algorithm {
             return Err(AuthError::TokenAlgorithm { kind, found: format!("{:?}", header.alg) });
         }
-        let mut validation = Validation::new(ALGORITHM);
+        let mut validation = Validation::new(algorithm);
         validation.validate_exp = false;
         validation.validate_nbf = false;
         validation.validate_aud = false;
@@ -393,7 +395,9 @@ impl SessionIssuer {
             cnf: bound.map(|b| Confirmation::from(b.binding)),
             amr: bound.map(|b| vec![b.method.to_owned()]).unwrap_or_default(),
         };
-        self.key.sign_jwt(&Header::new(ALGORITHM), &claims).map_err(|reason| AuthError::TokenIssue { reason })
+        self.key
+            .sign_jwt(&Header::new(self.key.algorithm()), &claims)
+            .map_err(|reason| AuthError::TokenIssue { reason })
     }
 }
 

@@ -261,10 +261,20 @@ async fn principal_checks(ctx: &Ctx, secrets: &Secrets, report: &mut Report) -> 
         Some(secret) => match field_text(&secret, jwt::FIELD_JWT_KEY) {
             Err(e) => report.fail(&jwt_name, format!("{e:#}"), jwt_fix),
             Ok(pem) => match auth::SigningKey::from_pem(&pem) {
-                Ok(_) => report.ok(&jwt_name, format!("{} parses as an RSA signing key", jwt::FIELD_JWT_KEY)),
-                Err(e) => {
-                    report.fail(&jwt_name, format!("{} is not a usable RSA key: {e}", jwt::FIELD_JWT_KEY), jwt_fix)
-                }
+                Ok(key) => report.ok(
+                    &jwt_name,
+                    format!(
+                        "{} parses as a signing key ({:?}, {} bits)",
+                        jwt::FIELD_JWT_KEY,
+                        key.algorithm(),
+                        key.bits()
+                    ),
+                ),
+                Err(e) => report.fail(
+                    &jwt_name,
+                    format!("{} is not a usable RSA or ECDSA P-256 key: {e}", jwt::FIELD_JWT_KEY),
+                    jwt_fix,
+                ),
             },
         },
     }
