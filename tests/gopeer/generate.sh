@@ -22,6 +22,8 @@ declare -A PKGS=(
     [version.proto]=versionapi
     [logstream.proto]=logstreamapi
     [terminalstream.proto]=terminalstreamapi
+    [replication.proto]=replicationapi
+    [haadmin.proto]=haadminapi
 )
 maps=(--go_opt=Mcloudevents.proto=github.com/cloudevents/sdk-go/binding/format/protobuf/v2/pb
       --go-grpc_opt=Mcloudevents.proto=github.com/cloudevents/sdk-go/binding/format/protobuf/v2/pb)

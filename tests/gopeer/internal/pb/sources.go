@@ -8,7 +8,9 @@ var ProtoSHA256 = map[string]string{
 	"auth.proto":           "0f86946e54267b655a493e5aba2f02e854c5837bdaf06b1873c4beb52f447d95",
 	"cloudevents.proto":    "b07fa80d9f21e0192c4504a0ec5679ba19848de6428b9c288356759b16e6dd44",
 	"eventstream.proto":    "025afb9d52b0ef697b55849eabd334127e4740f7b7603d610a7efcb64640d199",
+	"haadmin.proto":        "fa38fe1746f2d691642406dfa04ac96cc874a19764d3f10cdd13d20a21c5d1c1",
 	"logstream.proto":      "caf78c1c23453a6650f7806023bd82a9a65ebcfc954dad739c99c369ac51fdb8",
+	"replication.proto":    "d5eb2cf7a5f679c191f6d33306e7d269a295c90b9657c52da92552259eb848c4",
 	"terminalstream.proto": "73f7ad0abc593d9cbde81a9ec1a25afcc71e16b473756c2ddc5e9aa9292a6c14",
 	"version.proto":        "19d2fd761b0ba957d98a0393e06f83e55d7e33ab073cdd75d12a892905e66ea1",
 }
