@@ -3,7 +3,9 @@
 //! Envoy arrived on 4 upstream connections), against one connection per agent.
 //!
 //! Setup (`tests::loadhub`, shared with `storm.rs`): a hub embedded API server, a JWT key made by
-//! `argocd-agentctl jwt create-key` (RSA-4096), and the release `argocd-agent principal` spawned
+//! `argocd-agentctl jwt create-key --type ecdsa-p256` (tokens ES256; `BENCH_JWT_KEY_TYPE=rsa`
+//! for upstream's RSA-4096, whose signing bounds one principal below 50,000 agents on 2 cores:
+//! docs/performance.md), and the release `argocd-agent principal` spawned
 //! with `--insecure-plaintext --auth xfcc:` on 127.0.0.1 (behind a sidecar; loopback is a trusted
 //! hop).
 //! Agents are simulated in this process by `tests::loadgen`: managed, empty spokes, each with its
@@ -20,10 +22,10 @@
 //! 3. `BENCH_MESH_AGENTS` (50,000) multiplexed, K per connection
 //!    (`BENCH_MESH_STREAMS_PER_CONNECTION`, 1,000).
 //!
-//! Agents connect at `BENCH_MESH_RAMP_RATE` (80) per second (`0`: all at once): every first
-//! connect is an `Authenticate` that signs two RSA-4096 tokens (~12 ms of a core), and 50,000 at
-//! once queue for minutes, past their own keepalive and session deadlines, and reconnect over and
-//! over (a storm, not an idle fleet). Multiplexed connections carry no HTTP/2 keepalive PINGs, as
+//! Agents connect at `BENCH_MESH_RAMP_RATE` (400) per second (`0`: all at once): every first
+//! connect is an `Authenticate` that signs two tokens (~12 ms of a core with RSA-4096, a fraction
+//! of that with ES256), and 50,000 at once queue past their own keepalive and session deadlines
+//! and reconnect over and over (a storm, not an idle fleet); with RSA-4096 use 60/s. Multiplexed connections carry no HTTP/2 keepalive PINGs, as
 //! Envoy's upstream connections in `envoy/principal-sidecar.yaml` carry none (the agents' PINGs
 //! end at their sidecar); each agent's stream still has heartbeats and the silence limit.
 //!
@@ -285,7 +287,7 @@ async fn main() -> Res<()> {
     let direct = env("BENCH_MESH_DIRECT_AGENTS", 100, 10_000);
     let window = Duration::from_secs(env("BENCH_MESH_WINDOW", 1, 20) as u64);
     let timeout = Duration::from_secs(env("BENCH_MESH_TIMEOUT", 120, 1800) as u64);
-    let ramp_rate = tests::bench::env("BENCH_MESH_RAMP_RATE", if quick { 0 } else { 80 });
+    let ramp_rate = tests::bench::env("BENCH_MESH_RAMP_RATE", if quick { 0 } else { 400 });
     let pace = Pace { window, timeout, ramp_rate };
     let limit = open_files_limit();
     println!(
@@ -301,7 +303,7 @@ async fn main() -> Res<()> {
             );
         }
     }
-    let hub = LoadHub::start().await?;
+    let hub = LoadHub::start_with_key_type("ecdsa-p256").await?;
     projects(&hub)
         .create(&kube::api::PostParams::default(), &fanout_project("created before the agents")?)
         .await

@@ -50,7 +50,15 @@ impl LoadHub {
     /// # Errors
     /// The API server or `argocd-agentctl` fails.
     pub async fn start() -> anyhow::Result<Self> {
-        let key_type = std::env::var("BENCH_JWT_KEY_TYPE").unwrap_or_else(|_| "rsa".to_owned());
+        Self::start_with_key_type("rsa").await
+    }
+
+    /// The same, with keys of `default_type` unless `BENCH_JWT_KEY_TYPE` names one.
+    ///
+    /// # Errors
+    /// The API server or `argocd-agentctl` fails.
+    pub async fn start_with_key_type(default_type: &str) -> anyhow::Result<Self> {
+        let key_type = std::env::var("BENCH_JWT_KEY_TYPE").unwrap_or_else(|_| default_type.to_owned());
         let api = ApiServerProcess::start().await?;
         create_namespace(api.client(), NS).await?;
         let dir = tempfile::Builder::new().prefix("loadhub-jwt-").tempdir()?;
