@@ -249,7 +249,8 @@ async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle
     // it has, nothing from the agent is applied. A take that fails ends the stream.
     if let Some(leases) = &hub.leases
         && let Err(e) = tokio::select! {
-            taken = leases.acquire(session.name()) => taken.map(drop),
+            // Boxed: the hub requests' futures would otherwise size every stream's task.
+            taken = Box::pin(leases.acquire(session.name())) => taken.map(drop),
             () = handle.closed() => Ok(()),
         }
     {
