@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crate::envoy::{EnvoySidecar, SidecarKind, SidecarParams};
 use crate::process::ChildProcess;
-use crate::topology::{ARGOCD_NS, Topology, Transport};
+use crate::topology::{ARGOCD_NS, MeshOptions, Mode, StartOptions, Topology, Transport};
 use crate::wait::{Poller, wait_for_async};
 
 /// How long a replica may take to start and report ready on a busy machine.
@@ -773,4 +773,61 @@ impl Drop for Churn {
 pub fn log_time(line: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     let first = line.split_whitespace().next()?;
     chrono::DateTime::parse_from_rfc3339(first).ok().map(|t| t.with_timezone(&chrono::Utc))
+}
+
+/// The Lease duration of [`replicas_on`]'s replicas: short, so a takeover after a lapse fits a
+/// test's time (renewals every 2 s).
+pub const TEST_LEASE: Duration = Duration::from_secs(6);
+/// Convergence and re-attach deadlines of the replica tests on two busy cores.
+pub const TEST_CONVERGE: Duration = Duration::from_secs(60);
+
+/// Flags of the topology's own (bootstrap) principal: it creates the principal's identity
+/// ConfigMap as the first replica of a hub would, then stops; the replicas share it.
+pub fn bootstrap_args() -> Vec<String> {
+    ["--agent-leases", "--replica-name", "bootstrap", "--agent-lease-duration", "6s"].map(str::to_owned).to_vec()
+}
+
+/// A topology on `transport` whose principal is replaced by replicas `names` behind the load
+/// balancer; no agent started yet. Replicas hold Leases of [`TEST_LEASE`].
+///
+/// # Errors
+/// A process does not start.
+pub async fn replicas_on(
+    agents: &[(&str, Mode)],
+    transport: Transport,
+    mut options: StartOptions,
+    names: &[&str],
+) -> anyhow::Result<(Topology, Replicas)> {
+    options.start_agents = false;
+    options.principal_args = bootstrap_args();
+    let mut t = Topology::start_with_transport(agents, transport, MeshOptions::default(), options).await?;
+    t.stop_principal(Duration::from_secs(30))?;
+    t.set_principal_args(&[]);
+    let plain: Vec<(&str, HubAccess)> = names.iter().map(|n| (*n, HubAccess::default())).collect();
+    let r = Replicas::start(&t, &plain, TEST_LEASE).await?;
+    Ok((t, r))
+}
+
+/// Start `agents` through the load balancer with only replica `index` taking connections, and
+/// wait until that replica owns and serves each; then every replica takes connections again.
+///
+/// # Errors
+/// An agent is not served by that replica within [`TEST_CONVERGE`].
+pub async fn attach_to(t: &mut Topology, r: &Replicas, agents: &[&str], index: usize) -> anyhow::Result<()> {
+    r.lb.only(index);
+    let name = r.replica(index).name().to_owned();
+    for agent in agents {
+        t.start_agent_via(agent, r.lb.addr()).await?;
+    }
+    for agent in agents {
+        let what = format!("agent {agent} to be owned and served by replica {name}");
+        let served = crate::wait_until_async(TEST_CONVERGE, &what, || async {
+            r.replica(index).connects(agent) >= 1
+                && owner(&t.hub(), agent).await.ok().flatten().is_some_and(|(h, _)| h == name)
+        })
+        .await;
+        served.with_context(|| format!("{}\n{}", r.logs(), t.logs()))?;
+    }
+    r.lb.all_up();
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! The consistency checker under chaos ([`tests::consistency`]): a managed and an autonomous
 //! agent behind a flapping fault proxy, hundreds of Applications written on their owner sides,
 //! the principal, the agents and the hub's API server SIGKILLed and restarted, then convergence,
-//! order and delay checks; on embedded API servers and on real kube-apiservers.
+//! order and delay checks; on embedded API servers and on real kube-apiservers; and through
+//! principal replica failovers (`--agent-leases`).
 //!
 //! `CONSISTENCY_DURATION` (seconds of chaos, default 540: about 10 minutes in all),
 //! `CONSISTENCY_APPS` (default 200), `CONSISTENCY_AUTONOMOUS_APPS` (default a quarter),
@@ -20,7 +21,8 @@ use tests::consistency::{
     Checker, Config, Group, Rng, Side, StopHandle, Writer, link_chaos, process_chaos, wait_converged,
 };
 use tests::faultproxy::FaultProxy;
-use tests::topology::{ARGOCD_NS, Clusters, Mode, Topology};
+use tests::replicas::{TEST_CONVERGE as CONVERGE, attach_to, owner, replicas_on, wait_owner};
+use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology, Transport};
 use tests::wait_until_async;
 
 /// Initial sync of the populated Applications, before any chaos.
@@ -66,17 +68,7 @@ async fn realkube_consistency_under_chaos() -> Result<()> {
 }
 
 async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
-    println!(
-        "consistency: {} managed + {} autonomous Applications, {} s of chaos (CONSISTENCY_SEED={})",
-        cfg.apps,
-        cfg.autonomous_apps,
-        cfg.duration.as_secs(),
-        cfg.seed
-    );
-    let mut agents = vec![("cm", Mode::Managed, cfg.apps)];
-    if cfg.autonomous_apps > 0 {
-        agents.push(("ca", Mode::Autonomous, cfg.autonomous_apps));
-    }
+    let agents = agents_of(&cfg);
     let modes: Vec<(&str, Mode)> = agents.iter().map(|(n, m, _)| (*n, *m)).collect();
     let mut t = Topology::start_on(&modes, clusters, false).await?;
     let proxy = FaultProxy::start(t.principal_addr().context("the principal's address")?).await?;
@@ -90,121 +82,208 @@ async fn consistency_run(cfg: Config, clusters: Clusters) -> Result<()> {
         .await;
         r.with_context(|| t.logs())?;
     }
-
-    let checker = Arc::new(Checker::new());
-    let mut groups = Vec::new();
-    for (name, mode, target) in &agents {
-        groups.push(Group::new(name, *mode, t.hub(), t.spoke(name)?, ARGOCD_NS, *target));
-    }
-    let mut watchers = Vec::new();
-    for (g, &(name, _, _)) in groups.iter().zip(&agents) {
-        for side in [Side::Hub, Side::Spoke] {
-            watchers.push(tokio::spawn(watch_side(checker.clone(), name, side, g.api(side).clone())));
-        }
-    }
-
-    // Populate, and check the baseline works before any chaos.
-    let (stop_handle, stop) = StopHandle::new();
     let mut rng = Rng::new(cfg.seed);
-    let started = Instant::now();
-    for g in &groups {
-        Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone()).populate().await?;
-    }
-    let initial = wait_converged(&groups, INITIAL_SYNC).await.with_context(|| t.logs())?;
-    println!(
-        "populated {} Applications in {:.1} s, in sync {:.1} s later",
-        agents.iter().map(|a| a.2).sum::<usize>(),
-        started.elapsed().saturating_sub(initial).as_secs_f64(),
-        initial.as_secs_f64()
-    );
-
-    // The workload: owner-side writes, about 30 a second in all.
-    let mut writers = Vec::new();
-    for g in &groups {
-        let pace = match g.mode {
-            Mode::Managed => (Duration::from_millis(30), Duration::from_millis(150)),
-            Mode::Autonomous => (Duration::from_millis(100), Duration::from_millis(400)),
-        };
-        let spec = Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone());
-        writers.push(tokio::spawn(spec.run_spec(pace)));
-        let status = Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone());
-        writers.push(tokio::spawn(status.run_status(pace)));
-    }
+    let w = Workload::start(&t, &agents, &mut rng).await?;
 
     // The chaos: link faults all along, process kills in turn.
-    let link = tokio::spawn(link_chaos(proxy.control(), rng.fork(), stop.clone()));
+    let link = tokio::spawn(link_chaos(proxy.control(), rng.fork(), w.stop.clone()));
     let names: Vec<String> = modes.iter().map(|(n, _)| (*n).to_string()).collect();
     let mut kills = Vec::new();
     let chaos = process_chaos(&mut t, &names, &mut rng, cfg.duration, &mut kills).await;
-    stop_handle.stop();
+    w.stop_handle.stop();
     let link = link.await?;
-    for w in writers {
-        w.await??;
-    }
     chaos.with_context(|| t.logs())?;
-    let down = t.not_running();
-    assert!(down.is_empty(), "not running after the chaos: {down:?}\n{}", t.logs());
-    println!(
-        "chaos: {} black holes, {} resets, {} latency spells; kills:\n  {}",
+    let chaos = format!(
+        "{} black holes, {} resets, {} latency spells; kills:\n  {}",
         link.blackholes,
         link.resets,
         link.latencies,
         kills.join("\n  ")
     );
+    w.finish(&mut t, &cfg, &chaos, &[], &String::new).await
+}
 
-    // Convergence, then the owner sides against the record.
-    let converged = wait_converged(&groups, cfg.converge).await;
-    let mut problems = Vec::new();
-    match &converged {
-        Ok(d) => println!("converged {:.1} s after the chaos stopped", d.as_secs_f64()),
-        Err(e) => problems.push(format!("no convergence: {e:#}")),
+/// The agents of a run: a managed one, and an autonomous one unless `cfg` has none.
+fn agents_of(cfg: &Config) -> Vec<(&'static str, Mode, usize)> {
+    let mut agents = vec![("cm", Mode::Managed, cfg.apps)];
+    if cfg.autonomous_apps > 0 {
+        agents.push(("ca", Mode::Autonomous, cfg.autonomous_apps));
     }
-    for g in &groups {
-        let (hub, spoke) = g.states().await?;
-        let owner = match g.mode {
-            Mode::Managed => &hub,
-            Mode::Autonomous => &spoke,
-        };
-        problems.extend(checker.check_owner(&g.agent, owner));
-        if g.mode == Mode::Managed {
-            problems.extend(checker.check_spoke_status(&g.agent, &spoke));
+    agents
+}
+
+/// The checker's watches and the owner-side writers of one run.
+struct Workload {
+    checker: Arc<Checker>,
+    groups: Vec<Group>,
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+    writers: Vec<tokio::task::JoinHandle<Result<()>>>,
+    stop_handle: StopHandle,
+    stop: tests::consistency::Stop,
+}
+
+impl Workload {
+    /// Watches both sides, populates the Applications, waits for the baseline to converge, then
+    /// starts the writers (about 30 writes a second in all).
+    async fn start(t: &Topology, agents: &[(&'static str, Mode, usize)], rng: &mut Rng) -> Result<Self> {
+        println!("consistency: {} Applications on {} agents", agents.iter().map(|a| a.2).sum::<usize>(), agents.len());
+        let checker = Arc::new(Checker::new());
+        let mut groups = Vec::new();
+        for (name, mode, target) in agents {
+            groups.push(Group::new(name, *mode, t.hub(), t.spoke(name)?, ARGOCD_NS, *target));
         }
-    }
-    for w in &watchers {
-        w.abort();
+        let mut watchers = Vec::new();
+        for (g, &(name, _, _)) in groups.iter().zip(agents) {
+            for side in [Side::Hub, Side::Spoke] {
+                watchers.push(tokio::spawn(watch_side(checker.clone(), name, side, g.api(side).clone())));
+            }
+        }
+        // Populate, and check the baseline works before any chaos.
+        let (stop_handle, stop) = StopHandle::new();
+        let started = Instant::now();
+        for g in &groups {
+            Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone()).populate().await?;
+        }
+        let initial = wait_converged(&groups, INITIAL_SYNC).await.with_context(|| t.logs())?;
+        println!(
+            "populated in {:.1} s, in sync {:.1} s later",
+            started.elapsed().saturating_sub(initial).as_secs_f64(),
+            initial.as_secs_f64()
+        );
+        let mut writers = Vec::new();
+        for g in &groups {
+            let pace = match g.mode {
+                Mode::Managed => (Duration::from_millis(30), Duration::from_millis(150)),
+                Mode::Autonomous => (Duration::from_millis(100), Duration::from_millis(400)),
+            };
+            let spec = Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone());
+            writers.push(tokio::spawn(spec.run_spec(pace)));
+            let status = Writer::new(checker.clone(), g.clone(), rng.fork(), stop.clone());
+            writers.push(tokio::spawn(status.run_status(pace)));
+        }
+        Ok(Self { checker, groups, watchers, writers, stop_handle, stop })
     }
 
-    let report = checker.report();
-    println!("{report}");
-    for kind in report.never_acked() {
-        problems.push(format!("no {kind} write was ever acknowledged: the run did not exercise it"));
+    /// Stops the writers, waits for convergence, and checks the owner sides against the record
+    /// and every side's order; fails with the violations, the `chaos` summary and `logs`.
+    /// `stopped`: processes of the topology stopped on purpose (a principal replaced by replicas).
+    async fn finish(
+        self,
+        t: &mut Topology,
+        cfg: &Config,
+        chaos: &str,
+        stopped: &[&str],
+        logs: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let Self { checker, groups, watchers, writers, stop_handle, .. } = self;
+        stop_handle.stop();
+        for w in writers {
+            w.await??;
+        }
+        let down: Vec<String> = t.not_running().into_iter().filter(|p| !stopped.contains(&p.as_str())).collect();
+        assert!(down.is_empty(), "not running after the chaos: {down:?}\n{}", t.logs());
+        println!("chaos: {chaos}");
+
+        // Convergence, then the owner sides against the record.
+        let converged = wait_converged(&groups, cfg.converge).await;
+        let mut problems = Vec::new();
+        match &converged {
+            Ok(d) => println!("converged {:.1} s after the chaos stopped", d.as_secs_f64()),
+            Err(e) => problems.push(format!("no convergence: {e:#}")),
+        }
+        for g in &groups {
+            let (hub, spoke) = g.states().await?;
+            let owner = match g.mode {
+                Mode::Managed => &hub,
+                Mode::Autonomous => &spoke,
+            };
+            problems.extend(checker.check_owner(&g.agent, owner));
+            if g.mode == Mode::Managed {
+                problems.extend(checker.check_spoke_status(&g.agent, &spoke));
+            }
+        }
+        for w in &watchers {
+            w.abort();
+        }
+
+        let report = checker.report();
+        println!("{report}");
+        for kind in report.never_acked() {
+            problems.push(format!("no {kind} write was ever acknowledged: the run did not exercise it"));
+        }
+        // The order and delay checks are only as good as what the watches saw.
+        problems.extend(report.blind_spots().into_iter().map(|b| format!("the checker was blind: {b}")));
+        let violations = checker.violations();
+        if violations.is_empty() && problems.is_empty() {
+            return Ok(());
+        }
+        let mut msg = String::new();
+        for v in violations.iter().take(30) {
+            msg.push_str(&format!("violation: {v}\n"));
+        }
+        for p in problems.iter().take(30) {
+            msg.push_str(&format!("{p}\n"));
+        }
+        let apps: std::collections::BTreeSet<&str> = violations.iter().map(|v| v.app.as_str()).take(5).collect();
+        for app in apps {
+            msg.push_str(&checker.describe(app));
+        }
+        let verdict = format!(
+            "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}",
+            violations.len(),
+            problems.len(),
+            cfg.seed
+        );
+        // On stdout as well, ahead of the processes' logs: a truncated report keeps the verdict.
+        println!("{verdict}");
+        panic!("{verdict}\n{}\n{}", logs(), t.logs());
     }
-    // The order and delay checks are only as good as what the watches saw.
-    problems.extend(report.blind_spots().into_iter().map(|b| format!("the checker was blind: {b}")));
-    let violations = checker.violations();
-    if violations.is_empty() && problems.is_empty() {
-        return Ok(());
+}
+
+/// The checker through principal replica failovers (`--agent-leases`, docs/ha.md): three
+/// replicas behind a load balancer standing in for the Service, native mTLS, both agents owned by
+/// one replica; while the owner sides write, the replica that owns the managed agent is
+/// SIGKILLed, twice (two of the three replicas die). Every acknowledged write must converge,
+/// nothing may go back, no delete may be undone. 45 s of writes unless `CONSISTENCY_DURATION`
+/// says otherwise; a quarter of `CONSISTENCY_APPS` Applications (the replicas' SIGKILLs are the
+/// chaos here, not the link).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistency_through_replica_owner_kills() -> Result<()> {
+    let cfg = Config::from_env_or(Duration::from_secs(45))?;
+    let mut agents = agents_of(&cfg);
+    for a in &mut agents {
+        a.2 = (a.2 / 4).max(5);
     }
-    let mut msg = String::new();
-    for v in violations.iter().take(30) {
-        msg.push_str(&format!("violation: {v}\n"));
+    let modes: Vec<(&str, Mode)> = agents.iter().map(|(n, m, _)| (*n, *m)).collect();
+    let names = ["r0", "r1", "r2"];
+    let (mut t, mut r) = replicas_on(&modes, Transport::Mtls, StartOptions::default(), &names).await?;
+    let agent_names: Vec<&str> = modes.iter().map(|(n, _)| *n).collect();
+    attach_to(&mut t, &r, &agent_names, 0).await?;
+    let mut rng = Rng::new(cfg.seed);
+    let w = Workload::start(&t, &agents, &mut rng).await?;
+
+    let mut stop = w.stop.clone();
+    let mut kills = Vec::new();
+    for _ in 0..2 {
+        // The owner-side writes go on between the kills.
+        if !stop.pause(cfg.duration / 3).await {
+            break;
+        }
+        let (victim, transitions) = owner(&t.hub(), "cm").await?.context("agent cm has no Lease")?;
+        let index = names.iter().position(|n| *n == victim).context("cm is owned by no replica")?;
+        let killed = Instant::now();
+        r.replica_mut(index).kill()?;
+        let what = format!("agent cm to move off the killed replica {victim}");
+        let moved = wait_owner(&t.hub(), "cm", CONVERGE, &what, |h, n| h != victim && n > transitions).await;
+        moved.with_context(|| format!("{}\n{}", r.logs(), t.logs()))?;
+        let now = owner(&t.hub(), "cm").await?.map(|(h, _)| h).unwrap_or_default();
+        kills.push(format!("SIGKILL {victim} (owner of cm): cm on {now} after {:?}", killed.elapsed()));
     }
-    for p in problems.iter().take(30) {
-        msg.push_str(&format!("{p}\n"));
-    }
-    let apps: std::collections::BTreeSet<&str> = violations.iter().map(|v| v.app.as_str()).take(5).collect();
-    for app in apps {
-        msg.push_str(&checker.describe(app));
-    }
-    let verdict = format!(
-        "{} violations, {} final-state problems (CONSISTENCY_SEED={}):\n{msg}",
-        violations.len(),
-        problems.len(),
-        cfg.seed
-    );
-    // On stdout as well, ahead of the processes' logs: a truncated report keeps the verdict.
-    println!("{verdict}");
-    panic!("{verdict}\n{}", t.logs());
+    stop.pause(cfg.duration / 3).await;
+    let chaos = format!("replica kills:\n  {}", kills.join("\n  "));
+    let logs = || r.logs();
+    // The topology's own principal only bootstrapped the hub for the replicas.
+    w.finish(&mut t, &cfg, &chaos, &["principal"], &logs).await
 }
 
 /// The checker itself, without chaos: an old value written again behind its back (as a replayed

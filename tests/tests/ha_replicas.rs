@@ -12,63 +12,17 @@ use serde_json::{Value, json};
 use tests::apps::{apps, path_is, wait_object};
 use tests::faultproxy::FaultProxy;
 use tests::fixtures::app_with_path;
-use tests::replicas::{Churn, Field, HubAccess, Replicas, Target, log_time, owner, replica_lease_exists, wait_owner};
+use tests::replicas::{
+    Churn, Field, HubAccess, Replicas, TEST_CONVERGE as CONVERGE, TEST_LEASE as LEASE, Target, attach_to,
+    bootstrap_args, log_time, owner, replica_lease_exists, replicas_on, wait_owner,
+};
 use tests::topology::{ARGOCD_NS, Clusters, MeshOptions, Mode, StartOptions, Topology, Transport};
 use tests::wait_until_async;
 use tokio::time::Instant;
 
-/// Short, so a takeover after a lapse fits the test's time; renewals every 2 s.
-const LEASE: Duration = Duration::from_secs(6);
-/// Convergence and re-attach deadlines on two busy cores.
-const CONVERGE: Duration = Duration::from_secs(60);
 /// The agents' first reconnect delay is 1 s scaled by a jitter factor in [0.75, 1.25)
 /// (`agent/src/backoff.rs` defaults; the agent has no flag for them).
 const MIN_BACKOFF: Duration = Duration::from_millis(750);
-
-/// Flags of the topology's own (bootstrap) principal: it creates the principal's identity
-/// ConfigMap as the first replica of a hub would, then stops; the replicas share it.
-fn bootstrap_args() -> Vec<String> {
-    ["--agent-leases", "--replica-name", "bootstrap", "--agent-lease-duration", "6s"].map(str::to_owned).to_vec()
-}
-
-/// A topology on `transport` whose principal is replaced by replicas `names` behind the load
-/// balancer; no agent started yet.
-async fn replicas_on(
-    agents: &[(&str, Mode)],
-    transport: Transport,
-    mut options: StartOptions,
-    names: &[&str],
-) -> Result<(Topology, Replicas)> {
-    options.start_agents = false;
-    options.principal_args = bootstrap_args();
-    let mut t = Topology::start_with_transport(agents, transport, MeshOptions::default(), options).await?;
-    t.stop_principal(Duration::from_secs(30))?;
-    t.set_principal_args(&[]);
-    let plain: Vec<(&str, HubAccess)> = names.iter().map(|n| (*n, HubAccess::default())).collect();
-    let r = Replicas::start(&t, &plain, LEASE).await?;
-    Ok((t, r))
-}
-
-/// Start `agents` through the load balancer with only replica `index` taking connections, and
-/// wait until that replica owns and serves each; then every replica takes connections again.
-async fn attach_to(t: &mut Topology, r: &Replicas, agents: &[&str], index: usize) -> Result<()> {
-    r.lb.only(index);
-    let name = r.replica(index).name().to_owned();
-    for agent in agents {
-        t.start_agent_via(agent, r.lb.addr()).await?;
-    }
-    for agent in agents {
-        let what = format!("agent {agent} to be owned and served by replica {name}");
-        let served = wait_until_async(CONVERGE, &what, || async {
-            r.replica(index).connects(agent) >= 1
-                && owner(&t.hub(), agent).await.ok().flatten().is_some_and(|(h, _)| h == name)
-        })
-        .await;
-        served.with_context(|| format!("{}\n{}", r.logs(), t.logs()))?;
-    }
-    r.lb.all_up();
-    Ok(())
-}
 
 /// `count` Applications per agent, created on their owner side and seen on the other, and the
 /// targets a [`Churn`] changes: managed specs on the hub and statuses on the spoke; autonomous
