@@ -116,6 +116,17 @@ pub(super) async fn read_through_proxy(kubeconfig: &Path) -> anyhow::Result<()> 
     let text = std::fs::read_to_string(kubeconfig).with_context(|| format!("cannot read {}", kubeconfig.display()))?;
     let client = principal::cluster_secret::proxy_client(&serde_json::from_str(&text)?).await?;
     let api: Api<ConfigMap> = Api::namespaced(client, DEMO_NS);
-    api.get(DEMO_NAME).await.context("reading the demo ConfigMap through the resource proxy")?;
-    Ok(())
+    // A rerun on the same --dir finds the first run's statuses on the hub, so the demo may be
+    // "in sync" before the managed agent's stream is up: a 502 (agent not connected) is retried
+    // until the deadline.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match api.get(DEMO_NAME).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 502 && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).context("reading the demo ConfigMap through the resource proxy"),
+        }
+    }
 }
