@@ -266,11 +266,7 @@ impl Ownership {
     }
 
     /// Why the replica does not serve agents now, if it does not.
-    pub(crate) fn not_serving_reason(&self) -> Option<&'static str> {
-        self.not_serving()
-    }
-
-    fn not_serving(&self) -> Option<&'static str> {
+    pub(crate) fn not_serving(&self) -> Option<&'static str> {
         if self.is_draining() {
             Some("the replica is shutting down")
         } else if !self.is_valid() {

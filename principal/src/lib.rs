@@ -274,7 +274,7 @@ impl Principal {
         if !synced {
             return Err("the hub watchers have not listed the hub yet".to_owned());
         }
-        match self.hub.leases.as_ref().and_then(lease::Ownership::not_serving_reason) {
+        match self.hub.leases.as_ref().and_then(lease::Ownership::not_serving) {
             Some(why) => Err(format!("replica {:?}: {why}", self.hub.leases.as_ref().map_or("", |l| l.replica()))),
             // Cross-hub HA: ready only while active (upstream's `HAHealthzHandler`).
             None => ha::of(&self.hub).map_or(Ok(()), |ha| ha.readiness()),

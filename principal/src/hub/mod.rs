@@ -167,10 +167,15 @@ impl Hub {
         agent: &str,
     ) -> Result<Option<tokio::time::Instant>, crate::error::InboundError> {
         let Some(leases) = &self.leases else { return Ok(None) };
-        leases.write_deadline(agent).map(Some).ok_or_else(|| crate::error::InboundError::NotOwner {
+        leases.write_deadline(agent).map(Some).ok_or_else(|| self.not_owner(agent))
+    }
+
+    /// Why an event of `agent` was not applied: this replica does not own it (any more).
+    pub(crate) fn not_owner(&self, agent: &str) -> crate::error::InboundError {
+        crate::error::InboundError::NotOwner {
             agent: agent.to_owned(),
-            replica: leases.replica().to_owned(),
-        })
+            replica: self.leases.as_ref().map(|l| l.replica().to_owned()).unwrap_or_default(),
+        }
     }
 
     /// A hub whose API server is never reached: every request fails. For unit tests of

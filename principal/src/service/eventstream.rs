@@ -120,7 +120,7 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
             Ok(None) => inbound::process(hub, session, &ev).await,
             Ok(Some(until)) => tokio::time::timeout_at(until, inbound::process(hub, session, &ev))
                 .await
-                .unwrap_or_else(|_| Err(not_owner(hub, session.name()))),
+                .unwrap_or_else(|_| Err(hub.not_owner(session.name()))),
             Err(e) => Err(e),
         };
         if matches!(result, Err(crate::error::InboundError::NotOwner { .. })) {
@@ -135,14 +135,6 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
     .instrument(span)
     .await;
     true
-}
-
-/// This replica's ownership of `agent` ran out while one of its events was applied.
-fn not_owner(hub: &Hub, agent: &str) -> crate::error::InboundError {
-    crate::error::InboundError::NotOwner {
-        agent: agent.to_owned(),
-        replica: hub.leases.as_ref().map(|l| l.replica().to_owned()).unwrap_or_default(),
-    }
 }
 
 /// What the send loop reports for one agent.
@@ -345,7 +337,7 @@ impl EventStream for EventStreamService {
         let Permit { agent, mode, grant, .. } = self.permit(&request)?;
         // Among replicas, one that cannot take agents says so at once.
         if let Some(leases) = &self.hub.leases
-            && let Some(why) = leases.not_serving_reason()
+            && let Some(why) = leases.not_serving()
         {
             return Err(Status::from(crate::lease::LeaseError::NotServing {
                 replica: leases.replica().to_owned(),
