@@ -44,7 +44,8 @@ pub struct Config {
     /// Applications kept on the autonomous agent (`CONSISTENCY_AUTONOMOUS_APPS`, default a
     /// quarter of `apps`; 0: no autonomous agent).
     pub autonomous_apps: usize,
-    /// How long the workload and the chaos run (`CONSISTENCY_DURATION`, seconds, default 540).
+    /// How long the workload and the chaos run (`CONSISTENCY_DURATION`, seconds; default 90 in
+    /// the per-change suite, 540 in the soak: [`crate::tier`]).
     pub duration: Duration,
     /// Deadline for convergence once the chaos stopped (`CONSISTENCY_CONVERGE`, seconds,
     /// default 120).
@@ -59,7 +60,7 @@ impl Config {
     /// # Errors
     /// A variable is set but not a number.
     pub fn from_env() -> anyhow::Result<Self> {
-        Self::from_env_or(Duration::from_secs(540))
+        Self::from_env_or(crate::tier::size(Duration::from_secs(90), Duration::from_secs(540)))
     }
 
     /// [`Self::from_env`] with another default for `CONSISTENCY_DURATION`.

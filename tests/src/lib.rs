@@ -31,6 +31,7 @@ pub mod process;
 pub mod realkube;
 pub mod replicas;
 pub mod spire;
+pub mod tier;
 pub mod topology;
 pub mod wait;
 

@@ -1,4 +1,5 @@
-//! A burst of updates to one managed Application (default 100,000; `BURST_UPDATES`), written on
+//! A burst of updates to one managed Application (`BURST_UPDATES`; default 20,000 in the
+//! per-change suite, 100,000 in the soak tier, `TESTS_SOAK=1`: [`tests::tier`]), written on
 //! the hub by concurrent writers as fast as the hub API server takes them: the principal keeps at
 //! most one pending and one in-flight event for the resource (per-resource coalescing, no queue
 //! that grows or drops: outbox depth at most 2, read at least [`MIN_SCRAPES`] times while the
@@ -39,7 +40,10 @@ fn rss_kib(pid: u32) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_on_one_application_is_coalesced_and_ends_in_the_final_state() -> Result<()> {
-    let updates: usize = std::env::var("BURST_UPDATES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let updates: usize = std::env::var("BURST_UPDATES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| tests::tier::size(20_000, 100_000));
     let t = Topology::start(&[(AGENT, Mode::Managed)]).await?;
     let hub: Api<DynamicObject> = Api::namespaced_with(t.hub(), AGENT, &application_resource());
     let spoke: Api<DynamicObject> = Api::namespaced_with(t.spoke(AGENT)?, ARGOCD_NS, &application_resource());
@@ -151,10 +155,11 @@ async fn a_burst_on_one_application_is_coalesced_and_ends_in_the_final_state() -
     let max_rss = max_rss.load(Ordering::Relaxed) as u64;
     let (scrapes, busy_scrapes) = (scrapes.load(Ordering::Relaxed), busy_scrapes.load(Ordering::Relaxed));
     println!(
-        "burst: {updates} hub updates in {written_in:.1?} ({:.0}/s), spoke converged after {converged_in:.1?}; \
+        "burst ({} tier): {updates} hub updates in {written_in:.1?} ({:.0}/s), spoke converged after {converged_in:.1?}; \
          spoke saw {seen} writes ({:.1}% of updates); principal outbox depth max {max_depth} \
          ({scrapes} scrapes while writing, {busy_scrapes} of them above 0); \
          principal RSS {rss_before} KiB before, max {max_rss} KiB during",
+        tests::tier::name(),
         updates as f64 / written_in.as_secs_f64(),
         seen as f64 * 100.0 / updates as f64
     );
