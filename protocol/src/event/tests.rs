@@ -330,6 +330,25 @@ fn payloads_decode_by_target_and_type() {
     assert_eq!(hb.payload().unwrap(), Payload::Empty);
 }
 
+/// Numbers in an event's data decode to the same value after a re-encode: serde_json parses
+/// floats exactly (`float_roundtrip`), as Go's encoding/json does. Found by the `event_decode` fuzz
+/// target: 18447404736709551615 (above u64::MAX) read as 1.8447404736709554e19, re-encoded, then
+/// read back as 1.844740473670955e19; 1.0e030 became 9.999999999999999e29, then 1e30.
+#[test]
+fn numbers_in_event_data_survive_a_re_encode() {
+    let limits = DecodeLimits::default();
+    for data in
+        ["[18447404736709551615]", "[1.0e030]", "{\"x\":0.1,\"y\":-2.5e-308,\"z\":123456789012345678901234567890}"]
+    {
+        let mut ce = go_style_event();
+        ce.data = Some(Data::TextData(data.into()));
+        let bytes = crate::pb::eventstreamapi::Event { event: Some(ce) }.encode_to_vec();
+        if let Err(finding) = check_event_decode(&bytes, &limits) {
+            panic!("{data}: {finding}");
+        }
+    }
+}
+
 #[test]
 fn fuzz_target_logic_over_sample_inputs() {
     let limits = DecodeLimits::default();
