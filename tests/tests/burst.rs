@@ -40,10 +40,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_on_one_application_is_coalesced_and_ends_in_the_final_state() -> Result<()> {
-    let updates: usize = std::env::var("BURST_UPDATES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| tests::tier::size(20_000, 100_000));
+    let updates = tests::bench::env("BURST_UPDATES", tests::tier::size(20_000, 100_000));
     let t = Topology::start(&[(AGENT, Mode::Managed)]).await?;
     let hub: Api<DynamicObject> = Api::namespaced_with(t.hub(), AGENT, &application_resource());
     let spoke: Api<DynamicObject> = Api::namespaced_with(t.spoke(AGENT)?, ARGOCD_NS, &application_resource());
