@@ -2,6 +2,7 @@
 
 use protocol::outbox::RetryPolicy;
 use protocol::pb::MAX_MESSAGE_BYTES;
+use std::time::Duration;
 
 /// The version string `versionapi.Version` reports (upstream: `argocd-agent-<version>`).
 pub const DEFAULT_VERSION: &str = concat!("argocd-agent-", env!("CARGO_PKG_VERSION"));
@@ -63,7 +64,7 @@ pub struct PrincipalConfig {
     pub destination_based_mapping: bool,
     /// `--agent-leases`: replicas of one hub share the agents, each owned by one replica at a
     /// time through a Lease ([`crate::lease`]). `None`: a lone principal.
-    pub agent_leases: Option<crate::lease::LeaseConfig>,
+    pub agent_leases: Option<LeaseConfig>,
 }
 
 /// How hub Applications map to managed agents (§4.9).
@@ -171,5 +172,33 @@ mod tests {
         assert!(c.watches_app_namespace("argocd"));
         assert!(c.watches_app_namespace("team-a"));
         assert!(!c.watches_app_namespace("other"));
+    }
+}
+
+/// How this replica shares agents with the others (`--agent-leases`).
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// This replica's name (`--replica-name`, by default the pod's name): the `holderIdentity`
+    /// of the Leases it holds. Unique among the replicas of one hub.
+    pub replica: String,
+    /// How long a replica's Lease lasts without renewal (`--agent-lease-duration`).
+    pub duration: Duration,
+}
+
+impl LeaseConfig {
+    /// Replica `replica` with Leases of `duration`.
+    #[must_use]
+    pub fn new(replica: impl Into<String>, duration: Duration) -> Self {
+        Self { replica: replica.into(), duration }
+    }
+
+    /// Renewals of the replica's Lease are this far apart; each may take as long.
+    pub(crate) fn renew_every(&self) -> Duration {
+        self.duration / 3
+    }
+
+    /// How long after a renewal was sent the replica may act on it.
+    pub(crate) fn valid_for(&self) -> Duration {
+        self.duration - self.duration / 3
     }
 }

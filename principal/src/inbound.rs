@@ -9,13 +9,6 @@ use crate::peer::AgentPeer;
 use crate::resync;
 use crate::route::{autonomous, managed, project};
 
-/// Whether `ev` answers a request (resource proxy, Redis proxy) instead of changing the hub:
-/// it is handed over at once, never waiting behind the agent's events being applied.
-pub(crate) fn is_answer(ev: &Event) -> bool {
-    (ev.target == protocol::Target::Resource && ev.event_type == EventType::Response)
-        || (ev.target == protocol::Target::Redis && ev.event_type == EventType::RedisResponse)
-}
-
 /// An autonomous agent's Application without the namespace-remapped mark (only managed agents
 /// under destination-based mapping set it; it never reaches the hub).
 fn unmarked(mut app: protocol::argocd::Application) -> protocol::argocd::Application {
@@ -53,14 +46,6 @@ pub(crate) async fn process(hub: &Hub, session: &AgentPeer, ev: &Event) -> Resul
         (AgentMode::Managed, EventType::Error, Payload::AgentError(err)) => {
             tracing::warn!(%agent, app = %err.resource_name, message = %err.message, "agent reports an error");
             Ok(managed::agent_error(hub, agent, &err).await?)
-        }
-        (_, EventType::Response, Payload::ResourceResponse(answer)) => {
-            crate::proxy::complete(hub, agent, ev, answer);
-            Ok(())
-        }
-        (_, _, Payload::RedisResponse(answer)) => {
-            crate::redis::complete(hub, agent, ev, answer);
-            Ok(())
         }
         (_, _, Payload::ClusterCacheInfo(info)) => {
             tracing::debug!(%agent, ?info, "cluster cache info");

@@ -27,7 +27,7 @@
 //!   as free at once rather than after the duration.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -40,7 +40,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::hub::Hub;
+pub use crate::config::LeaseConfig;
+use crate::peer::Peers;
 
 /// The label on every Lease the principal writes: `agent` or `replica`.
 pub const LEASE_LABEL: &str = "argocd-agent.argoproj-labs.io/lease";
@@ -54,34 +55,6 @@ const AGENT_PREFIX: &str = "argocd-agent-owner-";
 const REPLICA_PREFIX: &str = "argocd-agent-replica-";
 /// Attempts to take an agent's Lease when others write it at the same time.
 const ACQUIRE_ATTEMPTS: usize = 5;
-
-/// How this replica shares agents with the others (`--agent-leases`).
-#[derive(Debug, Clone)]
-pub struct LeaseConfig {
-    /// This replica's name (`--replica-name`, by default the pod's name): the `holderIdentity`
-    /// of the Leases it holds. Unique among the replicas of one hub.
-    pub replica: String,
-    /// How long a replica's Lease lasts without renewal (`--agent-lease-duration`).
-    pub duration: Duration,
-}
-
-impl LeaseConfig {
-    /// Replica `replica` with Leases of `duration`.
-    #[must_use]
-    pub fn new(replica: impl Into<String>, duration: Duration) -> Self {
-        Self { replica: replica.into(), duration }
-    }
-
-    /// Renewals of the replica's Lease are this far apart; each may take as long.
-    fn renew_every(&self) -> Duration {
-        self.duration / 3
-    }
-
-    /// How long after a renewal was sent the replica may act on it.
-    fn valid_for(&self) -> Duration {
-        self.duration - self.duration / 3
-    }
-}
 
 /// The name of `agent`'s owner Lease: the agent's name when it makes a valid object name, else
 /// a hash of it (the annotation keeps the name).
@@ -502,7 +475,7 @@ fn classify(lease: &Lease) -> Option<LeaseOf> {
 }
 
 /// The watch of the principal's Leases, as an index for [`link::watch`].
-struct Leases<'a>(&'a Hub, &'a Ownership);
+struct Leases<'a>(&'a Peers, &'a Ownership);
 
 impl link::Index for Leases<'_> {
     type Object = Lease;
@@ -526,7 +499,7 @@ impl link::Index for Leases<'_> {
                 if let Some(holder) = self.1.saw_agent(&agent, lease.spec.as_ref()) {
                     tracing::info!(%agent, new_owner = %holder, "another replica took the agent; closing its stream here");
                     let why = format!("agent {agent:?} moved to principal replica {holder:?} (the newest stream wins)");
-                    lost(self.0, &agent, Status::aborted(why));
+                    lost(self.0, self.1, &agent, Status::aborted(why));
                 }
             }
             None => {}
@@ -540,7 +513,12 @@ impl link::Index for Leases<'_> {
             Some(LeaseOf::Agent(agent)) => {
                 lock(&self.1.seen_agents).remove(&agent);
                 if self.1.drop_agent(&agent) {
-                    lost(self.0, &agent, Status::aborted(format!("the owner Lease of agent {agent:?} was deleted")));
+                    lost(
+                        self.0,
+                        self.1,
+                        &agent,
+                        Status::aborted(format!("the owner Lease of agent {agent:?} was deleted")),
+                    );
                 }
             }
             None => {}
@@ -557,19 +535,18 @@ impl link::Index for Leases<'_> {
 }
 
 /// Ends this replica's stream of `agent` and forgets its mailbox (the next owner resyncs).
-fn lost(hub: &Hub, agent: &str, status: Status) {
+fn lost(peers: &Peers, own: &Ownership, agent: &str, status: Status) {
     crate::metrics::global().lease_lost();
-    if !hub.peers.close(agent, crate::peer::reconnect_elsewhere(status)) {
-        hub.peers.forget_idle(agent, |a| hub.acts_for(a));
+    if !peers.close(agent, crate::peer::reconnect_elsewhere(status)) {
+        peers.forget_idle(agent, |a| own.write_deadline(a).is_some());
     }
 }
 
 /// Renews this replica's Lease, follows the others', and gives up every agent when its own
 /// Lease lapses, until `cancel` fires; then deletes its own Lease.
-pub(crate) async fn run(hub: Arc<Hub>, cancel: CancellationToken) {
-    let Some(own) = hub.leases.as_ref() else { return };
+pub(crate) async fn run(own: &Ownership, peers: &Peers, cancel: CancellationToken) {
     let config = watcher::Config::default().labels(LEASE_LABEL);
-    let index = Leases(&hub, own);
+    let index = Leases(peers, own);
     let watch = link::watch::run(&index, own.api.clone(), config, &cancel);
     let renewals = async {
         let every = own.config.renew_every();
@@ -606,7 +583,7 @@ pub(crate) async fn run(hub: Arc<Hub>, cancel: CancellationToken) {
                         "principal replica {:?} cannot renew its Lease (the hub API is unreachable): reconnect to another",
                         own.replica()
                     );
-                    lost(&hub, &agent, Status::unavailable(why));
+                    lost(peers, own, &agent, Status::unavailable(why));
                 }
             }
         }

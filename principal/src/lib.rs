@@ -27,6 +27,7 @@ pub mod lease;
 pub mod metrics;
 mod otel;
 pub mod peer;
+mod pending;
 mod proxy;
 mod redis;
 pub mod registration;
@@ -80,6 +81,8 @@ pub enum PrincipalError {
 #[derive(Clone)]
 pub struct Principal {
     hub: Arc<Hub>,
+    /// What the wings that answer through agents' streams own, and cross-hub HA's slot.
+    wings: service::eventstream::Wings,
     authorizer: Arc<authz::Authorizer>,
     blocklist: Arc<blocklist::Blocklist>,
 }
@@ -113,7 +116,12 @@ impl Principal {
         tracing::info!(namespace = %config.namespace, principal_uid = %uid, "principal ready");
         let hub = Arc::new(Hub::new(config, uid, client));
         let authorizer = Arc::new(authz::Authorizer::new(hub.clone(), identity, blocklist.clone()));
-        Ok(Self { hub, authorizer, blocklist })
+        let wings = service::eventstream::Wings {
+            proxy: Arc::new(proxy::Tables::default()),
+            redis: Arc::new(redis::Exchange::default()),
+            ha: ha::Slot::default(),
+        };
+        Ok(Self { hub, wings, authorizer, blocklist })
     }
 
     /// The persistent principal UID (extension `principaluid` on events to agents).
@@ -126,18 +134,22 @@ impl Principal {
     /// server (inside the auth crate's layer, which identifies the agent).
     #[must_use]
     pub fn event_stream_service(&self) -> authz::Authorize<EventStreamServer<EventStreamService>> {
-        let service = EventStreamServer::new(EventStreamService::new(self.hub.clone(), self.authorizer.clone()))
-            .max_decoding_message_size(self.hub.config.max_message_bytes)
-            .max_encoding_message_size(self.hub.config.max_message_bytes)
-            .accept_compressed(compression::GZIP)
-            .send_compressed(compression::GZIP);
+        let service = EventStreamServer::new(EventStreamService::new(
+            self.hub.clone(),
+            self.wings.clone(),
+            self.authorizer.clone(),
+        ))
+        .max_decoding_message_size(self.hub.config.max_message_bytes)
+        .max_encoding_message_size(self.hub.config.max_message_bytes)
+        .accept_compressed(compression::GZIP)
+        .send_compressed(compression::GZIP);
         tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
     }
 
     /// The `LogStreamService` (pod logs from agents) behind the authorization layer.
     #[must_use]
     pub fn log_stream_service(&self) -> authz::Authorize<LogStreamServiceServer<service::logstream::LogStreams>> {
-        let service = LogStreamServiceServer::new(service::logstream::LogStreams::new(self.hub.clone()))
+        let service = LogStreamServiceServer::new(service::logstream::LogStreams::new(self.wings.proxy.clone()))
             .max_decoding_message_size(self.hub.config.max_message_bytes)
             .accept_compressed(compression::GZIP)
             .send_compressed(compression::GZIP);
@@ -149,11 +161,12 @@ impl Principal {
     pub fn terminal_stream_service(
         &self,
     ) -> authz::Authorize<TerminalStreamServiceServer<service::terminalstream::TerminalStreams>> {
-        let service = TerminalStreamServiceServer::new(service::terminalstream::TerminalStreams::new(self.hub.clone()))
-            .max_decoding_message_size(self.hub.config.max_message_bytes)
-            .max_encoding_message_size(self.hub.config.max_message_bytes)
-            .accept_compressed(compression::GZIP)
-            .send_compressed(compression::GZIP);
+        let service =
+            TerminalStreamServiceServer::new(service::terminalstream::TerminalStreams::new(self.wings.proxy.clone()))
+                .max_decoding_message_size(self.hub.config.max_message_bytes)
+                .max_encoding_message_size(self.hub.config.max_message_bytes)
+                .accept_compressed(compression::GZIP)
+                .send_compressed(compression::GZIP);
         tower::Layer::layer(&authz::AuthorizeLayer::new(self.authorizer.clone()), service)
     }
 
@@ -161,14 +174,14 @@ impl Principal {
     /// [`ResourceProxy::serve`].
     #[must_use]
     pub fn resource_proxy(&self, config: ProxyConfig) -> ResourceProxy {
-        ResourceProxy::new(self.hub.clone(), config)
+        ResourceProxy::new(self.hub.clone(), self.wings.proxy.clone(), config)
     }
 
     /// The Redis proxy (upstream §5.2) of this principal, with `config`; serve it with
     /// [`RedisProxy::serve`].
     #[must_use]
     pub fn redis_proxy(&self, config: RedisProxyConfig) -> RedisProxy {
-        RedisProxy::new(self.hub.clone(), config)
+        RedisProxy::new(self.hub.clone(), self.wings.redis.clone(), config)
     }
 
     /// Makes this principal one of a cross-hub HA pair (`--ha-*`, [`ha`]): agents are served
@@ -177,7 +190,7 @@ impl Principal {
     /// with [`ha::admin::serve`].
     #[must_use]
     pub fn enable_ha(&self, config: ha::HaConfig) -> Arc<ha::Ha> {
-        ha::Ha::attach(&self.hub, config)
+        ha::Ha::attach(&self.hub, &self.wings.ha, config)
     }
 
     /// The `Version` service.
@@ -197,7 +210,11 @@ impl Principal {
             hub::watch::run_repositories(self.hub.clone(), cancel.clone()),
             hub::watch::run_gpg_keys(self.hub.clone(), cancel.clone()),
             self.blocklist.clone().run(self.hub.clone(), cancel.clone()),
-            lease::run(self.hub.clone(), cancel),
+            async {
+                if let Some(own) = &self.hub.leases {
+                    lease::run(own, &self.hub.peers, cancel).await;
+                }
+            },
         );
     }
 
@@ -277,7 +294,7 @@ impl Principal {
         match self.hub.leases.as_ref().and_then(lease::Ownership::not_serving) {
             Some(why) => Err(format!("replica {:?}: {why}", self.hub.leases.as_ref().map_or("", |l| l.replica()))),
             // Cross-hub HA: ready only while active (upstream's `HAHealthzHandler`).
-            None => ha::of(&self.hub).map_or(Ok(()), |ha| ha.readiness()),
+            None => ha::of(&self.wings.ha).map_or(Ok(()), |ha| ha.readiness()),
         }
     }
 
@@ -292,7 +309,7 @@ impl Principal {
     pub fn metrics_text(&self) -> String {
         let mut text = metrics::global().render(Some(&self.hub.peers));
         // Cross-hub HA: its state and replication.
-        if let Some(ha) = ha::of(&self.hub) {
+        if let Some(ha) = ha::of(&self.wings.ha) {
             text.push_str(&ha.metrics_text());
         }
         text
@@ -348,7 +365,7 @@ impl Principal {
         // gzip answered in kind, as upstream's principal answers it (see [`compression`]).
         // `Replication` (cross-hub HA) before the agents' token check: its callers are peers.
         let mut server = tonic::transport::Server::builder()
-            .layer(ha::replication::ReplicationLayer::new(self.hub.clone()))
+            .layer(ha::replication::ReplicationLayer::new(self.wings.ha.clone()))
             .layer(compression::mirror_layer());
         let served = match auth {
             None => {

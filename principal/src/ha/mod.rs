@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use auth::MtlsAuthenticator;
@@ -167,17 +167,22 @@ impl std::fmt::Debug for Ha {
     }
 }
 
-/// The HA controller of `hub`'s principal, if it has one.
-pub(crate) fn of(hub: &Hub) -> Option<Arc<Ha>> {
-    hub.ha.get().and_then(Weak::upgrade)
+/// Where a principal's HA controller is found once attached ([`Ha::attach`]): the event
+/// stream, the replication layer and the principal's readiness look there. Weak: the controller
+/// holds the hub; the caller of [`crate::Principal::enable_ha`] holds the controller.
+pub(crate) type Slot = Arc<OnceLock<Weak<Ha>>>;
+
+/// The HA controller in `slot`, if one is attached and alive.
+pub(crate) fn of(slot: &Slot) -> Option<Arc<Ha>> {
+    slot.get().and_then(Weak::upgrade)
 }
 
 /// The event stream's admission: agents only on an active principal.
 ///
 /// # Errors
 /// `Unavailable` naming the state, when not active.
-pub(crate) fn admit(hub: &Hub) -> Result<(), Status> {
-    match of(hub) {
+pub(crate) fn admit(slot: &Slot) -> Result<(), Status> {
+    match of(slot) {
         // No reconnect trailer: an agent sent here again by its load balancer backs off.
         Some(ha) => ha
             .readiness()
@@ -191,12 +196,12 @@ pub(crate) fn admit(hub: &Hub) -> Result<(), Status> {
 /// the event may be ACKed (not when this principal stopped being active meanwhile: the agent
 /// resends it to the active one).
 pub(crate) async fn replicated<E>(
-    hub: &Hub,
+    slot: &Slot,
     session: &AgentPeer,
     ev: &protocol::Event,
     result: &Result<(), E>,
 ) -> bool {
-    let Some(ha) = of(hub) else { return true };
+    let Some(ha) = of(slot) else { return true };
     if result.is_err() || !replication::replicable(ev) {
         return true;
     }
@@ -213,11 +218,11 @@ pub(crate) async fn replicated<E>(
 }
 
 impl Ha {
-    /// The controller of the principal on `hub`, registered so the event stream finds it.
-    pub(crate) fn attach(hub: &Arc<Hub>, config: HaConfig) -> Arc<Self> {
+    /// The controller of the principal on `hub`, put in `slot` so the event stream finds it.
+    pub(crate) fn attach(hub: &Arc<Hub>, slot: &Slot, config: HaConfig) -> Arc<Self> {
         let ha = Arc::new(Self::new(config, Some(hub.clone())));
         // Weak: the controller holds the hub; the caller holds the controller.
-        if hub.ha.set(Arc::downgrade(&ha)).is_err() {
+        if slot.set(Arc::downgrade(&ha)).is_err() {
             tracing::warn!("this principal already has an HA controller; the new one is not attached");
         }
         ha

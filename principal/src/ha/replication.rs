@@ -475,12 +475,12 @@ async fn build_snapshot(hub: &Hub, last_sequence_num: u64) -> Result<Replication
 /// the replication authorization) before the agents' token check; other paths go on.
 #[derive(Clone)]
 pub struct ReplicationLayer {
-    hub: Arc<Hub>,
+    ha: super::Slot,
 }
 
 impl ReplicationLayer {
-    pub(crate) fn new(hub: Arc<Hub>) -> Self {
-        Self { hub }
+    pub(crate) fn new(ha: super::Slot) -> Self {
+        Self { ha }
     }
 }
 
@@ -494,7 +494,7 @@ impl<S> tower::Layer<S> for ReplicationLayer {
     type Service = Divert<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Divert { inner, hub: self.hub.clone() }
+        Divert { inner, ha: self.ha.clone() }
     }
 }
 
@@ -502,7 +502,7 @@ impl<S> tower::Layer<S> for ReplicationLayer {
 #[derive(Clone)]
 pub struct Divert<S> {
     inner: S,
-    hub: Arc<Hub>,
+    ha: super::Slot,
 }
 
 impl<S> std::fmt::Debug for Divert<S> {
@@ -532,7 +532,7 @@ where
         if !req.uri().path().starts_with(PATH_PREFIX) {
             return Box::pin(self.inner.call(req));
         }
-        let Some(ha) = super::of(&self.hub) else {
+        let Some(ha) = super::of(&self.ha) else {
             return Box::pin(async { Ok(Status::unimplemented("replication not enabled").into_http()) });
         };
         let transport = auth::TransportIdentity::from_extensions(req.extensions());

@@ -70,18 +70,9 @@ pub(crate) struct Hub {
     pub(crate) status_paths: StatusPathCounters,
     /// `--event-processors`: permits to apply an agent's event.
     pub(crate) processors: Option<tokio::sync::Semaphore>,
-    /// Resource-proxy requests waiting for their agent's answer.
-    pub(crate) live: crate::proxy::Pending,
-    /// Redis-proxy requests waiting for their agent's answer, and subscriptions through agents.
-    pub(crate) redis: crate::redis::Exchange,
-    /// Pod-log requests waiting for their agent's `StreamLogs` call.
-    pub(crate) logs: crate::proxy::Pending<crate::proxy::logs::Attach>,
-    /// Terminal sessions waiting for their agent's `StreamTerminal` call.
-    pub(crate) terminals: crate::proxy::Pending<crate::proxy::terminal::Attach>,
-    /// `--agent-leases`: which agents this replica owns among the hub's replicas.
+    /// `--agent-leases`: which agents this replica owns among the hub's replicas, the write
+    /// fence every hub write for an agent passes ([`Self::write_deadline`]).
     pub(crate) leases: Option<crate::lease::Ownership>,
-    /// `--ha-enabled`: the cross-hub HA controller, once attached ([`crate::ha::Ha::attach`]).
-    pub(crate) ha: std::sync::OnceLock<std::sync::Weak<crate::ha::Ha>>,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -145,12 +136,7 @@ impl Hub {
             gpg_synced: AtomicBool::new(false),
             status_paths: StatusPathCounters::default(),
             processors,
-            live: crate::proxy::Pending::default(),
-            redis: crate::redis::Exchange::default(),
-            logs: crate::proxy::Pending::default(),
-            terminals: crate::proxy::Pending::default(),
             leases,
-            ha: std::sync::OnceLock::new(),
         }
     }
 

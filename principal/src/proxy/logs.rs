@@ -2,7 +2,7 @@
 //!
 //! The request is sent to the agent as a `containerlog` event (type `GET`, payload
 //! [`ContainerLogRequest`]); the agent answers on its own `StreamLogs` call (see
-//! [`crate::service::logstream`]), which is handed here through `hub.logs` — only when it
+//! [`crate::service::logstream`]), which is handed here through the proxy's [`Tables`](super::Tables) — only when it
 //! comes from the agent the request was sent to (upstream does not check, §10 item 14). The
 //! bytes are streamed to the HTTP client as they come, with at most [`BUFFERED`] chunks between
 //! the agent's call and the client (the gRPC stream's flow control holds the agent back).
@@ -31,8 +31,8 @@ use protocol::{Event, EventType, Target};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument as _;
 
-use super::pending::Ticket;
 use super::{ProxyBody, ResourceProxy, boxed, status};
+use crate::pending::Ticket;
 
 /// An agent's `StreamLogs` call, handed to the HTTP request waiting for it.
 #[derive(Debug)]
@@ -84,7 +84,7 @@ async fn open(proxy: &ResourceProxy, agent: &str, mut request: ContainerLogReque
     let uuid = protocol::event::new_uuid();
     tracing::Span::current().record("uuid", uuid.as_str());
     request.uuid.clone_from(&uuid);
-    let (ticket, attached) = match proxy.hub.logs.begin(agent, &uuid, proxy.config.max_in_flight_per_agent) {
+    let (ticket, attached) = match proxy.tables.logs.begin(agent, &uuid, proxy.config.max_in_flight_per_agent) {
         Ok(t) => t,
         Err(busy) => {
             return boxed(status::busy(&format!(
@@ -286,7 +286,7 @@ impl Session {
         // Re-registered under the same UUID: the old ticket must go first.
         self.ticket = None;
         let (ticket, attached) =
-            hub.logs.begin(&self.agent, &self.uuid, self.proxy.config.max_in_flight_per_agent).ok()?;
+            self.proxy.tables.logs.begin(&self.agent, &self.uuid, self.proxy.config.max_in_flight_per_agent).ok()?;
         self.ticket = Some(ticket);
         let mut again = self.wire.clone();
         if let Some(last) = self.lines.last() {

@@ -15,7 +15,6 @@
 //! `ResourceProxy::handle` does the rest.
 
 pub(crate) mod logs;
-mod pending;
 mod status;
 pub(crate) mod terminal;
 
@@ -33,7 +32,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::ServiceBuilderExt as _;
 
-pub(crate) use pending::{Completion, Pending};
+use crate::pending::{Completion, Pending};
 
 use crate::hub::Hub;
 
@@ -73,10 +72,24 @@ impl Default for ProxyConfig {
     }
 }
 
+/// What the resource proxy's callers wait for: agents' answers to resource requests, their
+/// `StreamLogs` calls for log requests, their `StreamTerminal` calls for terminal sessions. The
+/// proxy owns them; the agents' services ([`crate::service`]) complete them.
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    /// Resource-proxy requests waiting for their agent's answer.
+    pub(crate) live: Pending,
+    /// Pod-log requests waiting for their agent's `StreamLogs` call.
+    pub(crate) logs: Pending<logs::Attach>,
+    /// Terminal sessions waiting for their agent's `StreamTerminal` call.
+    pub(crate) terminals: Pending<terminal::Attach>,
+}
+
 /// The resource proxy of one principal.
 #[derive(Clone, Debug)]
 pub struct ResourceProxy {
     hub: Arc<Hub>,
+    tables: Arc<Tables>,
     config: Arc<ProxyConfig>,
     /// Reads the agent name from a client certificate's CN.
     names: Option<Arc<auth::MtlsAuthenticator>>,
@@ -99,8 +112,8 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 const VERSION: &str = r#"{"major":"1","minor":"28","gitVersion":"v1.28.5+argocd-agent","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":"linux/amd64"}"#;
 
 impl ResourceProxy {
-    pub(crate) fn new(hub: Arc<Hub>, config: ProxyConfig) -> Self {
-        Self { hub, config: Arc::new(config), names: crate::ident::cn_reader().map(Arc::new) }
+    pub(crate) fn new(hub: Arc<Hub>, tables: Arc<Tables>, config: ProxyConfig) -> Self {
+        Self { hub, tables, config: Arc::new(config), names: crate::ident::cn_reader().map(Arc::new) }
     }
 
     /// Serves HTTPS on `listener` with the TLS configuration `tls` holds (re-read for every
@@ -291,7 +304,7 @@ impl ResourceProxy {
             Err(resp) => return resp,
         };
         let uuid = protocol::event::new_uuid();
-        let (_ticket, answer) = match self.hub.live.begin(&agent, &uuid, self.config.max_in_flight_per_agent) {
+        let (_ticket, answer) = match self.tables.live.begin(&agent, &uuid, self.config.max_in_flight_per_agent) {
             Ok(t) => t,
             Err(busy) => {
                 return status::busy(&format!(
@@ -417,10 +430,10 @@ fn verb(method: &Method) -> &'static str {
 /// `agent`'s stream ended and no other replaced it: its resource requests and the terminal
 /// sessions waiting for it to attach fail at once (502) instead of waiting out their time-outs.
 /// Log sessions are left to wait: a following log resumes when the agent is back.
-pub(crate) fn agent_detached(hub: &Hub, agent: &crate::peer::AgentPeer) {
+pub(crate) fn agent_detached(tables: &Tables, agent: &crate::peer::AgentPeer) {
     if !agent.is_connected() {
-        let requests = hub.live.abandon(agent.name());
-        let terminals = hub.terminals.abandon(agent.name());
+        let requests = tables.live.abandon(agent.name());
+        let terminals = tables.terminals.abandon(agent.name());
         if requests + terminals > 0 {
             tracing::info!(agent = %agent.name(), requests, terminals,
                 "agent stream ended: its pending resource-proxy requests and terminals fail now");
@@ -430,13 +443,13 @@ pub(crate) fn agent_detached(hub: &Hub, agent: &crate::peer::AgentPeer) {
 
 /// Hands an agent's answer to the caller waiting for it; answers nobody waits for, and answers
 /// for another agent's request, are logged and dropped.
-pub(crate) fn complete(hub: &Hub, agent: &str, ev: &Event, answer: ResourceResponse) {
+pub(crate) fn complete(tables: &Tables, agent: &str, ev: &Event, answer: ResourceResponse) {
     if answer.uuid != ev.event_id {
         tracing::warn!(%agent, event_id = %ev.event_id, uuid = %answer.uuid,
             "resource-proxy answer whose uuid is not its eventid; dropped");
         return;
     }
-    match hub.live.complete(agent, &ev.event_id, answer) {
+    match tables.live.complete(agent, &ev.event_id, answer) {
         Completion::Delivered => {}
         Completion::Unknown => {
             tracing::debug!(%agent, uuid = %ev.event_id, "resource-proxy answer nobody waits for (timed out); dropped");

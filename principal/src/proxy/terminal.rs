@@ -106,7 +106,7 @@ where
         Err(message) => return boxed(status::failure(StatusCode::BAD_REQUEST, &message)),
     };
     let uuid = protocol::event::new_uuid();
-    let (ticket, attached) = match proxy.hub.terminals.begin(agent, &uuid, proxy.config.max_in_flight_per_agent) {
+    let (ticket, attached) = match proxy.tables.terminals.begin(agent, &uuid, proxy.config.max_in_flight_per_agent) {
         Ok(t) => t,
         Err(busy) => {
             return boxed(status::busy(&format!(

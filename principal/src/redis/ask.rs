@@ -7,6 +7,7 @@ use std::time::Duration;
 use protocol::payload::{RedisCommandBody, RedisRequest, RedisResponseBody};
 use protocol::{Event, EventType, Target};
 
+use super::Exchange;
 use crate::hub::Hub;
 
 /// Why an agent gave no answer.
@@ -46,6 +47,7 @@ impl AskError {
 /// answer; at most `limit` requests of one agent are in flight.
 pub(super) async fn ask(
     hub: &Hub,
+    exchange: &Exchange,
     agent: &str,
     conn: &str,
     body: RedisCommandBody,
@@ -56,8 +58,7 @@ pub(super) async fn ask(
         return Err(AskError::NotConnected(agent.to_owned()));
     };
     let uuid = protocol::event::new_uuid();
-    let (_ticket, answer) = hub
-        .redis
+    let (_ticket, answer) = exchange
         .pending
         .begin(agent, &uuid, limit)
         .map_err(|busy| AskError::Busy { agent: agent.to_owned(), in_flight: busy.in_flight })?;

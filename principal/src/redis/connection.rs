@@ -102,7 +102,7 @@ where
     tracing::debug!(conn = %id, "Redis proxy connection opened");
     let (hub_rd, hub_wr) = tokio::io::split(upstream);
     let cancel = cancel.child_token();
-    let inbox = proxy.hub.redis.open(&id);
+    let inbox = proxy.exchange.open(&id);
     let (slots_tx, slots_rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let (hub_tx, hub_rx) = mpsc::channel(64);
@@ -126,7 +126,7 @@ where
     let _ = writer.await;
     cancel.cancel();
     let _ = hub_reader.await;
-    proxy.hub.redis.close(&id);
+    proxy.exchange.close(&id);
     tracing::debug!(conn = %id, "Redis proxy connection closed");
 }
 
@@ -395,6 +395,7 @@ async fn get(proxy: RedisProxy, conn: String, target: AgentKey, key: String) -> 
     let config = &proxy.config;
     let asked = ask(
         &proxy.hub,
+        &proxy.exchange,
         &target.agent,
         &conn,
         RedisCommandBody { get: Some(RedisGet { key: key.clone() }), ..RedisCommandBody::default() },
@@ -465,9 +466,10 @@ async fn subscribe(
     for (agent, channel) in channels {
         let started = Instant::now();
         // Registered first: a message may follow the agent's answer at once.
-        let (count, first) = proxy.hub.redis.subscribed(&conn, &agent, &channel);
+        let (count, first) = proxy.exchange.subscribed(&conn, &agent, &channel);
         let asked = ask(
             &proxy.hub,
+            &proxy.exchange,
             &agent,
             &conn,
             RedisCommandBody {
@@ -521,7 +523,7 @@ async fn keep_alive(proxy: RedisProxy, conn: String, agent: String, cancel: Canc
         let body = RedisCommandBody { ping: Some(protocol::payload::Empty {}), ..RedisCommandBody::default() };
         let asked = tokio::select! {
             () = cancel.cancelled() => return,
-            asked = ask(&proxy.hub, &agent, &conn, body, config.request_timeout, config.max_in_flight_per_agent) => asked,
+            asked = ask(&proxy.hub, &proxy.exchange, &agent, &conn, body, config.request_timeout, config.max_in_flight_per_agent) => asked,
         };
         match asked {
             Ok(_) => crate::metrics::global().redis_request(&agent, "ping", "pong", None, started.elapsed()),
@@ -537,7 +539,7 @@ async fn keep_alive(proxy: RedisProxy, conn: String, agent: String, cancel: Canc
                     AskError::Busy { .. } => continue,
                     other => other,
                 };
-                proxy.hub.redis.lose(&conn, format!("agent {agent:?} did not answer the subscription's ping: {lost}"));
+                proxy.exchange.lose(&conn, format!("agent {agent:?} did not answer the subscription's ping: {lost}"));
                 return;
             }
         }

@@ -16,7 +16,7 @@ use protocol::Event;
 use protocol::payload::{RedisResponse, RedisResponseBody};
 use tokio::sync::{mpsc, watch};
 
-use crate::proxy::{Completion, Pending};
+use crate::pending::{Completion, Pending};
 use link::lock;
 
 /// One client connection's subscriptions through agents.

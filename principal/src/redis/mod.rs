@@ -95,12 +95,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Upstream for T {}
 #[derive(Clone, Debug)]
 pub struct RedisProxy {
     hub: Arc<Hub>,
+    exchange: Arc<Exchange>,
     config: Arc<RedisProxyConfig>,
 }
 
 impl RedisProxy {
-    pub(crate) fn new(hub: Arc<Hub>, config: RedisProxyConfig) -> Self {
-        Self { hub, config: Arc::new(config) }
+    pub(crate) fn new(hub: Arc<Hub>, exchange: Arc<Exchange>, config: RedisProxyConfig) -> Self {
+        Self { hub, exchange, config: Arc::new(config) }
     }
 
     /// Serves RESP on `listener`, in TLS when `tls` is given (its configuration re-read for
@@ -154,14 +155,14 @@ impl RedisProxy {
 }
 
 /// Hands an agent's answer or message to the Redis proxy.
-pub(crate) fn complete(hub: &Hub, agent: &str, ev: &Event, answer: RedisResponse) {
-    hub.redis.complete(agent, ev, answer);
+pub(crate) fn complete(exchange: &Exchange, agent: &str, ev: &Event, answer: RedisResponse) {
+    exchange.complete(agent, ev, answer);
 }
 
 /// `agent`'s stream ended and no other replaced it: its Redis requests fail, subscriptions
 /// through it are lost.
-pub(crate) fn agent_detached(hub: &Hub, agent: &crate::peer::AgentPeer) {
+pub(crate) fn agent_detached(exchange: &Exchange, agent: &crate::peer::AgentPeer) {
     if !agent.is_connected() {
-        hub.redis.agent_gone(agent.name());
+        exchange.agent_gone(agent.name());
     }
 }

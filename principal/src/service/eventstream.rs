@@ -29,10 +29,10 @@ use std::time::SystemTime;
 use futures::Stream;
 use link::recv::{Inbound, Next};
 use link::send::{SendHooks, SendOptions};
-use protocol::Event;
 use protocol::outbox::Parked;
 use protocol::pb::eventstreamapi::event_stream_server::EventStream;
 use protocol::pb::eventstreamapi::{Event as WireEvent, PingRequest, PongReply, PushSummary};
+use protocol::{Event, EventType, Payload, Target};
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -43,6 +43,7 @@ use crate::hub::Hub;
 use crate::inbound;
 use crate::peer::{AgentPeer, StreamHandle};
 use crate::resync;
+use crate::{ha, proxy, redis};
 
 /// Events buffered between the sender task and the transport; the sender waits when it is
 /// full (nothing is dropped; the outbox holds the rest).
@@ -52,11 +53,56 @@ const STREAM_BUFFER: usize = 64;
 /// stream was closed with.
 pub type Outgoing = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send + 'static>>;
 
+/// The wings an agent's stream serves besides the hub: the proxies' requests it answers, and
+/// cross-hub HA, which admits agents and replicates what they change. The composition root
+/// ([`crate::Principal`]) hands them in; each wing owns its state.
+#[derive(Clone, Debug)]
+pub(crate) struct Wings {
+    /// What the resource proxy's requests, logs and terminals wait for.
+    pub(crate) proxy: Arc<proxy::Tables>,
+    /// What the Redis proxy's requests and subscriptions wait for.
+    pub(crate) redis: Arc<redis::Exchange>,
+    /// The cross-hub HA controller, once attached.
+    pub(crate) ha: ha::Slot,
+}
+
+impl Wings {
+    /// Hands `ev` to the proxy waiting for it if it is an answer (resource proxy, Redis proxy),
+    /// at once: answers never wait behind the agent's events being applied, and never go
+    /// through the hub-write router. `None`: not an answer.
+    fn answer(&self, agent: &str, ev: &Event) -> Option<Result<(), crate::error::InboundError>> {
+        let answer = (ev.target == Target::Resource && ev.event_type == EventType::Response)
+            || (ev.target == Target::Redis && ev.event_type == EventType::RedisResponse);
+        if !answer {
+            return None;
+        }
+        Some(match ev.payload() {
+            Ok(Payload::ResourceResponse(answer)) => {
+                proxy::complete(&self.proxy, agent, ev, answer);
+                Ok(())
+            }
+            Ok(Payload::RedisResponse(answer)) => {
+                redis::complete(&self.redis, agent, ev, answer);
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        })
+    }
+
+    /// `agent`'s stream ended: the proxies fail what waits for it.
+    fn agent_detached(&self, agent: &AgentPeer) {
+        redis::agent_detached(&self.redis, agent);
+        proxy::agent_detached(&self.proxy, agent);
+    }
+}
+
 /// The `EventStream` service. It serves calls that carry a [`Permit`] (from
 /// [`crate::authz::AuthorizeLayer`]) and refuses any other.
 #[derive(Clone)]
 pub struct EventStreamService {
     hub: Arc<Hub>,
+    wings: Wings,
     authorizer: Arc<Authorizer>,
 }
 
@@ -67,14 +113,14 @@ impl std::fmt::Debug for EventStreamService {
 }
 
 impl EventStreamService {
-    pub(crate) fn new(hub: Arc<Hub>, authorizer: Arc<Authorizer>) -> Self {
-        Self { hub, authorizer }
+    pub(crate) fn new(hub: Arc<Hub>, wings: Wings, authorizer: Arc<Authorizer>) -> Self {
+        Self { hub, wings, authorizer }
     }
 
     /// The caller's permit, once cross-hub HA admits agents here.
     fn permit<T>(&self, request: &Request<T>) -> Result<Permit, Status> {
         // Cross-hub HA: only the active principal serves agents.
-        crate::ha::admit(&self.hub)?;
+        ha::admit(&self.wings.ha)?;
         request
             .extensions()
             .get::<Permit>()
@@ -92,7 +138,7 @@ impl EventStreamService {
 
 /// Handles one message from the agent by the ACK policy of [`link::recv`]; returns whether it
 /// was processed.
-async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
+async fn on_message(hub: &Hub, wings: &Wings, session: &AgentPeer, msg: WireEvent) -> bool {
     crate::metrics::global().event_received();
     let ev = match link::recv::receive(session.mailbox(), session.name(), msg) {
         Inbound::Event(ev) => ev,
@@ -100,8 +146,7 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
         Inbound::Undecodable => return false,
     };
     let span = crate::otel::received_span(session, &ev);
-    if inbound::is_answer(&ev) {
-        let result = inbound::process(hub, session, &ev).await;
+    if let Some(result) = wings.answer(session.name(), &ev) {
         link::recv::settle(session.mailbox(), &ev, &result);
         return true;
     }
@@ -128,7 +173,7 @@ async fn on_message(hub: &Hub, session: &AgentPeer, msg: WireEvent) -> bool {
         }
         crate::metrics::global().event_processed(session.name(), &ev.target, &result, started.elapsed());
         // Cross-hub HA: on the replicas' hubs before the agent's ACK.
-        if crate::ha::replicated(hub, session, &ev, &result).await {
+        if ha::replicated(&wings.ha, session, &ev, &result).await {
             link::recv::settle(session.mailbox(), &ev, &result);
         }
     }
@@ -236,7 +281,13 @@ fn inbound_failure(agent: &str, status: Status, limit: usize) -> Status {
 const RESYNC_RETRY_INITIAL: std::time::Duration = std::time::Duration::from_millis(500);
 const RESYNC_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle, inbound: Streaming<WireEvent>) {
+async fn run_stream(
+    hub: Arc<Hub>,
+    wings: Wings,
+    session: Arc<AgentPeer>,
+    handle: StreamHandle,
+    inbound: Streaming<WireEvent>,
+) {
     // Among replicas: the newest stream takes the agent's Lease (the old owner lets go); until
     // it has, nothing from the agent is applied. A take that fails ends the stream.
     if let Some(leases) = &hub.leases
@@ -250,15 +301,14 @@ async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle
         handle.close(Some(Status::from(e)));
     }
     if !handle.stop().is_cancelled() {
-        serve_stream(&hub, &session, &handle, inbound).await;
+        serve_stream(&hub, &wings, &session, &handle, inbound).await;
     }
     if let Some(status) = handle.end_status() {
         tracing::info!(agent = %session.name(), code = ?status.code(), reason = status.message(), "agent stream closed");
     }
     handle.close(None);
     session.detach(&handle);
-    crate::redis::agent_detached(&hub, &session);
-    crate::proxy::agent_detached(&hub, &session);
+    wings.agent_detached(&session);
     crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
     if hub.leases.is_some() {
         hub.peers.forget_idle(session.name(), |agent| hub.acts_for(agent));
@@ -268,6 +318,7 @@ async fn run_stream(hub: Arc<Hub>, session: Arc<AgentPeer>, handle: StreamHandle
 /// Resyncs and applies the agent's events until the stream ends or is closed.
 async fn serve_stream(
     hub: &Arc<Hub>,
+    wings: &Wings,
     session: &Arc<AgentPeer>,
     handle: &StreamHandle,
     mut inbound: Streaming<WireEvent>,
@@ -316,7 +367,7 @@ async fn serve_stream(
         match link::recv::next(&mut inbound, handle.stop(), None).await {
             // Boxed: inline, the largest message handler (hub writes) would size this task,
             // which lives as long as the stream, for every idle agent.
-            Next::Message(msg) => _ = Box::pin(on_message(hub, session, msg)).await,
+            Next::Message(msg) => _ = Box::pin(on_message(hub, wings, session, msg)).await,
             Next::Ended | Next::Stopped | Next::Silent(_) => break,
             Next::Failed(status) => {
                 handle.close(Some(inbound_failure(session.name(), status, hub.config.max_message_bytes)));
@@ -354,7 +405,7 @@ impl EventStream for EventStreamService {
             tokio::spawn(expire_at(handle.clone(), session.name().to_owned()));
         }
         tokio::spawn(send_loop(session.clone(), tx, handle.clone(), self.hub.config.max_message_bytes));
-        tokio::spawn(run_stream(self.hub.clone(), session, handle.clone(), request.into_inner()));
+        tokio::spawn(run_stream(self.hub.clone(), self.wings.clone(), session, handle.clone(), request.into_inner()));
         Ok(Response::new(outgoing(rx, handle)))
     }
 
@@ -382,7 +433,7 @@ impl EventStream for EventStreamService {
                 return Err(revoked(session.name()));
             }
             received = received.saturating_add(1);
-            if on_message(&self.hub, &session, msg).await {
+            if on_message(&self.hub, &self.wings, &session, msg).await {
                 processed = processed.saturating_add(1);
             }
         }

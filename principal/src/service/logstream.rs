@@ -15,19 +15,19 @@ use protocol::pb::logstreamapi::{LogStreamData, LogStreamResponse};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::hub::Hub;
-use crate::proxy::Completion;
+use crate::pending::Completion;
+use crate::proxy::Tables;
 use crate::proxy::logs::Attach;
 
 /// The `LogStreamService` (behind [`crate::authz`]: every call carries a [`crate::authz::Permit`]).
 #[derive(Debug, Clone)]
 pub struct LogStreams {
-    hub: Arc<Hub>,
+    tables: Arc<Tables>,
 }
 
 impl LogStreams {
-    pub(crate) fn new(hub: Arc<Hub>) -> Self {
-        Self { hub }
+    pub(crate) fn new(tables: Arc<Tables>) -> Self {
+        Self { tables }
     }
 }
 
@@ -50,7 +50,7 @@ impl LogStreamService for LogStreams {
             return Err(Status::invalid_argument("the first frame of a log stream must name its request_uuid"));
         }
         let (done, answer) = oneshot::channel();
-        match self.hub.logs.complete(&agent, &uuid, Attach { data, done }) {
+        match self.tables.logs.complete(&agent, &uuid, Attach { data, done }) {
             Completion::Delivered => {
                 tracing::debug!(%agent, %uuid, "pod log stream attached");
             }
@@ -89,8 +89,8 @@ mod tests {
         }
     }
 
-    fn hub() -> Arc<Hub> {
-        Arc::new(Hub::offline(crate::PrincipalConfig::new("argocd")))
+    fn tables() -> Arc<Tables> {
+        Arc::new(Tables::default())
     }
 
     /// The calls of the test: frames an agent streams, as tonic reads them.
@@ -123,9 +123,9 @@ mod tests {
 
     #[tokio::test]
     async fn only_the_agent_asked_can_stream_the_log() {
-        let hub = hub();
-        let service = LogStreams::new(hub.clone());
-        let (_ticket, attached) = hub.logs.begin("agent-a", "u-1", 8).expect("room");
+        let tables = tables();
+        let service = LogStreams::new(tables.clone());
+        let (_ticket, attached) = tables.logs.begin("agent-a", "u-1", 8).expect("room");
         // Another agent naming agent-a's request is refused, and the request still waits.
         let hijack =
             service.stream_logs(call("agent-b", vec![frame("u-1", b"", false), frame("u-1", b"stolen", true)])).await;
@@ -155,9 +155,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_client_going_away_cancels_the_agents_call() {
-        let hub = hub();
-        let service = LogStreams::new(hub.clone());
-        let (_ticket, attached) = hub.logs.begin("a", "u-2", 8).expect("room");
+        let tables = tables();
+        let service = LogStreams::new(tables.clone());
+        let (_ticket, attached) = tables.logs.begin("a", "u-2", 8).expect("room");
         let serving = tokio::spawn({
             let service = service.clone();
             async move { service.stream_logs(call("a", vec![frame("u-2", b"", false)])).await }

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::hub::Hub;
-use crate::proxy::Completion;
+use crate::pending::Completion;
+use crate::proxy::Tables;
 use crate::proxy::terminal::{Attach, BUFFER};
 
 /// How long an agent may take to send the handshake frame after opening the call.
@@ -29,12 +29,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`crate::authz::Permit`]).
 #[derive(Debug, Clone)]
 pub struct TerminalStreams {
-    hub: Arc<Hub>,
+    tables: Arc<Tables>,
 }
 
 impl TerminalStreams {
-    pub(crate) fn new(hub: Arc<Hub>) -> Self {
-        Self { hub }
+    pub(crate) fn new(tables: Arc<Tables>) -> Self {
+        Self { tables }
     }
 }
 
@@ -70,7 +70,7 @@ impl TerminalStreamService for TerminalStreams {
             return Err(Status::invalid_argument("the handshake frame names no request_uuid"));
         }
         let (to_agent, rx) = mpsc::channel(BUFFER);
-        match self.hub.terminals.complete(&agent, &uuid, Attach { from_agent, to_agent }) {
+        match self.tables.terminals.complete(&agent, &uuid, Attach { from_agent, to_agent }) {
             Completion::Delivered => {
                 tracing::debug!(%agent, %uuid, "terminal stream attached");
                 Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -91,7 +91,7 @@ impl TerminalStreamService for TerminalStreams {
 mod tests {
     use super::*;
     use crate::authz::Permit;
-    use crate::config::{AgentMode, PrincipalConfig};
+    use crate::config::AgentMode;
     use futures::StreamExt as _;
     use prost::Message as _;
     use tonic::codec::Codec as _;
@@ -128,9 +128,9 @@ mod tests {
 
     #[tokio::test]
     async fn only_the_agent_a_session_was_opened_for_can_carry_it() {
-        let hub = Arc::new(Hub::offline(PrincipalConfig::new("argocd")));
-        let service = TerminalStreams::new(hub.clone());
-        let (_ticket, attached) = hub.terminals.begin("agent-a", "u1", 4).expect("room");
+        let tables = Arc::new(Tables::default());
+        let service = TerminalStreams::new(tables.clone());
+        let (_ticket, attached) = tables.terminals.begin("agent-a", "u1", 4).expect("room");
 
         let refused = service.stream_terminal(call("agent-b", handshake("u1"))).await.err().expect("refused");
         assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused}");
