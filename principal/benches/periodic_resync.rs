@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use principal::hub::bench::{DigestBench, HubShape, agent};
+use principal::sync::bench::{DigestBench, HubShape, agent};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

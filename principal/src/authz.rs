@@ -27,8 +27,8 @@ use tonic::server::NamedService;
 
 use crate::blocklist::Blocklist;
 use crate::config::AgentMode;
-use crate::hub::Hub;
 use crate::ident::{IdentityFn, StreamGrant};
+use crate::sync::hub::Hub;
 
 /// An agent admitted on a call: what the services act for.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,7 +35,7 @@ use link::lock;
 use link::watch::Index;
 use tokio_util::sync::CancellationToken;
 
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// The ConfigMap holding the blocklist, in the principal namespace (upstream's name).
 pub const CONFIG_MAP: &str = "argocd-agent-tls-blocklist";

@@ -20,9 +20,7 @@ pub mod compression;
 pub mod config;
 pub mod error;
 pub mod ha;
-pub mod hub;
 pub mod ident;
-pub mod inbound;
 pub mod lease;
 pub mod metrics;
 mod otel;
@@ -31,10 +29,9 @@ mod pending;
 mod proxy;
 mod redis;
 pub mod registration;
-pub mod resync;
-pub mod route;
 pub mod service;
 pub mod state;
+pub mod sync;
 pub mod websocket;
 
 use std::sync::Arc;
@@ -55,7 +52,7 @@ pub use redis::{RedisProxy, RedisProxyConfig, UpstreamTls, UpstreamTlsError};
 pub use service::eventstream::EventStreamService;
 pub use service::version::VersionService;
 
-use hub::Hub;
+use sync::hub::Hub;
 
 /// The principal could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -205,10 +202,10 @@ impl Principal {
     /// `cancel` fires.
     pub async fn run_watchers(&self, cancel: CancellationToken) {
         tokio::join!(
-            hub::watch::run_applications(self.hub.clone(), cancel.clone()),
-            hub::watch::run_projects(self.hub.clone(), cancel.clone()),
-            hub::watch::run_repositories(self.hub.clone(), cancel.clone()),
-            hub::watch::run_gpg_keys(self.hub.clone(), cancel.clone()),
+            sync::watch::run_applications(self.hub.clone(), cancel.clone()),
+            sync::watch::run_projects(self.hub.clone(), cancel.clone()),
+            sync::watch::run_repositories(self.hub.clone(), cancel.clone()),
+            sync::watch::run_gpg_keys(self.hub.clone(), cancel.clone()),
             self.blocklist.clone().run(self.hub.clone(), cancel.clone()),
             async {
                 if let Some(own) = &self.hub.leases {
@@ -257,7 +254,7 @@ impl Principal {
     /// For tests: `principal/tests/status.rs` proves each path runs when it should.
     #[doc(hidden)]
     #[must_use]
-    pub fn status_write_paths(&self) -> hub::StatusWritePaths {
+    pub fn status_write_paths(&self) -> sync::hub::StatusWritePaths {
         self.hub.status_paths.snapshot()
     }
 

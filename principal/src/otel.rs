@@ -15,7 +15,7 @@ const COMPONENT: &str = "principal";
 
 /// The span of a hub watch event: upstream's `<Kind>.<create|update|delete>`, with the
 /// resource and, for an object in an agent's namespace, that agent. Events built while it is
-/// entered carry its trace context ([`crate::hub::Hub::object_event`]).
+/// entered carry its trace context ([`crate::sync::hub::Hub::object_event`]).
 pub(crate) fn hub_event_span(kind: &'static str, operation: &'static str, meta: &ObjectMeta) -> tracing::Span {
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     let name = meta.name.as_deref().unwrap_or_default();

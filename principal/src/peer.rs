@@ -187,7 +187,7 @@ impl AgentPeer {
     /// guard drops. The agent's events are applied one at a time whichever stream (or `Push`
     /// call) carried them: a replaced stream's last event, still being applied while its
     /// successor opens, is neither interleaved with the successor's events nor missed by its
-    /// resync ([`crate::resync::on_connect`] waits for it).
+    /// resync ([`crate::sync::resync::on_connect`] waits for it).
     pub(crate) async fn applying(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.applying.lock().await
     }

@@ -6,7 +6,7 @@
 //! `GetSnapshot` and apply it (upserts; Applications of an agent missing from the snapshot are
 //! deleted only when the active confirms them deleted with `ConfirmMissingResources`), send the
 //! first ACK (the snapshot's sequence number), then apply each event in sequence order through
-//! the same code that applies agents' events on an active principal ([`crate::inbound`]) and
+//! the same code that applies agents' events on an active principal ([`crate::sync::inbound`]) and
 //! ACK it. Events up to the last applied sequence number are skipped (already in a snapshot). A
 //! gap in the sequence, an event that cannot be applied, or a cut-off by the active ends the
 //! round: the next round starts from a fresh snapshot, so nothing is skipped silently. A fresh
@@ -32,7 +32,7 @@ use tonic::transport::Channel;
 use super::replication::{CUT_OFF, MODE_EXTENSION, api_for, peer_claims, replicable};
 use super::{Ha, HaConfig, State};
 use crate::config::AgentMode;
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// Dials the peer as configured.
 pub(super) async fn connect(config: &HaConfig) -> Result<Channel, String> {
@@ -360,7 +360,7 @@ impl Ha {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
         loop {
-            match crate::inbound::process(hub, &peer, &ev).await {
+            match crate::sync::inbound::process(hub, &peer, &ev).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_retryable() && attempt < 5 => {
                     attempt += 1;

@@ -41,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::config::AgentMode;
-use crate::hub::Hub;
 use crate::peer::AgentPeer;
+use crate::sync::hub::Hub;
 pub use state::{Role, State, TransitionError};
 
 /// The ConfigMap (principal namespace) holding this hub's HA epoch and last role.

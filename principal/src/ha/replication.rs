@@ -41,7 +41,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{EPOCH_HEADER, Ha, HaConfig, STATE_HEADER, State, UID_HEADER};
 use crate::config::AgentMode;
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// The prefix of every replication method path.
 pub const PATH_PREFIX: &str = "/replicationapi.Replication/";

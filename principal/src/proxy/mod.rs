@@ -34,7 +34,7 @@ use tower_http::ServiceBuilderExt as _;
 
 use crate::pending::{Completion, Pending};
 
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// What the proxy answers with: a whole body, or a stream (`pods/log` with `follow`).
 pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, std::io::Error>;

@@ -8,7 +8,7 @@ use protocol::payload::{RedisCommandBody, RedisRequest, RedisResponseBody};
 use protocol::{Event, EventType, Target};
 
 use super::Exchange;
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// Why an agent gave no answer.
 #[derive(Debug, thiserror::Error)]

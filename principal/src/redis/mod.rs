@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use exchange::Exchange;
 pub use tls::{UpstreamTls, UpstreamTlsError};
 
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// The Redis proxy's upstream, limits and timing.
 #[derive(Clone, Debug)]

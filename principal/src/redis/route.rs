@@ -12,7 +12,7 @@
 
 use protocol::payload::{AppCacheKey, AppCacheKind};
 
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// A key that belongs to an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ mod tests {
             .expect("application")
         };
         for a in [app("argocd", "web", "spoke-1"), app("team-a", "api", "spoke-2")] {
-            let key = crate::hub::key_of(&a.metadata);
+            let key = crate::sync::hub::key_of(&a.metadata);
             let _ = hub.seen_apps.observed(key, &a);
         }
         assert_eq!(agent_key(&hub, b"app|resources-tree|web|1.8.3.gz").map(|k| k.agent).as_deref(), Some("spoke-1"));

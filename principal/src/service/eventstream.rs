@@ -39,10 +39,10 @@ use tracing::Instrument;
 
 use crate::authz::{Authorizer, Permit, expired, revoked};
 use crate::config::AgentMode;
-use crate::hub::Hub;
-use crate::inbound;
 use crate::peer::{AgentPeer, StreamHandle};
-use crate::resync;
+use crate::sync::hub::Hub;
+use crate::sync::inbound;
+use crate::sync::resync;
 use crate::{ha, proxy, redis};
 
 /// Events buffered between the sender task and the transport; the sender waits when it is

@@ -1,16 +1,6 @@
-//! The hub side's shared state: the Kubernetes stores, the agent peers, and the caches the
-//! watchers and routers keep.
-
-#[doc(hidden)]
-pub mod bench;
-mod digest;
-mod index;
-mod projects;
-mod shipped;
-pub mod watch;
-
-#[cfg(test)]
-mod tests;
+//! The hub side's shared state: the Kubernetes stores, the agent peers, the caches the watchers
+//! and routers keep, and the write fence. No wing's state: each wing owns its own and is handed
+//! what it needs by the composition root ([`crate::Principal`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -19,20 +9,15 @@ use protocol::argocd::{Application, ObjectMeta};
 use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
 
+pub(crate) use super::digest::{
+    DigestEntry, LastDigests, app_entry, checksum_of as spec_checksum, digest, project_entry,
+};
+pub(crate) use super::index::{AgentApps, AppIndex, StatusBase};
+pub(crate) use super::projects::ProjectIndex;
+pub(crate) use super::rules::{Key, key_of};
+pub(crate) use super::shipped::{GpgIndex, RepoIndex, Shipped};
 use crate::config::PrincipalConfig;
 use crate::peer::Peers;
-pub(crate) use digest::{DigestEntry, LastDigests, app_entry, checksum_of as spec_checksum, digest, project_entry};
-pub(crate) use index::{AgentApps, AppIndex, StatusBase};
-pub(crate) use projects::ProjectIndex;
-pub(crate) use shipped::{GpgIndex, RepoIndex, Shipped};
-
-/// `(namespace, name)` of an object on the hub.
-pub(crate) type Key = (String, String);
-
-/// The key of an object's metadata.
-pub(crate) fn key_of(meta: &ObjectMeta) -> Key {
-    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
-}
 
 /// Everything the principal's tasks share.
 #[derive(Debug)]
@@ -66,7 +51,7 @@ pub(crate) struct Hub {
     pub(crate) projects_synced: AtomicBool,
     pub(crate) repos_synced: AtomicBool,
     pub(crate) gpg_synced: AtomicBool,
-    /// Which path each status write took ([`crate::route::managed::status_update`]).
+    /// Which path each status write took ([`crate::sync::route::managed::status_update`]).
     pub(crate) status_paths: StatusPathCounters,
     /// `--event-processors`: permits to apply an agent's event.
     pub(crate) processors: Option<tokio::sync::Semaphore>,
@@ -182,7 +167,7 @@ impl Hub {
     /// namespace; a managed one by its namespace, or under destination-based mapping by
     /// `spec.destination.name` (none when empty or `in-cluster`).
     pub(crate) fn agent_of<'a>(&self, app: &'a Application) -> Option<&'a str> {
-        if self.config.destination_based_mapping && !crate::route::is_autonomous_copy(app) {
+        if self.config.destination_based_mapping && !super::rules::is_autonomous_copy(app) {
             app.destination_agent()
         } else {
             app.metadata.namespace.as_deref()

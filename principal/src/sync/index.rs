@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use link::lock;
 use protocol::argocd::Application;
 
-use super::Key;
 use super::digest::{Entry, app_entry, same_version};
-use crate::route::is_autonomous_copy;
+use super::rules::Key;
+use crate::sync::rules::is_autonomous_copy;
 
 /// A hub Application's status and operation (as JSON) at a resourceVersion: what a managed
-/// agent's next status write is a conditional patch against ([`crate::route::managed`]).
+/// agent's next status write is a conditional patch against ([`crate::sync::route::managed`]).
 #[derive(Debug, Clone)]
 pub(crate) struct StatusBase {
     pub(crate) resource_version: String,

@@ -40,13 +40,14 @@ use serde::Serialize;
 
 use crate::config::AgentMode;
 use crate::error::InboundError;
-use crate::hub::{AgentApps, DigestEntry, Hub, Shipped, app_entry, digest, project_entry};
 use crate::peer::AgentPeer;
-use crate::route::{autonomous, is_autonomous_copy, managed, project, repository};
+use crate::sync::hub::{AgentApps, DigestEntry, Hub, Shipped, app_entry, digest, project_entry};
+use crate::sync::route::{managed, project, repository};
+use crate::sync::rules::{self, is_autonomous_copy};
 
 /// The spec checksum of an object, `None` if it has no spec.
 pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Vec<u8>> {
-    crate::hub::spec_checksum(obj).map(|c| c.to_vec())
+    crate::sync::hub::spec_checksum(obj).map(|c| c.to_vec())
 }
 
 fn resync_event<T: Serialize>(ty: EventType, payload: &T) -> Option<Event> {
@@ -136,7 +137,7 @@ async fn matching_projects(hub: &Hub, agent: &str) -> Result<Vec<AppProject>, St
         .list::<AppProject>(&hub.config.namespace)
         .await?
         .into_iter()
-        .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent, hub.config.mapping()))
+        .filter(|p| !hub.excluded(&p.metadata) && rules::matches_agent(p, agent, hub.config.mapping()))
         .collect())
 }
 
@@ -224,7 +225,7 @@ fn autonomous_request_update(agent: &str, app: &Application) -> RequestUpdate {
         namespace: agent.to_owned(),
         uid: app.metadata.source_uid().unwrap_or_default().to_owned(),
         kind: RESYNC_KIND_APPLICATION.to_owned(),
-        checksum: checksum_of(&autonomous::agent_side_spec(agent, app)),
+        checksum: checksum_of(&rules::agent_side_spec(agent, app)),
     }
 }
 
@@ -414,8 +415,8 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
         }
     } else if req.kind == RESYNC_KIND_APP_PROJECT {
         match principal_project(hub, &req.name).await? {
-            Some(p) if !hub.excluded(&p.metadata) && project::matches_agent(&p, agent, hub.config.mapping()) => {
-                if checksum_of(&project::agent_copy(&p, agent, hub.config.mapping())) != req.checksum
+            Some(p) if !hub.excluded(&p.metadata) && rules::matches_agent(&p, agent, hub.config.mapping()) => {
+                if checksum_of(&rules::agent_copy(&p, agent, hub.config.mapping())) != req.checksum
                     || req.uid.is_empty()
                 {
                     push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));

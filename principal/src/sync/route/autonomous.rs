@@ -3,40 +3,14 @@
 
 use link::Gone;
 use protocol::EventType;
-use protocol::argocd::annotations::{NOTIFIED, SOURCE_UID};
-use protocol::argocd::{Application, ApplicationDestination};
+use protocol::argocd::Application;
+use protocol::argocd::annotations::NOTIFIED;
 use protocol::kube_store::StoreError;
 
-use super::{clear_server_fields, operation_appeared, refresh_requested, termination_requested};
-use crate::hub::{Hub, Key, key_of};
-
-/// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
-/// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.
-pub(crate) fn to_hub_copy(agent: &str, incoming: &Application) -> Application {
-    let mut app = incoming.clone();
-    let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
-    clear_server_fields(&mut app.metadata);
-    app.metadata.deletion_timestamp.clone_from(&incoming.metadata.deletion_timestamp);
-    app.metadata.namespace = Some(agent.to_owned());
-    app.metadata.set_annotation(SOURCE_UID, source_uid);
-    if let Some(project) = app.spec.project.as_mut() {
-        *project = format!("{agent}-{project}");
-    }
-    app.spec.destination = Some(ApplicationDestination { name: Some(agent.to_owned()), ..Default::default() });
-    app
-}
-
-/// The spec of a hub copy as the agent has it, for checksums: project prefix removed.
-/// (The destination is left out of checksums anyway.)
-pub(crate) fn agent_side_spec(agent: &str, hub_copy: &Application) -> Application {
-    let mut app = hub_copy.clone();
-    if let Some(project) = app.spec.project.as_mut()
-        && let Some(rest) = project.strip_prefix(&format!("{agent}-"))
-    {
-        *project = rest.to_owned();
-    }
-    app
-}
+use crate::sync::hub::{Hub, Key, key_of};
+use crate::sync::rules::{
+    agent_side_spec, clear_server_fields, operation_appeared, refresh_requested, termination_requested, to_hub_copy,
+};
 
 /// `create` / `spec-update` from an autonomous agent: create or update the hub copy.
 pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
@@ -152,29 +126,4 @@ pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(),
     clear_server_fields(&mut src.metadata);
     hub.apps.create(&key.0, &key.1, &src).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hub_copy_carries_upstream_annotations_and_mapping() {
-        let spoke: Application = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "a", "namespace": "argocd", "uid": "spoke-uid", "resourceVersion": "7",
-                         "ownerReferences": [{"kind": "ApplicationSet"}]},
-            "spec": {"project": "default", "destination": {"server": "https://kubernetes.default.svc"}},
-            "status": {"health": {"status": "Healthy"}},
-        }))
-        .unwrap_or_default();
-        let copy = to_hub_copy("agent-1", &spoke);
-        assert_eq!(copy.metadata.namespace.as_deref(), Some("agent-1"));
-        assert_eq!(copy.metadata.source_uid(), Some("spoke-uid"));
-        assert!(copy.metadata.uid.is_none() && copy.metadata.resource_version.is_none());
-        assert!(copy.metadata.owner_references.is_none());
-        assert_eq!(copy.spec.project.as_deref(), Some("agent-1-default"));
-        assert_eq!(copy.spec.destination.as_ref().and_then(|d| d.name.as_deref()), Some("agent-1"));
-        assert_eq!(copy.status, spoke.status);
-        assert_eq!(agent_side_spec("agent-1", &copy).spec.project.as_deref(), Some("default"));
-    }
 }

@@ -13,7 +13,7 @@ use protocol::argocd::AppProject;
 
 use super::digest::{Entry, project_entry, same_version};
 use crate::config::{Mapping, glob_match};
-use crate::route::project::matches_agent;
+use crate::sync::rules::matches_agent;
 
 /// The projects matching one agent, by name, each with the digest entry of that agent's copy
 /// once a digest needed it.
@@ -34,7 +34,7 @@ struct Inner {
 }
 
 /// Which destinations of `p` the copy `agent` gets keeps: those whose name is not a deny and
-/// matches the agent, as [`crate::route::project::agent_copy`] picks them. Nothing else of the
+/// matches the agent, as [`crate::sync::rules::agent_copy`] picks them. Nothing else of the
 /// copy depends on the agent, so agents with the same ones get the same copy (the unit tests
 /// check the digests against a full scan, which makes each copy afresh).
 fn copy_of(p: &AppProject, agent: &str) -> Vec<usize> {

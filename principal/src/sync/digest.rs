@@ -16,7 +16,7 @@ use protocol::checksum::{
 use serde::Serialize;
 
 use crate::config::Mapping;
-use crate::route::{autonomous, is_autonomous_copy, project};
+use crate::sync::rules::{self, is_autonomous_copy};
 
 /// One object's part of a digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub(crate) fn checksum_of<T: Serialize>(obj: &T) -> Option<Checksum> {
 pub(crate) fn app_entry(app: &Application) -> DigestEntry {
     let checksum = if is_autonomous_copy(app) {
         let agent = app.metadata.namespace.as_deref().unwrap_or_default();
-        checksum_of(&autonomous::agent_side_spec(agent, app))
+        checksum_of(&rules::agent_side_spec(agent, app))
     } else {
         checksum_of(app)
     };
@@ -62,7 +62,7 @@ pub(crate) fn app_entry(app: &Application) -> DigestEntry {
 pub(crate) fn project_entry(p: &AppProject, agent: &str, mapping: Mapping) -> DigestEntry {
     DigestEntry {
         key: ResourceKey::from_meta(RESYNC_KIND_APP_PROJECT, &p.metadata),
-        checksum: checksum_of(&project::agent_copy(p, agent, mapping)),
+        checksum: checksum_of(&rules::agent_copy(p, agent, mapping)),
     }
 }
 

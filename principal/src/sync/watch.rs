@@ -16,8 +16,9 @@ use protocol::argocd::{AppProject, Application, ConfigMap, Secret};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Hub, Key, key_of};
-use crate::route::{autonomous, gpg, is_autonomous_copy, managed, project, repository};
+use super::hub::{Hub, Key, key_of};
+use crate::sync::route::{autonomous, gpg, managed, project, repository};
+use crate::sync::rules::is_autonomous_copy;
 
 /// Hub Applications in agent namespaces, as the routes see them.
 pub(crate) struct Applications<'a>(pub(crate) &'a Hub);

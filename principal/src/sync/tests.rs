@@ -13,7 +13,7 @@ use protocol::{Event, EventType, Payload, Target};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::Hub;
+use super::hub::Hub;
 use super::watch::{Applications, GpgKeys, Projects, Repositories};
 use crate::config::{AgentMode, PrincipalConfig};
 use crate::ident::StreamGrant;
@@ -185,7 +185,7 @@ async fn a_managed_agent_connecting_gets_its_projects_and_is_asked_for_what_it_h
     let hub = hub();
     listed(&hub, vec![app("agent-1", "guestbook", "v1")], vec![project("p", "agent-1")]).await;
     let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
-    crate::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
+    crate::sync::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
     assert_eq!(sent(&peer, &stream), ["spec-update p", "request-resource-resync resourceResync"]);
 }
 
@@ -205,7 +205,7 @@ async fn repositories_follow_their_project_and_a_connecting_agent_gets_them_afte
     assert_eq!(sent(&peer, &stream), ["create p", "create r"], "the project first, then its repositories");
 
     // A reconnect: the project, its repository, then the resync request.
-    crate::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
+    crate::sync::resync::on_connect(&hub, &peer).await.expect("the resync reads the caches, not the API server");
     assert_eq!(sent(&peer, &stream), ["spec-update p", "spec-update r", "request-resource-resync resourceResync"]);
 }
 
@@ -227,13 +227,13 @@ async fn resync_sends_a_stale_spec_again_and_nothing_for_a_current_one() {
     // The agent holds an older spec of `guestbook`: the hub's is sent again.
     let ev = request("guestbook", Some(vec![0; 32]));
     let payload = ev.payload().expect("payload");
-    crate::resync::handle(&hub, &peer, &ev, payload).await.expect("handled from the cache");
+    crate::sync::resync::handle(&hub, &peer, &ev, payload).await.expect("handled from the cache");
     assert_eq!(sent(&peer, &stream), ["spec-update guestbook"]);
     // The agent holds the same spec: nothing to send.
     let current = hub.seen_apps.get(&("agent-1".into(), "guestbook".into())).expect("indexed");
-    let ev = request("guestbook", crate::resync::checksum_of(&current));
+    let ev = request("guestbook", crate::sync::resync::checksum_of(&current));
     let payload = ev.payload().expect("payload");
-    crate::resync::handle(&hub, &peer, &ev, payload).await.expect("handled");
+    crate::sync::resync::handle(&hub, &peer, &ev, payload).await.expect("handled");
     assert!(sent(&peer, &stream).is_empty());
 }
 
@@ -244,7 +244,7 @@ async fn an_autonomous_agents_resync_lists_its_hub_copies_live_not_from_the_cach
     let (peer, stream) = connect(&hub, "agent-3", AgentMode::Autonomous);
     // A hub copy the cache has not shown yet would never be checked: the watch event of a copy
     // sends nothing to its agent. So the resync reads the hub, which this one cannot reach.
-    assert!(crate::resync::on_connect(&hub, &peer).await.is_err(), "read live, and the hub is unreachable");
+    assert!(crate::sync::resync::on_connect(&hub, &peer).await.is_err(), "read live, and the hub is unreachable");
     assert!(sent(&peer, &stream).is_empty(), "nothing sent from a failed start: it is retried");
 }
 
@@ -258,7 +258,7 @@ async fn a_resync_starts_only_once_the_event_being_applied_is_done() {
     let applying = peer.applying().await;
     let resync = tokio::spawn({
         let (hub, peer) = (Arc::new(hub), peer.clone());
-        async move { crate::resync::on_connect(&hub, &peer).await }
+        async move { crate::sync::resync::on_connect(&hub, &peer).await }
     });
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -312,7 +312,7 @@ fn app_to(name: &str, destination: Option<&str>, rv: u64) -> DynamicObject {
 async fn digests(hub: &Hub, agents: &[&str]) -> Vec<Option<protocol::checksum::Checksum>> {
     let mut out = Vec::new();
     for agent in agents {
-        let indexed = crate::resync::managed_digest(hub, agent).await.expect("from the caches");
+        let indexed = crate::sync::resync::managed_digest(hub, agent).await.expect("from the caches");
         assert_eq!(indexed, super::bench::full_scan_digest(hub, agent), "{agent}: the indexes and a full scan differ");
         out.push(indexed);
     }
@@ -411,7 +411,7 @@ async fn under_destination_mapping_an_application_moves_with_its_destination() {
 async fn an_unchanged_object_is_not_hashed_again() {
     let hub = hub();
     listed(&hub, vec![app("agent-1", "a", "v1"), app("agent-1", "b", "v1")], vec![project("p", "agent-*")]).await;
-    let ns = super::AgentApps::InNamespace("agent-1");
+    let ns = super::hub::AgentApps::InNamespace("agent-1");
     let first = hub.seen_apps.entries(ns, |_| true);
     let again = hub.seen_apps.entries(ns, |_| true);
     assert!(first.iter().zip(&again).all(|(a, b)| Arc::ptr_eq(a, b)), "kept beside their versions");
@@ -450,11 +450,11 @@ async fn a_periodic_digest_equal_to_the_hubs_is_answered_with_nothing() {
     };
     let ours = super::bench::full_scan_digest(&hub, "agent-1").map(|d| d.to_vec());
     let ev = digest(ours);
-    crate::resync::handle(&hub, &peer, &ev, ev.payload().expect("payload")).await.expect("from the caches");
+    crate::sync::resync::handle(&hub, &peer, &ev, ev.payload().expect("payload")).await.expect("from the caches");
     assert!(sent(&peer, &stream).is_empty(), "in sync");
 
     let ev = digest(Some(vec![0; 32]));
-    crate::resync::handle(&hub, &peer, &ev, ev.payload().expect("payload")).await.expect("from the caches");
+    crate::sync::resync::handle(&hub, &peer, &ev, ev.payload().expect("payload")).await.expect("from the caches");
     let mut repair = sent(&peer, &stream);
     repair.sort();
     assert_eq!(

@@ -4,10 +4,10 @@ use protocol::{Event, EventType, Payload};
 
 use crate::config::AgentMode;
 pub use crate::error::InboundError;
-use crate::hub::Hub;
 use crate::peer::AgentPeer;
-use crate::resync;
-use crate::route::{autonomous, managed, project};
+use crate::sync::hub::Hub;
+use crate::sync::resync;
+use crate::sync::route::{autonomous, managed, project};
 
 /// An autonomous agent's Application without the namespace-remapped mark (only managed agents
 /// under destination-based mapping set it; it never reaches the hub).

@@ -2,15 +2,15 @@
 //! namespace labelled `argocd.argoproj.io/secret-type: repository|repo-creds` with a non-empty
 //! `data.project` goes, credentials included, to every managed agent that project matches;
 //! project changes and changes of the secret's own project move it; autonomous agents never
-//! get one. The decisions and their bookkeeping live in [`crate::hub::RepoIndex`].
+//! get one. The decisions and their bookkeeping live in [`crate::sync::hub::RepoIndex`].
 
 use std::collections::BTreeSet;
 
 use protocol::argocd::{AppProject, Secret};
 
 use crate::config::AgentMode;
-use crate::hub::Hub;
-use crate::route::project::matches_agent;
+use crate::sync::hub::Hub;
+use crate::sync::rules::matches_agent;
 
 /// The hub AppProject that decides where `repo` goes: the one it names, unless `repo` is left out.
 fn project_of(hub: &Hub, repo: &Secret) -> Option<AppProject> {

@@ -11,10 +11,11 @@ use protocol::checksum::Checksum;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::hub::{Hub, Shipped, app_entry, digest, project_entry};
 use super::watch::{Applications, GpgKeys, Projects, Repositories};
-use super::{Hub, Shipped, app_entry, digest, project_entry};
 use crate::config::PrincipalConfig;
-use crate::route::{is_autonomous_copy, project, repository};
+use crate::sync::route::repository;
+use crate::sync::rules::{self, is_autonomous_copy};
 
 /// The principal namespace of the synthetic hub.
 const NAMESPACE: &str = "argocd";
@@ -32,7 +33,7 @@ pub(crate) fn full_scan_digest(hub: &Hub, agent: &str) -> Option<Checksum> {
         .seen_projects
         .values()
         .into_iter()
-        .filter(|p| !hub.excluded(&p.metadata) && project::matches_agent(p, agent, mapping));
+        .filter(|p| !hub.excluded(&p.metadata) && rules::matches_agent(p, agent, mapping));
     let repos = hub.repos.all().into_iter().filter(|r| repository::belongs_on(hub, r, agent));
     let gpg = hub.gpg.all().into_iter().filter(|c| !hub.excluded(&c.metadata));
     let entries: Vec<_> = (apps.iter().map(app_entry))
@@ -163,7 +164,7 @@ impl DigestBench {
     /// The digest the principal answers a periodic resync of `agent` with, from its indexes.
     /// `None` also when it could not be computed (never once the hub is listed).
     pub async fn indexed_digest(&self, agent: &str) -> Option<Checksum> {
-        crate::resync::managed_digest(&self.hub, agent).await.ok().flatten()
+        crate::sync::resync::managed_digest(&self.hub, agent).await.ok().flatten()
     }
 
     /// The same digest by a full scan of the hub's caches (the way it was computed before the

@@ -1,14 +1,98 @@
-//! AppProjects in managed mode (upstream §4.4): the hub's projects in the principal namespace
-//! go to every managed agent they match, as an agent-specific copy.
+//! The sync core's pure rules: what a copy of an object looks like on the other side, whether an
+//! object belongs to an agent, what changed between two versions. No state and no I/O: the
+//! indexes, the routes and resync build on them, and their tests need nothing but objects.
 
-use protocol::argocd::annotations::SOURCE_UID;
-use protocol::argocd::{AppProject, ApplicationDestination};
-use protocol::kube_store::StoreError;
-use protocol::{Event, EventType, Target};
+use protocol::argocd::annotations::{LAST_UPDATED, NOTIFIED, REFRESH, SOURCE_UID};
+use protocol::argocd::{AppProject, Application, ApplicationDestination, ObjectMeta};
 
-use crate::config::{AgentMode, Mapping, glob_match};
-use crate::hub::Hub;
-use crate::route::clear_server_fields;
+use crate::config::{Mapping, glob_match};
+
+/// `(namespace, name)` of an object on the hub.
+pub(crate) type Key = (String, String);
+
+/// The key of an object's metadata.
+pub(crate) fn key_of(meta: &ObjectMeta) -> Key {
+    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
+/// Whether a hub Application is the copy of an autonomous agent's Application (it carries the
+/// `source-uid` annotation the principal stamps on such copies).
+pub(crate) fn is_autonomous_copy(app: &Application) -> bool {
+    app.metadata.source_uid().is_some()
+}
+
+/// Whether the parts the source of truth owns (spec, labels, annotations other than the
+/// bookkeeping ones, finalizers, deletion) differ.
+pub(crate) fn owned_parts_differ(a: &Application, b: &Application) -> bool {
+    let annotations = |app: &Application| {
+        let mut m = app.metadata.annotations.clone().unwrap_or_default();
+        for k in [LAST_UPDATED, NOTIFIED, REFRESH] {
+            m.remove(k);
+        }
+        m
+    };
+    a.spec != b.spec
+        || a.metadata.labels.clone().unwrap_or_default() != b.metadata.labels.clone().unwrap_or_default()
+        || annotations(a) != annotations(b)
+        || a.metadata.finalizers.clone().unwrap_or_default() != b.metadata.finalizers.clone().unwrap_or_default()
+        || a.metadata.deletion_timestamp != b.metadata.deletion_timestamp
+}
+
+/// Whether the operation was just requested (absent before, present now).
+pub(crate) fn operation_appeared(prev: Option<&Application>, cur: &Application) -> bool {
+    cur.operation.is_some() && prev.is_none_or(|p| p.operation.is_none())
+}
+
+/// Whether the operation just entered phase `Terminating`.
+pub(crate) fn termination_requested(prev: Option<&Application>, cur: &Application) -> bool {
+    cur.is_terminating() && !prev.is_some_and(Application::is_terminating)
+}
+
+/// Clears the fields a new copy must not carry over from the object it was made from.
+pub(crate) fn clear_server_fields(m: &mut protocol::argocd::ObjectMeta) {
+    m.uid = None;
+    m.resource_version = None;
+    m.generation = None;
+    m.creation_timestamp = None;
+    m.deletion_timestamp = None;
+    m.owner_references = None;
+    m.extra.remove("managedFields");
+    m.extra.remove("deletionGracePeriodSeconds");
+}
+
+/// Whether the refresh annotation (`argocd.argoproj.io/refresh`) was just set: a refresh
+/// request the hub's user or Argo CD makes, forwarded to the agent.
+pub(crate) fn refresh_requested(prev: Option<&Application>, cur: &Application) -> bool {
+    cur.metadata.annotation(REFRESH).is_some() && prev.is_none_or(|p| p.metadata.annotation(REFRESH).is_none())
+}
+
+/// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
+/// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.
+pub(crate) fn to_hub_copy(agent: &str, incoming: &Application) -> Application {
+    let mut app = incoming.clone();
+    let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
+    clear_server_fields(&mut app.metadata);
+    app.metadata.deletion_timestamp.clone_from(&incoming.metadata.deletion_timestamp);
+    app.metadata.namespace = Some(agent.to_owned());
+    app.metadata.set_annotation(SOURCE_UID, source_uid);
+    if let Some(project) = app.spec.project.as_mut() {
+        *project = format!("{agent}-{project}");
+    }
+    app.spec.destination = Some(ApplicationDestination { name: Some(agent.to_owned()), ..Default::default() });
+    app
+}
+
+/// The spec of a hub copy as the agent has it, for checksums: project prefix removed.
+/// (The destination is left out of checksums anyway.)
+pub(crate) fn agent_side_spec(agent: &str, hub_copy: &Application) -> Application {
+    let mut app = hub_copy.clone();
+    if let Some(project) = app.spec.project.as_mut()
+        && let Some(rest) = project.strip_prefix(&format!("{agent}-"))
+    {
+        *project = rest.to_owned();
+    }
+    app
+}
 
 /// The in-cluster server URL agent copies point their destinations at.
 pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
@@ -56,44 +140,6 @@ pub fn agent_copy(project: &AppProject, agent: &str, mapping: Mapping) -> AppPro
     p.spec.roles = None;
     p.status = None;
     p
-}
-
-pub(crate) fn event_for(hub: &Hub, ty: EventType, project: &AppProject, agent: &str) -> Option<Event> {
-    let copy = agent_copy(project, agent, hub.config.mapping());
-    hub.object_event(ty, Target::AppProject, &project.metadata, &copy)
-}
-
-/// A hub AppProject was added or changed: send it to the managed agents it matches, and a
-/// delete to those it no longer matches.
-pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &AppProject) {
-    for session in hub.peers.all() {
-        if session.mode() != AgentMode::Managed {
-            continue;
-        }
-        let agent = session.name();
-        let before = prev.is_some_and(|p| matches_agent(p, agent, hub.config.mapping()));
-        let ty = match (before, matches_agent(cur, agent, hub.config.mapping())) {
-            (false, true) => EventType::Create,
-            (true, true) if prev != Some(cur) => EventType::SpecUpdate,
-            (true, false) => EventType::Delete,
-            _ => continue,
-        };
-        if let Some(ev) = event_for(hub, ty, cur, agent) {
-            session.push(ev);
-        }
-    }
-}
-
-/// A hub AppProject was deleted: delete it on every managed agent it matched.
-pub(crate) fn hub_project_deleted(hub: &Hub, project: &AppProject) {
-    for session in hub.peers.all() {
-        if session.mode() == AgentMode::Managed
-            && matches_agent(project, session.name(), hub.config.mapping())
-            && let Some(ev) = event_for(hub, EventType::Delete, project, session.name())
-        {
-            session.push(ev);
-        }
-    }
 }
 
 /// The hub copy of an autonomous agent's AppProject (upstream `principal/event.go:442-600`):
@@ -153,33 +199,6 @@ fn rename_policy(policy: &str, old: &str, new: &str, agent: &str) -> String {
         .join(",")
 }
 
-/// `create` / `spec-update` of an AppProject from an autonomous agent.
-pub(crate) async fn agent_project_upsert(hub: &Hub, agent: &str, incoming: &AppProject) -> Result<(), StoreError> {
-    let ns = hub.config.namespace.clone();
-    let copy = autonomous_hub_copy(agent, incoming, &ns);
-    let name = copy.metadata.name.clone().unwrap_or_default();
-    if !hub.projects.create(&ns, &name, &copy).await? {
-        hub.projects
-            .update::<AppProject, _>(&ns, &name, |cur| {
-                let before = cur.clone();
-                cur.spec.clone_from(&copy.spec);
-                cur.metadata.labels.clone_from(&copy.metadata.labels);
-                cur.metadata.annotations.clone_from(&copy.metadata.annotations);
-                *cur != before
-            })
-            .await?;
-    }
-    Ok(())
-}
-
-/// `delete` of an AppProject from an autonomous agent.
-pub(crate) async fn agent_project_deleted(hub: &Hub, agent: &str, incoming: &AppProject) -> Result<(), StoreError> {
-    let name = format!("{agent}-{}", incoming.metadata.name.as_deref().unwrap_or_default());
-    hub.projects.strip_finalizers(&hub.config.namespace, &name).await?;
-    hub.projects.delete(&hub.config.namespace, &name).await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +231,25 @@ mod tests {
             rename_policy("p, proj:dev:admin, applications, get, dev/*, allow", "dev", "agent-1-dev", "agent-1"),
             "p, proj:agent-1-dev:admin, applications, get, agent-1-dev/agent-1/*, allow"
         );
+    }
+
+    #[test]
+    fn hub_copy_carries_upstream_annotations_and_mapping() {
+        let spoke: Application = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "argocd", "uid": "spoke-uid", "resourceVersion": "7",
+                         "ownerReferences": [{"kind": "ApplicationSet"}]},
+            "spec": {"project": "default", "destination": {"server": "https://kubernetes.default.svc"}},
+            "status": {"health": {"status": "Healthy"}},
+        }))
+        .unwrap_or_default();
+        let copy = to_hub_copy("agent-1", &spoke);
+        assert_eq!(copy.metadata.namespace.as_deref(), Some("agent-1"));
+        assert_eq!(copy.metadata.source_uid(), Some("spoke-uid"));
+        assert!(copy.metadata.uid.is_none() && copy.metadata.resource_version.is_none());
+        assert!(copy.metadata.owner_references.is_none());
+        assert_eq!(copy.spec.project.as_deref(), Some("agent-1-default"));
+        assert_eq!(copy.spec.destination.as_ref().and_then(|d| d.name.as_deref()), Some("agent-1"));
+        assert_eq!(copy.status, spoke.status);
+        assert_eq!(agent_side_spec("agent-1", &copy).spec.project.as_deref(), Some("default"));
     }
 }

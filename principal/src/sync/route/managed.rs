@@ -5,9 +5,9 @@ use protocol::argocd::annotations::{LAST_UPDATED, NAMESPACE_REMAPPED, REFRESH};
 use protocol::kube_store::StoreError;
 use protocol::{EventType, Target, merge_patch};
 
-use super::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 use crate::config::AgentMode;
-use crate::hub::{Hub, StatusBase, StatusPathCounters};
+use crate::sync::hub::{Hub, StatusBase, StatusPathCounters};
+use crate::sync::rules::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {

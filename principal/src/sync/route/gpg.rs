@@ -1,13 +1,13 @@
 //! The GPG keys ConfigMap in managed mode (upstream §4.6): `argocd-gpg-keys-cm` of the principal
 //! namespace goes to every managed agent; autonomous agents never get it. The decisions and their
-//! bookkeeping live in [`crate::hub::GpgIndex`].
+//! bookkeeping live in [`crate::sync::hub::GpgIndex`].
 
 use std::collections::BTreeSet;
 
 use protocol::argocd::ConfigMap;
 
 use crate::config::AgentMode;
-use crate::hub::Hub;
+use crate::sync::hub::Hub;
 
 /// The connected-since-start managed agents.
 pub(crate) fn targets(hub: &Hub) -> BTreeSet<String> {
