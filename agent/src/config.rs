@@ -154,7 +154,7 @@ pub struct AgentConfig {
     pub enable_resource_proxy: bool,
     /// This cluster's Argo CD Redis, which answers the principal's Redis-proxy requests
     /// (`--redis-addr` and friends); `None`: each is answered with an error saying so.
-    pub redis: Option<crate::redis::RedisConfig>,
+    pub redis: Option<RedisConfig>,
 }
 
 impl fmt::Debug for AgentConfig {
@@ -238,4 +238,41 @@ impl AgentConfig {
     pub fn stream_silence_limit(&self) -> Option<Duration> {
         self.heartbeat_interval.map(|h| (h * 3).max(MIN_SILENCE_LIMIT))
     }
+}
+
+/// Where this cluster's Argo CD Redis is and how to reach it (`--redis-addr`,
+/// `--redis-username`, `--redis-password`, `--redis-tls-*`).
+#[derive(Clone)]
+pub struct RedisConfig {
+    /// `host:port` (upstream default `argocd-redis:6379`).
+    pub address: String,
+    /// ACL user name.
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<String>,
+    /// TLS; `None`: plaintext.
+    pub tls: Option<RedisTls>,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// How the agent's Redis's certificate is checked.
+#[derive(Clone, Debug)]
+pub enum RedisTls {
+    /// Against these CA certificates (PEM; `--redis-tls-ca-path` or the
+    /// `--redis-tls-ca-secret-name` Secret).
+    Ca(String),
+    /// Against the system's roots.
+    SystemRoots,
+    /// Not at all (`--redis-tls-insecure`): encrypted, not authenticated.
+    Insecure,
 }

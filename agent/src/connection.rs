@@ -334,7 +334,7 @@ async fn on_message(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, msg: W
     }
     if crate::live::is_request(&ev) {
         // Executed in the background and answered by a `response`; acknowledged now.
-        let result = crate::live::accept(spoke, &ev);
+        let result = crate::live::accept(spoke, &spoke.live, &ev);
         link::recv::settle(&spoke.mailbox, &ev, &result);
         return;
     }

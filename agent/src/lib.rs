@@ -16,6 +16,7 @@ pub mod config;
 pub mod connection;
 pub mod credentials;
 pub mod error;
+mod host;
 pub mod inbound;
 mod live;
 mod logs;

@@ -25,7 +25,7 @@ use protocol::payload::{ApiResource, QUERY_PARAMS, ResourceRequest, ResourceResp
 use protocol::{Event, EventType, Payload, Target};
 
 use crate::error::InboundError;
-use crate::spoke::Spoke;
+use crate::host::Host;
 
 /// Requests executed at once; more wait for a slot.
 const CONCURRENT: usize = 16;
@@ -137,7 +137,7 @@ pub(crate) fn is_request(ev: &Event) -> bool {
 
 /// Takes resource-proxy request `ev`: it is executed in the background and answered with a
 /// `response` event; the request itself is acknowledged at once.
-pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError> {
+pub(crate) fn accept<H: Host>(spoke: &Arc<H>, live: &Arc<Live>, ev: &Event) -> Result<(), InboundError> {
     let Payload::ResourceRequest(req) = ev.payload()? else {
         return Ok(());
     };
@@ -146,16 +146,16 @@ pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError>
             "resource-proxy request whose uuid is not its eventid; ignored");
         return Ok(());
     }
-    if !spoke.live.first_time(&req.uuid) {
+    if !live.first_time(&req.uuid) {
         tracing::debug!(uuid = %req.uuid, "resource-proxy request resent; executed once already");
         return Ok(());
     }
-    let spoke = spoke.clone();
+    let (spoke, live) = (spoke.clone(), live.clone());
     tokio::spawn(async move {
-        let answer = if spoke.config.enable_resource_proxy {
-            let _slot = spoke.live.slots.clone().acquire_owned().await;
-            let label = spoke.live.instance_label().await;
-            match tokio::time::timeout(TIMEOUT, execute(&spoke.live.client, &label, &req)).await {
+        let answer = if spoke.config().enable_resource_proxy {
+            let _slot = live.slots.clone().acquire_owned().await;
+            let label = live.instance_label().await;
+            match tokio::time::timeout(TIMEOUT, execute(&live.client, &label, &req)).await {
                 Ok(answer) => answer,
                 Err(_) => Answer::failure(504, &format!("the request took longer than {TIMEOUT:?} on this cluster")),
             }
@@ -164,16 +164,16 @@ pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError>
                 403,
                 &format!(
                     "the resource proxy is disabled on agent {:?} (--enable-resource-proxy=false)",
-                    spoke.config.name
+                    spoke.config().name
                 ),
             )
         };
-        let answer = answer.fitting(spoke.config.max_message_bytes);
+        let answer = answer.fitting(spoke.config().max_message_bytes);
         tracing::debug!(uuid = %req.uuid, method = %req.method, resource = %req.resource, name = %req.name,
             status = answer.status, "resource-proxy request answered");
         let resp = ResourceResponse { uuid: req.uuid.clone(), status: i64::from(answer.status), resource: answer.body };
         match Event::response(EventType::Response, Target::Resource, &req.uuid).with_json(&resp) {
-            Ok(ev) => spoke.mailbox.push(ev),
+            Ok(ev) => spoke.mailbox().push(ev),
             Err(error) => tracing::warn!(uuid = %req.uuid, %error, "cannot encode a resource-proxy answer"),
         }
     });

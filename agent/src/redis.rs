@@ -30,8 +30,9 @@ use protocol::payload::{
 use protocol::{Event, EventType, Payload, Target};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::config::{RedisConfig, RedisTls};
 use crate::error::InboundError;
-use crate::spoke::Spoke;
+use crate::host::Host;
 
 /// Subscriptions held at most; more are refused with an error.
 pub const MAX_SUBSCRIPTIONS: usize = 256;
@@ -47,43 +48,6 @@ const REDIS_TIMEOUT: Duration = Duration::from_secs(10);
 /// First and longest pause before a broken subscription reconnects.
 const RECONNECT_MIN: Duration = Duration::from_millis(500);
 const RECONNECT_MAX: Duration = Duration::from_secs(30);
-
-/// Where this cluster's Argo CD Redis is and how to reach it (`--redis-addr`,
-/// `--redis-username`, `--redis-password`, `--redis-tls-*`).
-#[derive(Clone)]
-pub struct RedisConfig {
-    /// `host:port` (upstream default `argocd-redis:6379`).
-    pub address: String,
-    /// ACL user name.
-    pub username: Option<String>,
-    /// Password.
-    pub password: Option<String>,
-    /// TLS; `None`: plaintext.
-    pub tls: Option<RedisTls>,
-}
-
-impl std::fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("address", &self.address)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("tls", &self.tls)
-            .finish()
-    }
-}
-
-/// How the agent's Redis's certificate is checked.
-#[derive(Clone, Debug)]
-pub enum RedisTls {
-    /// Against these CA certificates (PEM; `--redis-tls-ca-path` or the
-    /// `--redis-tls-ca-secret-name` Secret).
-    Ca(String),
-    /// Against the system's roots.
-    SystemRoots,
-    /// Not at all (`--redis-tls-insecure`): encrypted, not authenticated.
-    Insecure,
-}
 
 /// The Redis client could not be built from the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -216,14 +180,14 @@ impl Redis {
     }
 
     /// The key (or channel) as this agent's Argo CD names it.
-    fn local_key<'a>(spoke: &Spoke, key: &'a str) -> std::borrow::Cow<'a, str> {
-        if spoke.config.destination_based_mapping { key.into() } else { strip_app_namespace(key) }
+    fn local_key<'a, H: Host>(spoke: &H, key: &'a str) -> std::borrow::Cow<'a, str> {
+        if spoke.config().destination_based_mapping { key.into() } else { strip_app_namespace(key) }
     }
 }
 
 /// Takes Redis-proxy request `ev`: it runs in the background and is answered with a
 /// `redis-response`; the request itself is acknowledged at once.
-pub(crate) fn accept(spoke: &Arc<Spoke>, redis: &Arc<Redis>, ev: &Event) -> Result<(), InboundError> {
+pub(crate) fn accept<H: Host>(spoke: &Arc<H>, redis: &Arc<Redis>, ev: &Event) -> Result<(), InboundError> {
     let Payload::RedisRequest(req) = ev.payload()? else {
         return Ok(());
     };
@@ -259,16 +223,16 @@ pub(crate) fn accept(spoke: &Arc<Spoke>, redis: &Arc<Redis>, ev: &Event) -> Resu
     Ok(())
 }
 
-fn respond(spoke: &Spoke, req: &RedisRequest, body: RedisResponseBody) {
+fn respond<H: Host>(spoke: &H, req: &RedisRequest, body: RedisResponseBody) {
     let answer = RedisResponse { uuid: req.uuid.clone(), connection_uuid: req.connection_uuid.clone(), body };
     match Event::response(EventType::RedisResponse, Target::Redis, &req.uuid).with_json(&answer) {
-        Ok(ev) => spoke.mailbox.push(ev),
+        Ok(ev) => spoke.mailbox().push(ev),
         Err(error) => tracing::warn!(uuid = %req.uuid, %error, "cannot encode a Redis-proxy answer"),
     }
 }
 
 /// `GET key` on the agent's Redis: the value, a miss, or the error.
-async fn get_value(spoke: &Spoke, redis: &Redis, key: &str) -> RedisGetResponse {
+async fn get_value<H: Host>(spoke: &H, redis: &Redis, key: &str) -> RedisGetResponse {
     let _slot = redis.slots.clone().acquire_owned().await;
     let local = Redis::local_key(spoke, key);
     let failure = |error: String| RedisGetResponse { bytes: None, cache_hit: false, error };
@@ -287,7 +251,7 @@ async fn get_value(spoke: &Spoke, redis: &Redis, key: &str) -> RedisGetResponse 
         return RedisGetResponse { bytes: None, cache_hit: false, error: String::new() };
     };
     // Base64 in JSON takes 4/3 of the value; leave room for the envelope.
-    let room = spoke.config.max_message_bytes.saturating_sub(64 << 10) / 4 * 3;
+    let room = spoke.config().max_message_bytes.saturating_sub(64 << 10) / 4 * 3;
     if bytes.len() > room {
         return failure(format!(
             "the value of {local:?} is {} bytes, more than the event stream carries ({room}; --grpc-max-message-size)",
@@ -299,7 +263,12 @@ async fn get_value(spoke: &Spoke, redis: &Redis, key: &str) -> RedisGetResponse 
 }
 
 /// Subscribes for the request's connection; answered once the agent's Redis confirmed it.
-async fn subscribe(spoke: &Arc<Spoke>, redis: &Arc<Redis>, req: &RedisRequest, channel: &str) -> Result<(), String> {
+async fn subscribe<H: Host>(
+    spoke: &Arc<H>,
+    redis: &Arc<Redis>,
+    req: &RedisRequest,
+    channel: &str,
+) -> Result<(), String> {
     let key: SubKey = (req.connection_uuid.clone(), channel.to_owned());
     let cancel = {
         let mut state = link::lock(&redis.state);
@@ -349,8 +318,8 @@ async fn open_subscription(redis: &Redis, channel: &str) -> Result<redis::aio::P
 
 /// Pushes each message of `pubsub` to the principal until the subscription is idle or
 /// cancelled; reconnects (with backoff) when the agent's Redis connection breaks.
-async fn forward_messages(
-    spoke: &Spoke,
+async fn forward_messages<H: Host>(
+    spoke: &H,
     redis: &Redis,
     req: &RedisRequest,
     local: &str,

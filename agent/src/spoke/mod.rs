@@ -80,7 +80,7 @@ pub(crate) struct Spoke {
     /// both sides at once, it was recreated here forever).
     pub(crate) applying: tokio::sync::Mutex<()>,
     /// Resource-proxy requests: executed against this cluster ([`crate::live`]).
-    pub(crate) live: crate::live::Live,
+    pub(crate) live: std::sync::Arc<crate::live::Live>,
     /// The connection of the current (or last) event stream: pod logs and terminals open their
     /// own calls on it, as upstream's agent does ([`Spoke::side_channel`]).
     pub(crate) principal: Mutex<Option<tonic::transport::Channel>>,
@@ -93,7 +93,7 @@ impl Spoke {
                 "the principal's namespace is not known (no Authenticate answer): Applications from it keep their namespace here instead of moving to this agent's"
             );
         }
-        let live = crate::live::Live::new(client.clone(), &config.namespace);
+        let live = std::sync::Arc::new(crate::live::Live::new(client.clone(), &config.namespace));
         Self {
             mailbox: Mailbox::new(config.retry.clone()),
             config,
@@ -249,5 +249,14 @@ impl Spoke {
     /// `--label-selector`. Leaving out one the principal holds deletes it there.
     pub(crate) fn excluded(&self, meta: &protocol::argocd::ObjectMeta) -> bool {
         meta.left_out(self.config.label_selector.as_ref())
+    }
+}
+
+impl crate::host::Host for Spoke {
+    fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+    fn mailbox(&self) -> &Mailbox {
+        &self.mailbox
     }
 }
