@@ -9,7 +9,7 @@ use tonic::metadata::MetadataMap;
 use crate::config::AgentMode;
 
 /// Who is calling, as the identity seam reads it from the request (not yet authorized: see
-/// [`crate::authz`], which turns it into a [`crate::Permit`]).
+/// [`crate::access::authz`], which turns it into a [`crate::Permit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// The agent's name (= its namespace on the hub).

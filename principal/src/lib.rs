@@ -12,11 +12,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod accept;
-pub mod authz;
-pub mod blocklist;
-pub mod cluster_secret;
-pub mod compression;
+pub mod access;
 pub mod config;
 pub mod error;
 pub mod ha;
@@ -32,7 +28,12 @@ pub mod registration;
 pub mod service;
 pub mod state;
 pub mod sync;
-pub mod websocket;
+pub mod transport;
+
+// The wings' modules under the names they had before the folders.
+pub use access::{authz, blocklist};
+pub use registration::cluster_secret;
+pub use transport::{compression, websocket};
 
 use std::sync::Arc;
 

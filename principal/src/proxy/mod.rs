@@ -125,21 +125,23 @@ impl ResourceProxy {
         tls: tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>,
         cancel: CancellationToken,
     ) {
-        let mut connections = crate::accept::until_cancelled(&listener, &cancel, "resource proxy", |tcp, remote| {
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.borrow().clone());
-            let proxy = self.clone();
-            let cancel = cancel.clone();
-            async move {
-                let timeout = proxy.config.handshake_timeout;
-                let Some(stream) = crate::accept::tls_handshake(acceptor, tcp, timeout, remote, "resource proxy").await
-                else {
-                    return;
-                };
-                let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
-                proxy.serve_connection(stream, Caller { cert }, cancel).await;
-            }
-        })
-        .await;
+        let mut connections =
+            crate::transport::accept::until_cancelled(&listener, &cancel, "resource proxy", |tcp, remote| {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.borrow().clone());
+                let proxy = self.clone();
+                let cancel = cancel.clone();
+                async move {
+                    let timeout = proxy.config.handshake_timeout;
+                    let Some(stream) =
+                        crate::transport::accept::tls_handshake(acceptor, tcp, timeout, remote, "resource proxy").await
+                    else {
+                        return;
+                    };
+                    let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
+                    proxy.serve_connection(stream, Caller { cert }, cancel).await;
+                }
+            })
+            .await;
         while connections.join_next().await.is_some() {}
     }
 

@@ -112,25 +112,27 @@ impl RedisProxy {
         tls: Option<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>>,
         cancel: CancellationToken,
     ) {
-        let mut connections = crate::accept::until_cancelled(&listener, &cancel, "Redis proxy", |tcp, remote| {
-            let proxy = self.clone();
-            let cancel = cancel.clone();
-            let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.borrow().clone()));
-            async move {
-                match acceptor {
-                    None => connection::serve(proxy, tcp, cancel).await,
-                    Some(acceptor) => {
-                        let timeout = proxy.config.handshake_timeout;
-                        if let Some(stream) =
-                            crate::accept::tls_handshake(acceptor, tcp, timeout, remote, "Redis proxy").await
-                        {
-                            connection::serve(proxy, stream, cancel).await;
+        let mut connections =
+            crate::transport::accept::until_cancelled(&listener, &cancel, "Redis proxy", |tcp, remote| {
+                let proxy = self.clone();
+                let cancel = cancel.clone();
+                let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.borrow().clone()));
+                async move {
+                    match acceptor {
+                        None => connection::serve(proxy, tcp, cancel).await,
+                        Some(acceptor) => {
+                            let timeout = proxy.config.handshake_timeout;
+                            if let Some(stream) =
+                                crate::transport::accept::tls_handshake(acceptor, tcp, timeout, remote, "Redis proxy")
+                                    .await
+                            {
+                                connection::serve(proxy, stream, cancel).await;
+                            }
                         }
                     }
                 }
-            }
-        })
-        .await;
+            })
+            .await;
         connections.shutdown().await;
     }
 

@@ -1,7 +1,7 @@
 //! `eventstreamapi.EventStream`: the agent's bidirectional stream of CloudEvents.
 //!
 //! Per stream: the caller arrives with a [`Permit`] from the authorization layer
-//! ([`crate::authz`]: who it is, its mode, the access token's id and expiry); the agent's peer is
+//! ([`crate::access::authz`]: who it is, its mode, the access token's id and expiry); the agent's peer is
 //! attached (closing any older stream of the same agent); a sender task drains the peer's
 //! mailbox onto the stream; the receive loop applies each event in order and ACKs it
 //! ([`link::recv`]).
@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::authz::{Authorizer, Permit, expired, revoked};
+use crate::access::authz::{Authorizer, Permit, expired, revoked};
 use crate::config::AgentMode;
 use crate::peer::{AgentPeer, StreamHandle};
 use crate::sync::hub::Hub;
@@ -98,7 +98,7 @@ impl Wings {
 }
 
 /// The `EventStream` service. It serves calls that carry a [`Permit`] (from
-/// [`crate::authz::AuthorizeLayer`]) and refuses any other.
+/// [`crate::access::authz::AuthorizeLayer`]) and refuses any other.
 #[derive(Clone)]
 pub struct EventStreamService {
     hub: Arc<Hub>,

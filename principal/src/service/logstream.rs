@@ -19,7 +19,7 @@ use crate::pending::Completion;
 use crate::proxy::Tables;
 use crate::proxy::logs::Attach;
 
-/// The `LogStreamService` (behind [`crate::authz`]: every call carries a [`crate::authz::Permit`]).
+/// The `LogStreamService` (behind [`crate::access::authz`]: every call carries a [`crate::access::authz::Permit`]).
 #[derive(Debug, Clone)]
 pub struct LogStreams {
     tables: Arc<Tables>,
@@ -37,7 +37,7 @@ impl LogStreamService for LogStreams {
         &self,
         request: Request<Streaming<LogStreamData>>,
     ) -> Result<Response<LogStreamResponse>, Status> {
-        let Some(agent) = request.extensions().get::<crate::authz::Permit>().map(|p| p.agent.clone()) else {
+        let Some(agent) = request.extensions().get::<crate::access::authz::Permit>().map(|p| p.agent.clone()) else {
             return Err(Status::unauthenticated("the call names no agent"));
         };
         let mut data = request.into_inner();
@@ -109,7 +109,7 @@ mod tests {
 
     fn call(agent: &str, frames: Vec<LogStreamData>) -> Request<Streaming<LogStreamData>> {
         let mut req = Request::new(streaming(frames));
-        req.extensions_mut().insert(crate::authz::Permit {
+        req.extensions_mut().insert(crate::access::authz::Permit {
             agent: agent.to_owned(),
             mode: crate::config::AgentMode::Managed,
             grant: crate::ident::StreamGrant::default(),

@@ -3,7 +3,7 @@
 //!
 //! The agent's first frame is the handshake: only `request_uuid`. The call is handed to the
 //! session waiting for that UUID only if the session was created for the calling agent (the
-//! [`crate::authz::Permit`] names it): another agent is refused with `PermissionDenied`
+//! [`crate::access::authz::Permit`] names it): another agent is refused with `PermissionDenied`
 //! (upstream hands any agent any session, §10 item 14); an unknown or expired UUID is
 //! `NotFound`. From then on the session sends the agent stdin, resizes and stdin EOF on this
 //! call's answer stream, and ends it when the terminal closes.
@@ -25,8 +25,8 @@ use crate::proxy::terminal::{Attach, BUFFER};
 /// How long an agent may take to send the handshake frame after opening the call.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The `TerminalStreamService` (behind [`crate::authz`]: every call carries a
-/// [`crate::authz::Permit`]).
+/// The `TerminalStreamService` (behind [`crate::access::authz`]: every call carries a
+/// [`crate::access::authz::Permit`]).
 #[derive(Debug, Clone)]
 pub struct TerminalStreams {
     tables: Arc<Tables>,
@@ -51,7 +51,7 @@ impl TerminalStreamService for TerminalStreams {
     ) -> Result<Response<TerminalOut>, Status> {
         let agent = request
             .extensions()
-            .get::<crate::authz::Permit>()
+            .get::<crate::access::authz::Permit>()
             .map(|p| p.agent.clone())
             .ok_or_else(|| Status::unauthenticated("no authorized agent on this call"))?;
         let mut from_agent = request.into_inner();
@@ -90,7 +90,7 @@ impl TerminalStreamService for TerminalStreams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::authz::Permit;
+    use crate::access::authz::Permit;
     use crate::config::AgentMode;
     use futures::StreamExt as _;
     use prost::Message as _;

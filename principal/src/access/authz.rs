@@ -10,7 +10,7 @@
 //!    the principal's own, else `PermissionDenied`;
 //! 3. **session valid**: the access token has not expired and was not revoked, else
 //!    `Unauthenticated` (the agent refreshes or authenticates again);
-//! 4. **not blocklisted** ([`crate::blocklist`]), else `Unauthenticated` naming the entry and
+//! 4. **not blocklisted** ([`crate::access::blocklist`]), else `Unauthenticated` naming the entry and
 //!    the ConfigMap.
 //!
 //! What passes gets a typed [`Permit`] in the request extensions, which is all the services
@@ -25,7 +25,7 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tonic::server::NamedService;
 
-use crate::blocklist::Blocklist;
+use crate::access::blocklist::Blocklist;
 use crate::config::AgentMode;
 use crate::ident::{IdentityFn, StreamGrant};
 use crate::sync::hub::Hub;
@@ -210,7 +210,7 @@ mod tests {
 
     use super::*;
     use crate::PrincipalConfig;
-    use crate::blocklist::BlocklistData;
+    use crate::access::blocklist::BlocklistData;
     use crate::ident::insecure_metadata_identity;
     use link::testing::offline_client;
 

@@ -16,12 +16,14 @@
 //! A failure refuses the authentication (`Unauthenticated`), as upstream: an agent Argo CD
 //! cannot reach would sync blind.
 
+pub mod cluster_secret;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 
-use crate::cluster_secret::{self, ClusterConfig, ClusterSecret, LABEL_SELF_REGISTERED};
+use self::cluster_secret::{ClusterConfig, ClusterSecret, LABEL_SELF_REGISTERED};
 
 /// How self-registration writes cluster secrets.
 #[derive(Clone, Debug)]
