@@ -8,7 +8,7 @@
 //! Calls travel as native gRPC over HTTP/2 ([`Wire::Http2`]) or, with `--enable-websocket`, as
 //! gRPC over WebSocket on HTTP/1.1 ([`Wire::WebSocket`], grpc-http1's framing, one WebSocket per
 //! call): the channel then talks HTTP/2 to an in-process server that opens a WebSocket to the
-//! principal for each call ([`link::grpcws`]). Either way callers get a tonic [`Channel`].
+//! principal for each call ([`grpcws`]). Either way callers get a tonic [`Channel`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -297,16 +297,13 @@ pub async fn connect_over(
 /// How long opening one call's WebSocket (TCP, TLS, upgrade) may take.
 pub const WEBSOCKET_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Bytes buffered each way between the channel and the in-process server.
-const LOCAL_BUFFER: usize = 64 << 10;
-
 /// The endpoint the channel dials (in-process, so plaintext HTTP/2 without keepalive) and the
-/// dialer that opens each call's WebSocket to the principal at `addr`.
+/// dialer that opens each call's WebSocket to the principal at `addr` ([`grpcws::client`]).
 fn websocket(
     addr: &str,
     tls: Option<&AgentTls>,
     keepalive: Option<Duration>,
-) -> Result<(Endpoint, Arc<WebSocketDialer>), TransportError> {
+) -> Result<(Endpoint, Arc<grpcws::client::Dialer>), TransportError> {
     let bad = |source| TransportError::BadAddress { addr: addr.to_owned(), source };
     let tls = match tls {
         None => None,
@@ -321,103 +318,35 @@ fn websocket(
         .map_err(bad)?
         .user_agent(concat!("argocd-agent/v", env!("CARGO_PKG_VERSION")))
         .map_err(bad)?;
-    let options = link::grpcws::ClientOptions {
+    let options = grpcws::bridge::ClientOptions {
         max_message_bytes: protocol::pb::MAX_MESSAGE_BYTES,
         keepalive,
         keepalive_timeout: KEEPALIVE_TIMEOUT,
     };
-    Ok((endpoint, Arc::new(WebSocketDialer { host, port, authority, tls, options })))
+    let tls = tls.map(Arc::new);
+    let connect: grpcws::client::Connect = Arc::new(move || {
+        let (host, tls) = (host.clone(), tls.clone());
+        Box::pin(async move { open(&host, port, tls.as_deref()).await })
+    });
+    Ok((endpoint, grpcws::client::Dialer::new(authority, options, WEBSOCKET_DIAL_TIMEOUT, connect)))
 }
 
-/// Opens one WebSocket per call to the principal.
-struct WebSocketDialer {
-    host: String,
+/// The connection one call's WebSocket runs on: TCP, and TLS offering HTTP/1.1 when configured.
+async fn open(
+    host: &str,
     port: u16,
-    /// `host:port` as the `Host` header names it.
-    authority: String,
-    tls: Option<RustlsConnector>,
-    options: link::grpcws::ClientOptions,
-}
-
-/// A connection to the principal, TLS or not.
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
-
-impl WebSocketDialer {
-    /// What the channel dials: a new in-process HTTP/2 server whose calls go out as WebSockets.
-    fn connector(
-        self: Arc<Self>,
-    ) -> impl tower::Service<
-        Uri,
-        Response = TokioIo<tokio::io::DuplexStream>,
-        Error = std::io::Error,
-        Future = impl Future<Output = std::io::Result<TokioIo<tokio::io::DuplexStream>>> + Send,
-    > + Clone
-    + Send
-    + 'static {
-        tower::service_fn(move |_: Uri| {
-            let this = self.clone();
-            async move {
-                let (local, server) = tokio::io::duplex(LOCAL_BUFFER);
-                let service = hyper::service::service_fn(move |request| this.clone().call(request));
-                let connection = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .max_frame_size(1 << 20)
-                    .serve_connection(TokioIo::new(server), service);
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%error, "in-process HTTP/2 connection of the WebSocket transport ended");
-                    }
-                });
-                Ok(TokioIo::new(local))
+    tls: Option<&RustlsConnector>,
+) -> Result<Box<dyn grpcws::client::Io>, grpcws::bridge::BoxError> {
+    let tcp = TcpStream::connect((host, port)).await?;
+    tcp.set_nodelay(true)?;
+    Ok(match tls {
+        Some(tls) => Box::new(tls.http1_connector().connect(tls.server_name.clone(), tcp).await.map_err(|e| {
+            if e.to_string().contains("NoApplicationProtocol") {
+                format!("{e} (the principal does not offer HTTP/1.1: does it run with --enable-websocket?)").into()
+            } else {
+                grpcws::bridge::BoxError::from(e)
             }
-        })
-    }
-
-    /// One call: open its WebSocket and carry it.
-    async fn call(
-        self: Arc<Self>,
-        request: http::Request<hyper::body::Incoming>,
-    ) -> Result<http::Response<link::grpcws::Body>, std::convert::Infallible> {
-        let (head, body) = request.into_parts();
-        let path = head.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
-        let opened = tokio::time::timeout(WEBSOCKET_DIAL_TIMEOUT, self.open(path, &head.headers)).await;
-        let ws = match opened {
-            Ok(Ok(ws)) => ws,
-            Ok(Err(e)) => {
-                return Ok(link::grpcws::status_response(&tonic::Status::unavailable(format!(
-                    "cannot open a WebSocket to the principal at {}: {e}",
-                    self.authority
-                ))));
-            }
-            Err(_) => {
-                return Ok(link::grpcws::status_response(&tonic::Status::unavailable(format!(
-                    "opening a WebSocket to the principal at {} took longer than {WEBSOCKET_DIAL_TIMEOUT:?}",
-                    self.authority
-                ))));
-            }
-        };
-        Ok(link::grpcws::forward(ws, body, self.options).await)
-    }
-
-    async fn open(
-        &self,
-        path: &str,
-        headers: &http::HeaderMap,
-    ) -> Result<tokio_tungstenite::WebSocketStream<Box<dyn Io>>, Box<dyn std::error::Error + Send + Sync>> {
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
-        tcp.set_nodelay(true)?;
-        let io: Box<dyn Io> = match &self.tls {
-            Some(tls) => Box::new(tls.http1_connector().connect(tls.server_name.clone(), tcp).await.map_err(|e| {
-                if e.to_string().contains("NoApplicationProtocol") {
-                    format!("{e} (the principal does not offer HTTP/1.1: does it run with --enable-websocket?)").into()
-                } else {
-                    Box::<dyn std::error::Error + Send + Sync>::from(e)
-                }
-            })?),
-            None => Box::new(tcp),
-        };
-        let max = self.options.max_message_bytes;
-        Ok(link::grpcws::handshake(io, &self.authority, path, headers, max).await?)
-    }
+        })?),
+        None => Box::new(tcp),
+    })
 }

@@ -14,9 +14,7 @@
 //!   deletions the gap hid), used by every Kubernetes watcher of both sides;
 //! * [`copies`]: the owner's version of every copy a side keeps in line, and the deletions it
 //!   asked for (what to revert, what to recreate, what to let go);
-//! * [`known`]: the last version of each object a side has seen or sent;
-//! * [`grpcws`]: gRPC over WebSocket (`--enable-websocket`): both ends of one call, between
-//!   HTTP/2 and grpc-http1's WebSocket frames.
+//! * [`known`]: the last version of each object a side has seen or sent.
 //!
 //! Policies are documented where they live and summarised in `docs/reliability.md`.
 
@@ -24,7 +22,6 @@
 #![warn(missing_docs)]
 
 pub mod copies;
-pub mod grpcws;
 pub mod known;
 pub mod mailbox;
 pub mod recv;

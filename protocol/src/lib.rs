@@ -9,8 +9,6 @@
 //! * [`outbox`]: the delivery engine (per-resource outbox, ACKs, coalescing, retries);
 //! * [`fuzzing`]: the decoding entry point shared by the fuzz target and unit tests;
 //! * [`resp`]: RESP framing, commands and replies for the Redis proxy;
-//! * [`grpcws`]: gRPC-over-WebSocket frames as `golang.stackrox.io/grpc-http1` writes them
-//!   (`--enable-websocket`);
 //! * [`trace`]: W3C trace context (`traceparent`/`tracestate`) parsing; [`otel`] (feature
 //!   `otel`) joins it to `tracing` spans.
 
@@ -23,7 +21,6 @@ pub mod event;
 pub mod fuzzing;
 pub mod glob;
 pub mod grpc_codec;
-pub mod grpcws;
 #[cfg(feature = "kube")]
 pub mod kube_store;
 pub mod merge_patch;

@@ -2,14 +2,14 @@
 //! client and server frames, metadata header blocks, and the gRPC body splitter.
 //!
 //! Run with `cargo +nightly fuzz run grpcws_decode` from `protocol/`. The same check runs over
-//! sample inputs in the protocol crate's unit tests (`grpcws::tests::fuzz_logic_over_sample_inputs`).
+//! sample inputs in the grpcws crate's unit tests (`frame::tests::fuzz_logic_over_sample_inputs`).
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Err(finding) = protocol::grpcws::fuzz_check(data) {
+    if let Err(finding) = grpcws::frame::fuzz_check(data) {
         panic!("{finding}");
     }
 });

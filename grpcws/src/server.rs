@@ -9,7 +9,7 @@
 //! in-memory HTTP/2 connection that carries the WebSocket's own connection info (address, TLS
 //! client certificates), so it passes the very layers a native call passes (compression mirror,
 //! authentication, authorization) and the same services with the same limits.
-//! [`link::grpcws`] moves the frames.
+//! [`crate::bridge`] moves the frames.
 
 use std::io;
 use std::pin::Pin;
@@ -329,7 +329,7 @@ where
 {
     let on_upgrade = hyper::upgrade::on(&mut request);
     let (head, _) = request.into_parts();
-    match link::grpcws::check_upgrade(&head) {
+    match crate::bridge::check_upgrade(&head) {
         Err(refusal) => {
             tracing::info!(method = %head.method, path = %head.uri.path(), status = %refusal.status, "HTTP/1.1 request refused: {}", refusal.message.trim());
             let mut response = http::Response::new(Full::new(Bytes::from(refusal.message)));
@@ -368,7 +368,7 @@ async fn bridge<IO>(
         Err(_) => return tracing::debug!(%path, "WebSocket upgrade timed out"),
     };
     tracing::debug!(%path, "WebSocket call opened");
-    let config = link::grpcws::config(options.max_message_bytes);
+    let config = crate::bridge::config(options.max_message_bytes);
     let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
     let (client, server) = tokio::io::duplex(BRIDGE_BUFFER);
     if tx.send(Ok(Conn::Bridged(server, Box::new(info)))).await.is_err() {
@@ -377,7 +377,7 @@ async fn bridge<IO>(
     let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .max_frame_size(Some(1 << 20))
-        .handshake::<_, link::grpcws::Body>(TokioIo::new(client));
+        .handshake::<_, crate::bridge::Body>(TokioIo::new(client));
     let (send, connection) = match tokio::time::timeout(options.handshake_timeout, handshake).await {
         Ok(Ok(pair)) => pair,
         Ok(Err(error)) => return tracing::warn!(%path, %error, "WebSocket call: the gRPC server refused it"),
@@ -389,10 +389,10 @@ async fn bridge<IO>(
             tracing::debug!(%error, "WebSocket call: in-memory HTTP/2 connection failed");
         }
     });
-    match link::grpcws::serve(ws, &head, send, options.max_message_bytes).await {
-        link::grpcws::Served::Answered => tracing::debug!(%path, "WebSocket call answered"),
-        link::grpcws::Served::ClientGone(why) => tracing::debug!(%path, %why, "WebSocket call: the client went away"),
-        link::grpcws::Served::Failed(why) => tracing::warn!(%path, %why, "WebSocket call failed"),
+    match crate::bridge::serve(ws, &head, send, options.max_message_bytes).await {
+        crate::bridge::Served::Answered => tracing::debug!(%path, "WebSocket call answered"),
+        crate::bridge::Served::ClientGone(why) => tracing::debug!(%path, %why, "WebSocket call: the client went away"),
+        crate::bridge::Served::Failed(why) => tracing::warn!(%path, %why, "WebSocket call failed"),
     }
 }
 
@@ -454,14 +454,25 @@ mod tests {
         assert!(sniff(&mut b).await.is_err());
     }
 
+    /// `versionapi.Version`, answering a fixed version.
+    struct TestVersion;
+
+    #[tonic::async_trait]
+    impl protocol::pb::versionapi::version_server::Version for TestVersion {
+        async fn version(
+            &self,
+            _request: tonic::Request<protocol::pb::versionapi::VersionRequest>,
+        ) -> Result<tonic::Response<protocol::pb::versionapi::VersionResponse>, tonic::Status> {
+            Ok(tonic::Response::new(protocol::pb::versionapi::VersionResponse { version: "argocd-agent-test".into() }))
+        }
+    }
+
     /// Serves `Version` with tonic behind [`with_websocket`] on a free loopback port.
     async fn version_server() -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let service = protocol::pb::versionapi::version_server::VersionServer::new(crate::VersionService::new(
-            "argocd-agent-test",
-        ));
+        let service = protocol::pb::versionapi::version_server::VersionServer::new(TestVersion);
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)

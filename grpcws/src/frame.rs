@@ -1,5 +1,5 @@
 //! gRPC over WebSocket, framed as `golang.stackrox.io/grpc-http1` frames it (upstream's
-//! `--enable-websocket`). Pure encoding and decoding; the sockets are `link::grpcws`.
+//! `--enable-websocket`). Pure encoding and decoding; the sockets are [`crate::bridge`].
 //!
 //! One WebSocket connection carries one gRPC call:
 //! * the client opens it with `GET <gRPC method path>` over HTTP/1.1, subprotocol

@@ -1,6 +1,6 @@
 //! gRPC over WebSocket (`--enable-websocket`), both ends of one call, wire-compatible with
 //! `golang.stackrox.io/grpc-http1` (upstream's library). The frames are
-//! [`protocol::grpcws`]; this module moves them between a WebSocket and an HTTP/2 call:
+//! [`crate::frame`]; this module moves them between a WebSocket and an HTTP/2 call:
 //!
 //! * [`handshake`] opens the client's WebSocket for one call over a connected (TLS or plain)
 //!   stream; [`forward`] then carries an HTTP/2 request's messages out and turns the answer back
@@ -12,13 +12,14 @@
 //!   connection, so a WebSocket call passes exactly the layers a native call passes.
 //!
 //! Everything is bounded: messages by the gRPC limit (the WebSocket configuration refuses
-//! larger ones), metadata by [`protocol::grpcws::MAX_METADATA_BYTES`], the handshake head by
+//! larger ones), metadata by [`crate::frame::MAX_METADATA_BYTES`], the handshake head by
 //! [`MAX_HANDSHAKE_HEAD`], and at most [`BODY_BUFFER`] messages wait between the two sides.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::frame::{self as framing, ClientFrame, FrameError, ServerFrame, Splitter};
 use bytes::Bytes;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
@@ -26,7 +27,6 @@ use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use protocol::grpcws::{self as framing, ClientFrame, FrameError, ServerFrame, Splitter};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::WebSocketStream;
@@ -34,7 +34,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message};
 
-pub use protocol::grpcws::SUBPROTOCOL;
+pub use crate::frame::SUBPROTOCOL;
 
 /// Errors crossing the bridge.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
