@@ -16,6 +16,9 @@ use crate::unsupported::Unsupported;
 /// Flags of `argocd-agent agent` (upstream `cmd/argocd-agent/agent.go`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
+    /// Logs, traces, the metrics and health endpoints (the runtime kit shared with the other server).
+    #[command(flatten)]
+    pub runtime: crate::runtime::AgentRuntime,
     /// Address of the principal.
     #[arg(long, env = "ARGOCD_AGENT_REMOTE_SERVER", default_value = "")]
     pub server_address: String,
@@ -33,12 +36,6 @@ pub struct Args {
     /// Workload API); upstream's `userpass:<file>` is not supported.
     #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "")]
     pub creds: String,
-    /// Log level.
-    #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-    /// Log format: text or json.
-    #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
     /// Do not verify the principal's certificate (testing only).
     #[arg(long, env = "ARGOCD_AGENT_TLS_INSECURE", default_value_t = false)]
     pub insecure_tls: bool,
@@ -77,21 +74,6 @@ pub struct Args {
     /// Largest gRPC message in bytes.
     #[arg(long, env = "ARGOCD_AGENT_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
     pub grpc_max_message_size: usize,
-    /// Port of the metrics endpoint (`/metrics` on all addresses; 0: off).
-    #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
-    pub metrics_port: u16,
-    /// Port of the health endpoint (`/healthz`, `/readyz` on all addresses: 200 while connected
-    /// to the principal, else 503; 0: off).
-    #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_PORT", default_value_t = 8001)]
-    pub healthz_port: u16,
-    /// HOST:PORT of the metrics endpoint, instead of --metrics-port on all addresses (port 0: a
-    /// free port, printed at startup).
-    #[arg(long, env = "ARGOCD_AGENT_METRICS_ADDRESS")]
-    pub metrics_address: Option<String>,
-    /// HOST:PORT of the health endpoint, instead of --healthz-port on all addresses (port 0: a
-    /// free port, printed at startup).
-    #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_ADDRESS")]
-    pub healthz_address: Option<String>,
     /// kubeconfig of this cluster (default: in-cluster or $KUBECONFIG).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -119,14 +101,10 @@ pub struct Args {
     pub resync_interval: String,
     /// How often the client certificate, key and the principal's CA (files or Secrets) are read
     /// again; a change is used from the next connection, without a restart (0: read once).
-    #[arg(long, env = "ARGOCD_AGENT_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
+    #[arg(long, env = "ARGOCD_AGENT_TLS_RELOAD_INTERVAL", default_value = crate::runtime::reload::DEFAULT_INTERVAL)]
     pub tls_reload_interval: String,
 
     // --- more of upstream's flags (the few without effect here say so) ---
-    /// Accepted, no effect: upstream's extra log detail (per-subsystem levels in --log-level
-    /// do that here).
-    #[arg(long, env = "ARGOCD_AGENT_FULL_DETAIL")]
-    pub full_detail: Option<String>,
     /// Reach the principal with gRPC over WebSocket on HTTP/1.1 (upstream's grpc-http1 framing,
     /// one WebSocket per call), for proxies that pass only HTTP/1.1; the principal needs
     /// --enable-websocket too.
@@ -136,9 +114,6 @@ pub struct Args {
     /// behaviour; both principals decompress it).
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", default_value_t = false)]
     pub enable_compression: bool,
-    /// Accepted, no effect: Go's profiler endpoint.
-    #[arg(long, env = "ARGOCD_AGENT_PPROF_PORT")]
-    pub pprof_port: Option<u16>,
 
     /// Execute the principal's resource-proxy requests against this cluster (default: on, as
     /// upstream); off, each is answered 403 saying so.
@@ -182,15 +157,6 @@ pub struct Args {
     /// This cluster's Argo CD Redis, read for the principal's Redis proxy.
     #[command(flatten)]
     pub redis: crate::redis_proxy::AgentRedis,
-    /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
-    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS")]
-    pub otlp_address: Option<String>,
-    /// Accepted for upstream compatibility: traces are always exported in plaintext.
-    #[arg(long, env = "ARGOCD_AGENT_OTLP_INSECURE", hide = true)]
-    pub otlp_insecure: Option<bool>,
-    /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
-    #[arg(long, env = "ARGOCD_AGENT_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
-    pub otlp_sampling_ratio: f64,
     /// Upstream's flags of features not here yet (SPIRE-specific flags, ...) and knobs of
     /// upstream internals without a counterpart.
     #[command(flatten)]
@@ -209,9 +175,9 @@ impl Args {
         u.finish("argocd-agent agent")?;
         self.upstream.notes()?;
         self.redis.check()?;
-        crate::upstream_only::debug_knob_notes(self.pprof_port, self.full_detail.as_deref(), "agent::connection")?;
+        self.runtime.kit().debug_knob_notes("agent::connection")?;
         self.tls_policy()?;
-        crate::reload::interval(&self.tls_reload_interval)?;
+        crate::runtime::reload::interval(&self.tls_reload_interval)?;
         crate::flags::parse_duration(&self.resync_interval)
             .with_context(|| format!("--resync-interval {:?}", self.resync_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
@@ -272,7 +238,7 @@ pub fn heartbeat_interval(args: &Args) -> anyhow::Result<Option<Duration>> {
     Ok(profile.map(mesh::profile::MeshProfile::heartbeat_interval))
 }
 
-/// Run the agent until SIGINT or SIGTERM (or the parent's exit, see [`crate::signals`]).
+/// Run the agent until SIGINT or SIGTERM (or the parent's exit, see [`crate::runtime::signals`]).
 ///
 /// # Errors
 /// Flags, key material or the spoke cannot be used.
@@ -281,18 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     args.check_supported()?;
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    // Inside the runtime (the exporter's channel runs on it); dropped, and so flushed, first.
-    let _telemetry = rt.block_on(async {
-        crate::otel::init(&crate::otel::Options {
-            log_level: &args.log_level,
-            json: args.log_format == "json",
-            otlp_address: args.otlp_address.as_deref(),
-            sampling_ratio: args.otlp_sampling_ratio,
-            service_name: "argocd-agent-agent",
-        })
-    })?;
-    rt.block_on(serve(args))
+    args.runtime.kit().run("argocd-agent-agent", serve(args))
 }
 
 /// What `--creds` and the TLS flags give the connection: TLS (none = plaintext), the name from
@@ -372,9 +327,10 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
         }
         Ok(config)
     };
-    let every = crate::reload::interval(&args.tls_reload_interval)?;
+    let every = crate::runtime::reload::interval(&args.tls_reload_interval)?;
     // Lives as long as the connection's configuration does (the process).
-    let config = crate::reload::spawn("agent TLS", every, material, initial, load, build, CancellationToken::new());
+    let config =
+        crate::runtime::reload::spawn("agent TLS", every, material, initial, load, build, CancellationToken::new());
     out.tls = Some(agent::AgentTls::Reloading { config, server_name: args.server_address.clone() });
     Ok(out)
 }
@@ -418,9 +374,6 @@ fn client_tls(policy: &auth::tls_policy::TlsPolicy, material: &[String]) -> anyh
 /// Starts `/metrics` and `/healthz` before anything else, so scrapes answer (authentication
 /// failures included) while the agent authenticates; `/healthz` is 503 until it is connected.
 async fn observe(args: &Args, cell: &Arc<OnceLock<agent::Agent>>, cancel: &CancellationToken) -> anyhow::Result<()> {
-    use crate::observability::{listen, start};
-    let metrics = listen(args.metrics_address.as_deref(), "--metrics-address", "", args.metrics_port, 8181)?;
-    let healthz = listen(args.healthz_address.as_deref(), "--healthz-address", "", args.healthz_port, 8001)?;
     let render = {
         let cell = cell.clone();
         Arc::new(move || match cell.get() {
@@ -436,7 +389,7 @@ async fn observe(args: &Args, cell: &Arc<OnceLock<agent::Agent>>, cancel: &Cance
             None => Err("not connected to the principal (authenticating)".to_owned()),
         })
     };
-    start("agent", metrics, healthz, render, health, cancel).await
+    args.runtime.kit().admin("agent", "", render, health, cancel).await
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
@@ -447,13 +400,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         "--insecure-tls is not supported: pass the principal's CA with --root-ca-path or --root-ca-secret-name"
     );
     // Before anything announces the process, so an early SIGTERM still stops it cleanly.
-    let mut stop = crate::signals::install();
+    let mut stop = crate::runtime::signals::install();
     let observed = Arc::new(OnceLock::new());
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
     observe(&args, &observed, &observing).await?;
-    let debug_knobs =
-        crate::upstream_only::debug_knob_notes(args.pprof_port, args.full_detail.as_deref(), "agent::connection")?;
+    let debug_knobs = args.runtime.kit().debug_knob_notes("agent::connection")?;
     for note in args.upstream.notes()?.into_iter().chain(debug_knobs) {
         tracing::warn!("{note}");
     }

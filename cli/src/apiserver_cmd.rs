@@ -38,16 +38,16 @@ pub struct Args {
     log_format: String,
 }
 
-/// Run until SIGINT or SIGTERM (or the parent's exit, see [`crate::signals`]).
+/// Run until SIGINT or SIGTERM (or the parent's exit, see [`crate::runtime::signals`]).
 ///
 /// # Errors
 /// The server cannot start or the kubeconfig cannot be written.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    crate::logging::init(&args.log_level, args.log_format == "json");
+    crate::runtime::logging::init(&args.log_level, args.log_format == "json");
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
         // Before anything announces the process, so an early SIGTERM still stops it cleanly.
-        let mut stop = crate::signals::install();
+        let mut stop = crate::runtime::signals::install();
         let mut cfg = apiserver::Config::new(&args.data_dir);
         cfg.listen = args.listen;
         cfg.watch_history = args.watch_history;

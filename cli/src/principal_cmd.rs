@@ -21,18 +21,15 @@ const HUB_MAX_IN_FLIGHT: usize = 64;
 /// Flags of `argocd-agent principal` (upstream `cmd/argocd-agent/principal.go`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
+    /// Logs, traces, the metrics and health endpoints (the runtime kit shared with the other server).
+    #[command(flatten)]
+    pub runtime: crate::runtime::PrincipalRuntime,
     /// Address to listen on (empty: all addresses).
     #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_HOST", default_value = "")]
     pub listen_host: String,
     /// Port of the gRPC server.
     #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_PORT", default_value_t = 8443)]
     pub listen_port: u16,
-    /// Log level: `[<subsystem>=]level`, comma-separated.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-    /// Log format: text or json.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
     /// Namespace the principal keeps its own state in (required).
     #[arg(short = 'n', long, env = "ARGOCD_PRINCIPAL_NAMESPACE", default_value = "")]
     pub namespace: String,
@@ -87,7 +84,7 @@ pub struct Args {
     pub resync_min_interval: String,
     /// How often the server certificate, key and CA (files or Secrets) are read again; a change
     /// reaches new connections without a restart, live streams stay (0: read once, at start).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_RELOAD_INTERVAL", default_value = crate::reload::DEFAULT_INTERVAL)]
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_RELOAD_INTERVAL", default_value = crate::runtime::reload::DEFAULT_INTERVAL)]
     pub tls_reload_interval: String,
     /// Version handshake on Authenticate: `compatible` (our agents and upstream agent releases
     /// from --min-agent-version on), `exact` (upstream's rule: equal to ours) or `skip`.
@@ -111,20 +108,6 @@ pub struct Args {
     /// Largest gRPC message in bytes.
     #[arg(long, env = "ARGOCD_PRINCIPAL_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
     pub grpc_max_message_size: usize,
-    /// Port of the metrics endpoint (`/metrics` on --listen-host; 0: off).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
-    pub metrics_port: u16,
-    /// Port of the health endpoint (`/healthz`, `/readyz` on --listen-host; 0: off).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_PORT", default_value_t = 8003)]
-    pub healthz_port: u16,
-    /// HOST:PORT of the metrics endpoint, instead of --listen-host and --metrics-port (port 0:
-    /// a free port, printed at startup).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_ADDRESS")]
-    pub metrics_address: Option<String>,
-    /// HOST:PORT of the health endpoint, instead of --listen-host and --healthz-port (port 0:
-    /// a free port, printed at startup).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_ADDRESS")]
-    pub healthz_address: Option<String>,
     /// Share the agents with the other replicas of this hub: each agent is owned by one
     /// replica at a time through a Lease in --namespace, and only its owner writes the hub for
     /// it (docs/ha.md). Off: a lone principal.
@@ -150,13 +133,6 @@ pub struct Args {
     pub kubecontext: Option<String>,
 
     // --- more of upstream's flags (the few without effect here say so) ---
-    /// Accepted, no effect: upstream's extra log detail (per-subsystem levels in --log-level
-    /// do that here).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_FULL_DETAIL")]
-    pub full_detail: Option<String>,
-    /// Accepted, no effect: Go's profiler endpoint.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_PPROF_PORT")]
-    pub pprof_port: Option<u16>,
     /// With --namespace-create-enable: only agents whose name matches this regular expression
     /// get a namespace created.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN")]
@@ -209,15 +185,6 @@ pub struct Args {
     /// The Redis proxy (docs/live-resources.md).
     #[command(flatten)]
     pub redis: crate::redis_proxy::PrincipalRedis,
-    /// Export traces over OTLP/gRPC to this HOST:PORT (docs/operations/tracing.md).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS")]
-    pub otlp_address: Option<String>,
-    /// Accepted for upstream compatibility: traces are always exported in plaintext.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_INSECURE", hide = true)]
-    pub otlp_insecure: Option<bool>,
-    /// Share of new traces recorded (0.0-1.0); a trace started elsewhere follows its parent.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_SAMPLING_RATIO", default_value_t = 1.0)]
-    pub otlp_sampling_ratio: f64,
     /// Managed agents get the hub Applications whose spec.destination.name is their name, from
     /// the principal's namespace and every namespace --allowed-namespaces covers (the agents
     /// need --destination-based-mapping too); autonomous agents keep namespace mapping.
@@ -288,11 +255,7 @@ impl Args {
                 notes.push("--keepalive-min-interval has no effect here: the HTTP/2 server has no policy on how often clients may PING (agents' keepalive and heartbeats are accepted at any rate)".to_owned());
             }
         }
-        notes.extend(crate::upstream_only::debug_knob_notes(
-            self.pprof_port,
-            self.full_detail.as_deref(),
-            "principal::service",
-        )?);
+        notes.extend(self.runtime.kit().debug_knob_notes("principal::service")?);
         notes.extend(self.redis.check()?);
         Ok(notes)
     }
@@ -326,7 +289,7 @@ impl Args {
         self.namespace_create()?;
         self.ha.plan(&self.auth, self.insecure_plaintext, self.agent_leases)?;
         self.tls_policy()?;
-        crate::reload::interval(&self.tls_reload_interval)?;
+        crate::runtime::reload::interval(&self.tls_reload_interval)?;
         self.resource_proxy_timeout()?;
         self.self_registration_secret()?;
         crate::flags::parse_duration(&self.resync_min_interval)
@@ -345,7 +308,7 @@ impl Args {
     }
 }
 
-/// Run the principal until SIGINT or SIGTERM (or the parent's exit, see [`crate::signals`]).
+/// Run the principal until SIGINT or SIGTERM (or the parent's exit, see [`crate::runtime::signals`]).
 ///
 /// # Errors
 /// Flags, key material or the hub cannot be used, or the server fails.
@@ -354,21 +317,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     args.check_supported()?;
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    // Inside the runtime (the exporter's channel runs on it); dropped, and so flushed, first.
-    let _telemetry = rt.block_on(async {
-        crate::otel::init(&crate::otel::Options {
-            log_level: &args.log_level,
-            json: args.log_format == "json",
-            otlp_address: args.otlp_address.as_deref(),
-            sampling_ratio: args.otlp_sampling_ratio,
-            service_name: "argocd-agent-principal",
-        })
-    })?;
-    for note in args.notes()? {
-        tracing::warn!("{note}");
-    }
-    rt.block_on(serve(args))
+    args.runtime.kit().run("argocd-agent-principal", async move {
+        for note in args.notes()? {
+            tracing::warn!("{note}");
+        }
+        serve(args).await
+    })
 }
 
 async fn jwt_key(args: &Args, secrets: &Secrets) -> anyhow::Result<auth::SigningKey> {
@@ -446,7 +400,7 @@ fn server_tls(
 }
 
 /// The TLS server configuration, and from then on the one rebuilt whenever the certificate, key
-/// or CA changes ([`crate::reload`]).
+/// or CA changes ([`crate::runtime::reload`]).
 async fn reloading_server_tls(
     args: &Args,
     secrets: &Secrets,
@@ -466,13 +420,13 @@ async fn reloading_server_tls(
             async move { server_material(&args, &secrets, which).await }
         }
     };
-    let every = crate::reload::interval(&args.tls_reload_interval)?;
+    let every = crate::runtime::reload::interval(&args.tls_reload_interval)?;
     let build = move |m: &[String]| server_tls(&policy, require, m);
     let what = match which {
         Listener::Agents => "principal TLS",
         Listener::ResourceProxy => "resource proxy TLS",
     };
-    Ok(crate::reload::spawn(what, every, material, initial, load, build, cancel.clone()))
+    Ok(crate::runtime::reload::spawn(what, every, material, initial, load, build, cancel.clone()))
 }
 
 impl Args {
@@ -555,13 +509,9 @@ async fn observe(
     cell: &Arc<OnceLock<principal::Principal>>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
-    use crate::observability::{listen, start};
     let retention = crate::flags::parse_duration(&args.metrics_agent_retention)
         .with_context(|| format!("--metrics-agent-retention {:?}", args.metrics_agent_retention))?;
     principal::metrics::global().set_agent_retention(retention);
-    let host = args.listen_host.as_str();
-    let metrics = listen(args.metrics_address.as_deref(), "--metrics-address", host, args.metrics_port, 8000)?;
-    let healthz = listen(args.healthz_address.as_deref(), "--healthz-address", host, args.healthz_port, 8003)?;
     let render = {
         let cell = cell.clone();
         Arc::new(move || match cell.get() {
@@ -576,7 +526,7 @@ async fn observe(
             None => Err("the principal is starting".to_owned()),
         })
     };
-    start("principal", metrics, healthz, render, health, cancel).await
+    args.runtime.kit().admin("principal", &args.listen_host, render, health, cancel).await
 }
 
 impl Args {
@@ -612,7 +562,7 @@ impl Args {
 
 async fn serve(args: Args) -> anyhow::Result<()> {
     // Before anything announces the process, so an early SIGTERM still shuts it down cleanly.
-    let mut stop = crate::signals::install();
+    let mut stop = crate::runtime::signals::install();
     let observed = Arc::new(OnceLock::new());
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
@@ -702,7 +652,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     serve_resource_proxy(&args, &secrets, &principal, sessions.issuer(), &cancel).await?;
     let redis_tls = crate::redis_proxy::ListenerTls {
         policy: args.tls_policy()?,
-        reload_every: crate::reload::interval(&args.tls_reload_interval)?,
+        reload_every: crate::runtime::reload::interval(&args.tls_reload_interval)?,
     };
     crate::redis_proxy::serve_principal(&args.redis, redis_tls, &secrets, &principal, &cancel).await?;
     let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };

@@ -225,7 +225,15 @@ async fn reloading_listener_tls(
         }
     };
     let build = move |m: &[String]| listener_config(&policy, m);
-    Ok(crate::reload::spawn("redis proxy TLS", tls.reload_every, material, initial, load, build, cancel.clone()))
+    Ok(crate::runtime::reload::spawn(
+        "redis proxy TLS",
+        tls.reload_every,
+        material,
+        initial,
+        load,
+        build,
+        cancel.clone(),
+    ))
 }
 
 /// The agent's Redis flags (upstream `--redis-addr` and friends).

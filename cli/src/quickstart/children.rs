@@ -3,7 +3,7 @@
 //!
 //! When the quickstart cannot stop them (SIGKILL, the OOM killer), they stop themselves: each
 //! child's stdin is a pipe whose only write end this process holds, and the child, told so by
-//! [`crate::signals::EXIT_WITH_PARENT_ENV`], shuts down when the kernel closes that write end.
+//! [`crate::runtime::signals::EXIT_WITH_PARENT_ENV`], shuts down when the kernel closes that write end.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -49,7 +49,7 @@ impl ChildProc {
         let mut cmd = Command::new(exe);
         cmd.args(args)
             .stdin(Stdio::piped())
-            .env(crate::signals::EXIT_WITH_PARENT_ENV, "1")
+            .env(crate::runtime::signals::EXIT_WITH_PARENT_ENV, "1")
             .stderr(Stdio::from(stderr))
             .env("NO_COLOR", "1")
             .kill_on_drop(true);

@@ -56,7 +56,7 @@ pub struct Args {
 /// # Errors
 /// A component fails to start, or `--once` does not converge in time.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    crate::logging::init(&args.log_level, false);
+    crate::runtime::logging::init(&args.log_level, false);
     let (dir, _temp) = match &args.dir {
         Some(d) => (d.clone(), None),
         None => {
@@ -514,7 +514,7 @@ impl Quickstart {
         use std::io::IsTerminal as _;
         let tty = std::io::stdout().is_terminal();
         let mut shown = String::new();
-        let stop = crate::signals::wait();
+        let stop = crate::runtime::signals::wait();
         tokio::pin!(stop);
         loop {
             self.check_children()?;
