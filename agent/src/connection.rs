@@ -116,10 +116,22 @@ impl Sender {
     }
 }
 
+/// What answers the principal's requests on this cluster: the Redis proxy's half
+/// ([`crate::redis`]) and the resource proxy's (`crate::live`, also the pods for logs and
+/// terminals). The connection owns them, as it owns its stream.
+struct Halves {
+    redis: Arc<crate::redis::Redis>,
+    live: Arc<crate::live::Live>,
+}
+
 /// Runs the state machine until `cancel` fires.
 pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
-    // Redis-proxy subscriptions outlive a stream (the principal pings them on the next one).
-    let redis = Arc::new(crate::redis::Redis::new(spoke.config.redis.as_ref()));
+    // The halves that answer the principal's requests, owned here as the stream is. Redis-proxy
+    // subscriptions outlive a stream (the principal pings them on the next one).
+    let halves = Halves {
+        redis: Arc::new(crate::redis::Redis::new(spoke.config.redis.as_ref())),
+        live: Arc::new(crate::live::Live::new(spoke.apps.client(), &spoke.config.namespace)),
+    };
     let mut state = State::Disconnected { attempt: 0 };
     // Whether the next stream starts with a resync: after start and after every stream the
     // principal accepted; not after a refused one, whose resync requests are still queued.
@@ -175,7 +187,7 @@ pub(crate) async fn run(spoke: Arc<Spoke>, cancel: CancellationToken) {
                 spoke.connected.store(true, Ordering::Relaxed);
                 crate::metrics::global().connected();
                 handover_retries = 0;
-                let at_once = serve(&spoke, &redis, *stream, &cancel).await;
+                let at_once = serve(&spoke, &halves, *stream, &cancel).await;
                 if at_once {
                     handover_retries = HANDOVER_RETRIES;
                 }
@@ -236,12 +248,7 @@ async fn connect(
 
 /// Serves one stream until it ends; returns whether the principal asked for an immediate
 /// reconnect (a replica shutting down or giving the agent up, see [`RECONNECT_TRAILER`]).
-async fn serve(
-    spoke: &Arc<Spoke>,
-    redis: &Arc<crate::redis::Redis>,
-    stream: Stream,
-    cancel: &CancellationToken,
-) -> bool {
+async fn serve(spoke: &Arc<Spoke>, halves: &Halves, stream: Stream, cancel: &CancellationToken) -> bool {
     let Stream { mut inbound, sender } = stream;
     let mut at_once = false;
     // Ends with the stream: the next one starts its own.
@@ -250,7 +257,7 @@ async fn serve(
     let silence_limit = spoke.config.stream_silence_limit();
     loop {
         match link::recv::next(&mut inbound, cancel, silence_limit).await {
-            Next::Message(msg) => on_message(spoke, redis, msg).await,
+            Next::Message(msg) => on_message(spoke, halves, msg).await,
             Next::Stopped => break,
             Next::Silent(silent_for) => {
                 tracing::warn!(
@@ -309,32 +316,32 @@ fn session_refused(spoke: &Spoke, status: &tonic::Status) {
 }
 
 /// Handles one message from the principal by the ACK policy of [`link::recv`].
-async fn on_message(spoke: &Arc<Spoke>, redis: &Arc<crate::redis::Redis>, msg: WireEvent) {
+async fn on_message(spoke: &Arc<Spoke>, halves: &Halves, msg: WireEvent) {
     crate::metrics::global().event_received();
     let Inbound::Event(ev) = link::recv::receive(&spoke.mailbox, "principal", msg) else {
         return;
     };
     if crate::redis::is_request(&ev) {
         // Answered from this cluster's Redis in the background; acknowledged now.
-        let result = crate::redis::accept(spoke, redis, &ev);
+        let result = crate::redis::accept(spoke, &halves.redis, &ev);
         link::recv::settle(&spoke.mailbox, &ev, &result);
         return;
     }
     if crate::logs::is_request(&ev) {
         // Streamed on a `StreamLogs` call in the background; acknowledged now.
-        let result = crate::logs::accept(spoke, &ev);
+        let result = crate::logs::accept(spoke, &halves.live, &ev);
         link::recv::settle(&spoke.mailbox, &ev, &result);
         return;
     }
     if crate::terminal::is_request(&ev) {
         // Carried on a `StreamTerminal` call in the background; acknowledged now.
-        let result = crate::terminal::accept(spoke, &ev);
+        let result = crate::terminal::accept(spoke, &halves.live, &ev);
         link::recv::settle(&spoke.mailbox, &ev, &result);
         return;
     }
     if crate::live::is_request(&ev) {
         // Executed in the background and answered by a `response`; acknowledged now.
-        let result = crate::live::accept(spoke, &spoke.live, &ev);
+        let result = crate::live::accept(spoke, &halves.live, &ev);
         link::recv::settle(&spoke.mailbox, &ev, &result);
         return;
     }

@@ -37,6 +37,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tracing::Instrument as _;
 
 use crate::error::InboundError;
+use crate::live::Live;
 use crate::spoke::Spoke;
 
 /// Largest data frame (upstream's).
@@ -77,7 +78,7 @@ pub(crate) fn is_request(ev: &Event) -> bool {
 }
 
 /// Takes pod-log request `ev`: streamed in the background on a `StreamLogs` call.
-pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError> {
+pub(crate) fn accept(spoke: &Arc<Spoke>, live: &Arc<Live>, ev: &Event) -> Result<(), InboundError> {
     let Payload::ContainerLogRequest(req) = ev.payload()? else {
         return Ok(());
     };
@@ -91,11 +92,11 @@ pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError>
     };
     let span = tracing::debug_span!("pod_log", uuid = %req.uuid, namespace = %req.namespace, pod = %req.pod_name,
         follow = req.follow);
-    let spoke = spoke.clone();
+    let (spoke, live) = (spoke.clone(), live.clone());
     tokio::spawn(
         async move {
             let _active = active;
-            stream(&spoke, &req).await;
+            stream(&spoke, &live, &req).await;
         }
         .instrument(span),
     );
@@ -111,7 +112,7 @@ enum Outcome {
     Broken { progress: bool, why: String },
 }
 
-async fn stream(spoke: &Arc<Spoke>, req: &ContainerLogRequest) {
+async fn stream(spoke: &Arc<Spoke>, live: &Live, req: &ContainerLogRequest) {
     if !spoke.config.enable_resource_proxy {
         let why =
             format!("the resource proxy is disabled on agent {:?} (--enable-resource-proxy=false)", spoke.config.name);
@@ -123,7 +124,7 @@ async fn stream(spoke: &Arc<Spoke>, req: &ContainerLogRequest) {
         refuse(spoke, &req.uuid, &status_body(429, &why)).await;
         return;
     };
-    let api: Api<Pod> = Api::namespaced(spoke.live.client().clone(), &req.namespace);
+    let api: Api<Pod> = Api::namespaced(live.client().clone(), &req.namespace);
     let mut lines = LogLines::new(req);
     let mut delay = FIRST_DELAY;
     let mut broken_since: Option<Instant> = None;

@@ -34,6 +34,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
 use crate::error::InboundError;
+use crate::live::Live;
 use crate::spoke::Spoke;
 
 /// Largest data frame sent, and the exec pipes' buffers.
@@ -54,7 +55,7 @@ pub(crate) fn is_request(ev: &Event) -> bool {
 }
 
 /// Takes terminal request `ev`: carried in the background on a `StreamTerminal` call.
-pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError> {
+pub(crate) fn accept(spoke: &Arc<Spoke>, live: &Arc<Live>, ev: &Event) -> Result<(), InboundError> {
     let Payload::TerminalRequest(req) = ev.payload()? else {
         return Ok(());
     };
@@ -67,8 +68,8 @@ pub(crate) fn accept(spoke: &Arc<Spoke>, ev: &Event) -> Result<(), InboundError>
         tracing::debug!(uuid = %req.uuid, "terminal request resent; carried once already");
         return Ok(());
     }
-    let spoke = spoke.clone();
-    tokio::spawn(async move { session(&spoke, &req).await });
+    let (spoke, live) = (spoke.clone(), live.clone());
+    tokio::spawn(async move { session(&spoke, &live, &req).await });
     Ok(())
 }
 
@@ -81,7 +82,7 @@ enum Outcome {
     PrincipalGone,
 }
 
-async fn session(spoke: &Spoke, req: &ContainerTerminalRequest) {
+async fn session(spoke: &Spoke, live: &Live, req: &ContainerTerminalRequest) {
     let uuid = req.uuid.as_str();
     let Some((channel, credentials)) = spoke.side_channel() else {
         tracing::warn!(%uuid, "terminal request without a connection to the principal; dropped");
@@ -111,7 +112,7 @@ async fn session(spoke: &Spoke, req: &ContainerTerminalRequest) {
     };
     tracing::info!(%uuid, namespace = %req.namespace, pod = %req.pod_name, container = %req.container_name,
         tty = req.tty, "terminal session started");
-    let outcome = carry(spoke, req, &mut from_principal, &tx).await;
+    let outcome = carry(spoke, live, req, &mut from_principal, &tx).await;
     tracing::info!(%uuid, ?outcome, "terminal session ended");
     let last = match outcome {
         Outcome::PrincipalGone => return,
@@ -132,6 +133,7 @@ async fn session(spoke: &Spoke, req: &ContainerTerminalRequest) {
 /// Runs the session's command, if it is allowed, and carries its streams.
 async fn carry(
     spoke: &Spoke,
+    live: &Live,
     req: &ContainerTerminalRequest,
     from_principal: &mut Streaming<TerminalStreamData>,
     tx: &mpsc::Sender<TerminalStreamData>,
@@ -150,7 +152,7 @@ async fn carry(
     if req.namespace.is_empty() || req.pod_name.is_empty() || req.command.iter().all(String::is_empty) {
         return refuse(400, "a terminal request needs a namespace, a pod and a command".to_owned());
     }
-    if let Err((_, status)) = spoke.live.managed_pod(&req.namespace, &req.pod_name).await {
+    if let Err((_, status)) = live.managed_pod(&req.namespace, &req.pod_name).await {
         return Outcome::Done(Some(status));
     }
     let params = AttachParams {
@@ -163,7 +165,7 @@ async fn carry(
         max_stdout_buf_size: Some(CHUNK),
         max_stderr_buf_size: Some(CHUNK),
     };
-    let pods: Api<Pod> = Api::namespaced(spoke.live.client().clone(), &req.namespace);
+    let pods: Api<Pod> = Api::namespaced(live.client().clone(), &req.namespace);
     let mut process = match pods.exec(&req.pod_name, req.command.clone(), &params).await {
         Ok(process) => process,
         Err(error) => return refuse(502, format!("cannot exec into pod {:?}: {error}", req.pod_name)),
@@ -309,6 +311,7 @@ mod tests {
     }
 
     async fn refusal(config: crate::config::AgentConfig) -> serde_json::Value {
+        let live = Live::new(link::testing::offline_client("argocd"), &config.namespace);
         let spoke = Spoke::new(config, link::testing::offline_client("argocd"));
         let req = ContainerTerminalRequest {
             uuid: "u".into(),
@@ -321,7 +324,9 @@ mod tests {
             ..Default::default()
         };
         let (tx, _rx) = mpsc::channel(4);
-        let Outcome::Done(Some(status)) = carry(&spoke, &req, &mut quiet(), &tx).await else { panic!("refused") };
+        let Outcome::Done(Some(status)) = carry(&spoke, &live, &req, &mut quiet(), &tx).await else {
+            panic!("refused")
+        };
         serde_json::from_str(&status).expect("a Status")
     }
 

@@ -79,8 +79,6 @@ pub(crate) struct Spoke {
     /// of the same Application's local deletion never interleave (upstream #1056: deleted on
     /// both sides at once, it was recreated here forever).
     pub(crate) applying: tokio::sync::Mutex<()>,
-    /// Resource-proxy requests: executed against this cluster ([`crate::live`]).
-    pub(crate) live: std::sync::Arc<crate::live::Live>,
     /// The connection of the current (or last) event stream: pod logs and terminals open their
     /// own calls on it, as upstream's agent does ([`Spoke::side_channel`]).
     pub(crate) principal: Mutex<Option<tonic::transport::Channel>>,
@@ -93,14 +91,12 @@ impl Spoke {
                 "the principal's namespace is not known (no Authenticate answer): Applications from it keep their namespace here instead of moving to this agent's"
             );
         }
-        let live = std::sync::Arc::new(crate::live::Live::new(client.clone(), &config.namespace));
         Self {
             mailbox: Mailbox::new(config.retry.clone()),
             config,
             apps: ObjectStore::applications(client.clone()),
             projects: ObjectStore::app_projects(client.clone()),
             secrets: ObjectStore::secrets(client.clone()),
-            live,
             config_maps: ObjectStore::config_maps(client),
             managed: Copies::default(),
             reported: Known::default(),
