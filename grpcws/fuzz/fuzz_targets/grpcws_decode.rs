@@ -1,7 +1,7 @@
 //! Untrusted WebSocket messages of the gRPC-over-WebSocket transport (`--enable-websocket`):
 //! client and server frames, metadata header blocks, and the gRPC body splitter.
 //!
-//! Run with `cargo +nightly fuzz run grpcws_decode` from `protocol/`. The same check runs over
+//! Run with `cargo +nightly fuzz run grpcws_decode` from `grpcws/`. The same check runs over
 //! sample inputs in the grpcws crate's unit tests (`frame::tests::fuzz_logic_over_sample_inputs`).
 
 #![no_main]
