@@ -67,5 +67,5 @@ pub mod principal {
 
 /// Short alias for [`io::cloudevents::v1`].
 pub use io::cloudevents::v1 as cloudevents;
-/// Short alias for [`principal::apis::logstreamapi`].
-pub use principal::apis::logstreamapi;
+/// Short alias for [`self::principal::apis::logstreamapi`] (the proto package, not the crate).
+pub use self::principal::apis::logstreamapi;
