@@ -65,7 +65,7 @@ pub mod principal {
     }
 }
 
-/// Short alias for [`io::cloudevents::v1`].
-pub use io::cloudevents::v1 as cloudevents;
 /// Short alias for [`self::principal::apis::logstreamapi`] (the proto package, not the crate).
 pub use self::principal::apis::logstreamapi;
+/// Short alias for [`io::cloudevents::v1`].
+pub use io::cloudevents::v1 as cloudevents;
