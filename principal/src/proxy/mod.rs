@@ -429,36 +429,37 @@ fn verb(method: &Method) -> &'static str {
     }
 }
 
-/// `agent`'s stream ended and no other replaced it: its resource requests and the terminal
-/// sessions waiting for it to attach fail at once (502) instead of waiting out their time-outs.
-/// Log sessions are left to wait: a following log resumes when the agent is back.
-pub(crate) fn agent_detached(tables: &Tables, agent: &crate::peer::AgentPeer) {
-    if !agent.is_connected() {
-        let requests = tables.live.abandon(agent.name());
-        let terminals = tables.terminals.abandon(agent.name());
+impl Tables {
+    /// `agent`'s stream ended and no other replaced it: its resource requests and the terminal
+    /// sessions waiting for it to attach fail at once (502) instead of waiting out their
+    /// time-outs. Log sessions are left to wait: a following log resumes when the agent is back.
+    pub(crate) fn agent_gone(&self, agent: &str) {
+        let requests = self.live.abandon(agent);
+        let terminals = self.terminals.abandon(agent);
         if requests + terminals > 0 {
-            tracing::info!(agent = %agent.name(), requests, terminals,
+            tracing::info!(%agent, requests, terminals,
                 "agent stream ended: its pending resource-proxy requests and terminals fail now");
         }
     }
-}
 
-/// Hands an agent's answer to the caller waiting for it; answers nobody waits for, and answers
-/// for another agent's request, are logged and dropped.
-pub(crate) fn complete(tables: &Tables, agent: &str, ev: &Event, answer: ResourceResponse) {
-    if answer.uuid != ev.event_id {
-        tracing::warn!(%agent, event_id = %ev.event_id, uuid = %answer.uuid,
-            "resource-proxy answer whose uuid is not its eventid; dropped");
-        return;
-    }
-    match tables.live.complete(agent, &ev.event_id, answer) {
-        Completion::Delivered => {}
-        Completion::Unknown => {
-            tracing::debug!(%agent, uuid = %ev.event_id, "resource-proxy answer nobody waits for (timed out); dropped");
+    /// Hands an agent's answer to the caller waiting for it; answers nobody waits for, and
+    /// answers for another agent's request, are logged and dropped.
+    pub(crate) fn complete(&self, agent: &str, ev: &Event, answer: ResourceResponse) {
+        if answer.uuid != ev.event_id {
+            tracing::warn!(%agent, event_id = %ev.event_id, uuid = %answer.uuid,
+                "resource-proxy answer whose uuid is not its eventid; dropped");
+            return;
         }
-        Completion::WrongAgent => {
-            tracing::warn!(%agent, uuid = %ev.event_id,
-                "resource-proxy answer for a request sent to another agent; refused");
+        match self.live.complete(agent, &ev.event_id, answer) {
+            Completion::Delivered => {}
+            Completion::Unknown => {
+                tracing::debug!(%agent, uuid = %ev.event_id,
+                    "resource-proxy answer nobody waits for (timed out); dropped");
+            }
+            Completion::WrongAgent => {
+                tracing::warn!(%agent, uuid = %ev.event_id,
+                    "resource-proxy answer for a request sent to another agent; refused");
+            }
         }
     }
 }

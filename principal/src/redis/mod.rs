@@ -28,8 +28,6 @@ mod tls;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::Event;
-use protocol::payload::RedisResponse;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -153,18 +151,5 @@ impl RedisProxy {
                 Ok(Box::new(stream))
             }
         }
-    }
-}
-
-/// Hands an agent's answer or message to the Redis proxy.
-pub(crate) fn complete(exchange: &Exchange, agent: &str, ev: &Event, answer: RedisResponse) {
-    exchange.complete(agent, ev, answer);
-}
-
-/// `agent`'s stream ended and no other replaced it: its Redis requests fail, subscriptions
-/// through it are lost.
-pub(crate) fn agent_detached(exchange: &Exchange, agent: &crate::peer::AgentPeer) {
-    if !agent.is_connected() {
-        exchange.agent_gone(agent.name());
     }
 }

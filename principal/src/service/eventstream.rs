@@ -78,11 +78,11 @@ impl Wings {
         }
         Some(match ev.payload() {
             Ok(Payload::ResourceResponse(answer)) => {
-                proxy::complete(&self.proxy, agent, ev, answer);
+                self.proxy.complete(agent, ev, answer);
                 Ok(())
             }
             Ok(Payload::RedisResponse(answer)) => {
-                redis::complete(&self.redis, agent, ev, answer);
+                self.redis.complete(agent, ev, answer);
                 Ok(())
             }
             Ok(_) => Ok(()),
@@ -90,10 +90,12 @@ impl Wings {
         })
     }
 
-    /// `agent`'s stream ended: the proxies fail what waits for it.
+    /// `agent`'s stream ended and no other replaced it: the proxies fail what waits for it.
     fn agent_detached(&self, agent: &AgentPeer) {
-        redis::agent_detached(&self.redis, agent);
-        proxy::agent_detached(&self.proxy, agent);
+        if !agent.is_connected() {
+            self.redis.agent_gone(agent.name());
+            self.proxy.agent_gone(agent.name());
+        }
     }
 }
 
