@@ -1,5 +1,6 @@
 //! What the agent's request-answering halves (the resource proxy's [`crate::live`], the Redis
-//! proxy's [`crate::redis`]) need of the agent: its configuration and where their answers go. [`crate::spoke::Spoke`] provides it; the halves never import it.
+//! proxy's [`crate::redis`]) need of the agent: its configuration and where their answers go.
+//! [`crate::spoke::Spoke`] provides it; the halves never import it.
 
 use link::Mailbox;
 
@@ -11,13 +12,4 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn config(&self) -> &AgentConfig;
     /// The mailbox answers are queued in, toward the principal.
     fn mailbox(&self) -> &Mailbox;
-}
-
-impl<H: Host> Host for std::sync::Arc<H> {
-    fn config(&self) -> &AgentConfig {
-        (**self).config()
-    }
-    fn mailbox(&self) -> &Mailbox {
-        (**self).mailbox()
-    }
 }

@@ -205,17 +205,21 @@ pub(crate) fn accept<H: Host>(spoke: &Arc<H>, redis: &Arc<Redis>, ev: &Event) ->
     let (spoke, redis) = (spoke.clone(), redis.clone());
     tokio::spawn(async move {
         if let Some(get) = &req.body.get {
-            let answer = get_value(&spoke, &redis, &get.key).await;
+            let answer = get_value(&*spoke, &redis, &get.key).await;
             crate::metrics::global().redis_request("get", !answer.error.is_empty());
-            respond(&spoke, &req, RedisResponseBody { get: Some(answer), ..RedisResponseBody::default() });
+            respond(&*spoke, &req, RedisResponseBody { get: Some(answer), ..RedisResponseBody::default() });
         } else if let Some(sub) = &req.body.subscribe {
             let error = subscribe(&spoke, &redis, &req, &sub.channel).await.err().unwrap_or_default();
             crate::metrics::global().redis_request("subscribe", !error.is_empty());
             let body = RedisSubscribeResponse { error };
-            respond(&spoke, &req, RedisResponseBody { subscribe_response: Some(body), ..RedisResponseBody::default() });
+            respond(
+                &*spoke,
+                &req,
+                RedisResponseBody { subscribe_response: Some(body), ..RedisResponseBody::default() },
+            );
         } else if req.body.ping.is_some() {
             crate::metrics::global().redis_request("ping", false);
-            respond(&spoke, &req, RedisResponseBody { pong: Some(Empty {}), ..RedisResponseBody::default() });
+            respond(&*spoke, &req, RedisResponseBody { pong: Some(Empty {}), ..RedisResponseBody::default() });
         } else {
             tracing::warn!(uuid = %req.uuid, "Redis-proxy request without a command; ignored");
         }
@@ -282,7 +286,7 @@ async fn subscribe<H: Host>(
         state.subscriptions.insert(key.clone(), cancel.clone());
         cancel
     };
-    let local = Redis::local_key(spoke, channel).into_owned();
+    let local = Redis::local_key(&**spoke, channel).into_owned();
     let first = match open_subscription(redis, &local).await {
         Ok(pubsub) => pubsub,
         Err(error) => {
@@ -293,7 +297,7 @@ async fn subscribe<H: Host>(
     tracing::debug!(conn = %req.connection_uuid, channel, %local, "Redis-proxy subscription started");
     let (spoke, redis, req) = (spoke.clone(), redis.clone(), req.clone());
     tokio::spawn(async move {
-        forward_messages(&spoke, &redis, &req, &local, first, &cancel).await;
+        forward_messages(&*spoke, &redis, &req, &local, first, &cancel).await;
         let mut state = link::lock(&redis.state);
         state.subscriptions.remove(&key);
         if !state.subscriptions.keys().any(|(conn, _)| *conn == key.0) {
