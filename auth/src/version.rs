@@ -6,7 +6,8 @@
 //!
 //! * an upstream agent sends its bare build version in `AuthRequest.version` (`0.10.0`, as
 //!   `-X internal/version.version=$(cat VERSION)` sets it; `99.9.9-unreleased` for a dev build);
-//!   releases before the handshake send nothing;
+//!   the handshake (commit `33793feb`, PR #757, merged 2026-02-24) is in every release from v0.8.0
+//!   (2026-04-07) on; releases before it (v0.7.x, v0.7.7 of 2026-05-19 too) send nothing;
 //! * an upstream principal refuses an empty version (`InvalidArgument`) and any version that is
 //!   not byte-equal to its own (`FailedPrecondition "version mismatch"`), and answers its own bare
 //!   version in `AuthResponse.version`; `versionapi.Version` answers `argocd-agent-<version>`;
@@ -15,7 +16,9 @@
 //!
 //! Upstream's rule makes every upgrade a flag day. [`VersionCheck::Compatible`] (the default)
 //! accepts our agents and every upstream release from a minimum on, and answers an upstream
-//! agent with its own version: an exact-comparing upstream agent accepts no other answer.
+//! agent with its own version. Upstream's agents do not read `AuthResponse.version` at all
+//! (`pkg/client/remote.go` of v0.8.0, v0.9.0 and main of 2026-08-20, days before v0.10.0); their
+//! own version is the one answer an agent comparing it as upstream's principal does would accept.
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,8 +28,9 @@ use tonic::Status;
 /// The prefix of a qualified version (`argocd-agent-0.1.0`), as upstream's `QualifiedVersion`.
 pub const QUALIFIED_PREFIX: &str = "argocd-agent-";
 
-/// The oldest upstream agent release [`VersionCheck::Compatible`] accepts by default.
-pub const DEFAULT_MIN_AGENT_VERSION: ReleaseVersion = ReleaseVersion { major: 0, minor: 9, patch: 0 };
+/// The oldest upstream agent release [`VersionCheck::Compatible`] accepts by default: v0.8.0, the
+/// first release with the version handshake (every release that speaks the protocol as we do).
+pub const DEFAULT_MIN_AGENT_VERSION: ReleaseVersion = ReleaseVersion { major: 0, minor: 8, patch: 0 };
 
 /// A release number `MAJOR.MINOR[.PATCH]`, read from upstream's spellings: an optional
 /// `argocd-agent-` and `v` prefix, and a pre-release or build suffix (`-rc1`, `+abc`) that is
@@ -172,17 +176,24 @@ mod tests {
         let check = VersionCheck::default();
         assert_eq!(check.judge(OURS, OURS).unwrap(), OURS);
         assert_eq!(check.judge("argocd-agent-0.2.0", OURS).unwrap(), OURS);
-        for upstream in ["0.9.0", "0.9.3", "0.10.0", "v0.10.1", "0.11.0-rc1", "1.0.0", "99.9.9-unreleased"] {
+        for upstream in
+            ["0.8.0", "0.8.1", "0.9.0", "0.9.3", "0.10.0", "v0.10.1", "0.11.0-rc1", "1.0.0", "99.9.9-unreleased"]
+        {
             assert_eq!(check.judge(upstream, OURS).unwrap(), upstream, "answered with its own version");
         }
-        assert_eq!(check.judge("0.8.5", OURS).unwrap_err().code(), tonic::Code::FailedPrecondition);
+        // Older than the handshake: a release string (releases before v0.8.0 send none) or nothing.
+        let older = check.judge("0.7.7", OURS).unwrap_err();
+        assert_eq!(older.code(), tonic::Code::FailedPrecondition);
+        assert!(older.message().contains("older than 0.8.0"), "{}", older.message());
         assert_eq!(check.judge("main", OURS).unwrap_err().code(), tonic::Code::FailedPrecondition);
         assert_eq!(check.judge("argocd-agent-dev", OURS).unwrap_err().code(), tonic::Code::FailedPrecondition);
         let empty = check.judge("", OURS).unwrap_err();
         assert_eq!(empty.code(), tonic::Code::InvalidArgument);
         assert!(empty.message().contains("--agent-version-check=skip"), "{}", empty.message());
         let lower = VersionCheck::Compatible { min: v("0.5.0") };
-        assert!(lower.judge("0.8.5", OURS).is_ok());
+        assert!(lower.judge("0.7.7", OURS).is_ok());
+        let higher = VersionCheck::Compatible { min: v("0.9.0") };
+        assert_eq!(higher.judge("0.8.1", OURS).unwrap_err().code(), tonic::Code::FailedPrecondition);
     }
 
     #[test]
