@@ -102,6 +102,12 @@ impl ApiError {
         Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {limit} bytes"))
     }
 
+    /// 413 for a request that is within the body limit but asks for too much (a JSON patch
+    /// with more operations than kube-apiserver applies).
+    pub fn entity_too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "RequestEntityTooLarge", message)
+    }
+
     /// 415: a patch type this resource does not support.
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)

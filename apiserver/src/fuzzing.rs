@@ -8,16 +8,31 @@ use crate::prepare::{self, Part, Target};
 use crate::resource::ResourceType;
 
 /// Feed untrusted bytes through everything a request body reaches before storage: decoding,
-/// create and update preparation for a custom and a core kind (both parts), delete options,
-/// and the path and query parsers. Must never panic; every rejection must be a 4xx.
+/// create and update preparation for a custom and a core kind (both parts), delete options
+/// (JSON and protobuf), JSON patches (decoded and applied), and the path and query parsers.
+/// Must never panic; every rejection must be a 4xx.
 pub fn check_request_body(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let _ = crate::http::route::parse(&text);
     if let Ok(params) = crate::http::query::parse(Some(&text)) {
         let _ = params.resource_version.as_deref().map(crate::http::query::parse_rv);
     }
-    if let Err(e) = prepare::delete_options(data) {
-        assert!((400..500).contains(&e.code), "delete options: {e}");
+    for content_type in ["application/json", crate::protobuf::CONTENT_TYPE] {
+        if let Err(e) = prepare::delete_options(data, content_type) {
+            assert!((400..500).contains(&e.code), "delete options: {e}");
+        }
+    }
+    for validation in [prepare::FieldValidation::Ignore, prepare::FieldValidation::Warn] {
+        match crate::jsonpatch::decode(data, validation) {
+            Ok(p) => {
+                let mut doc =
+                    json!({"metadata": {"name": "a", "labels": {"x": "y"}}, "spec": {"l": [1, null, {"a": 2}]}});
+                if let Err(e) = crate::jsonpatch::apply(&mut doc, &p.operations) {
+                    assert_eq!(e.code, 422, "json patch apply: {e}");
+                }
+            }
+            Err(e) => assert!((400..500).contains(&e.code), "json patch decode: {e}"),
+        }
     }
     let mut types: Vec<ResourceType> = builtin_types();
     types.extend(argocd_crds().iter().filter_map(|c| ResourceType::from_crd(c).ok()));
@@ -128,6 +143,10 @@ mod tests {
             b"/api/v1/namespaces/%ff%fe/..",
             b"labelSelector=a+in+(b&limit=-1&watch=maybe&resourceVersion=abc",
             br#"{"preconditions":{"uid":5}}"#,
+            br#"{"dryRun":["All"],"propagationPolicy":"Sideways","orphanDependents":true}"#,
+            br#"[{"op":"replace","path":"/status","value":{}},{"op":"copy","from":"/spec","path":"/spec/l/-1"}]"#,
+            br#"[{"op":"move","from":"/spec/l/-1","path":"/spec/l/0"},{"op":"test","path":"x/~0~1"},null]"#,
+            b"k8s\0\x0a\x13\x0a\x02v1\x12\x0dDeleteOptions\x12\x04\x12\x02\x0a\x00",
             b"",
             b"null",
             b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",

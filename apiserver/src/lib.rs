@@ -17,6 +17,7 @@ pub mod builtin;
 pub mod error;
 pub mod fuzzing;
 pub mod http;
+pub mod jsonpatch;
 pub mod node;
 pub mod object;
 pub mod openapi;

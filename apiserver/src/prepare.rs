@@ -442,23 +442,68 @@ pub struct DeletePreconditions {
     pub uid: Option<String>,
     /// `preconditions.resourceVersion`.
     pub resource_version: Option<String>,
+    /// The body's `dryRun` says `All`; `None` when there was no body. kube-apiserver reads
+    /// DeleteOptions from the body when there is one, and from the query only when there is
+    /// none, so a body's `dryRun` (client-go and kubectl send it there) decides alone.
+    pub dry_run: Option<bool>,
 }
 
-/// Parse an optional DeleteOptions body.
+/// Parse an optional DeleteOptions body: JSON, or Kubernetes protobuf (what client-go's typed
+/// clients send for built-in kinds), checked as kube-apiserver's `ValidateDeleteOptions` does.
 ///
 /// # Errors
-/// 400 when the body is not a DeleteOptions object.
-pub fn delete_options(body: &[u8]) -> ApiResult<DeletePreconditions> {
+/// 400 when the body is not a DeleteOptions object; 422 (`meta.k8s.io` DeleteOptions Invalid)
+/// for a `propagationPolicy` other than `Foreground`, `Background` or `Orphan`, one set together
+/// with `orphanDependents`, or a `dryRun` other than `All`.
+pub fn delete_options(body: &[u8], content_type: &str) -> ApiResult<DeletePreconditions> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(DeletePreconditions::default());
     }
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}")))?;
+    let v: Value = if crate::protobuf::is_protobuf(content_type) {
+        crate::protobuf::options::delete_options_json(body)?
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}")))?
+    };
     if !v.is_object() {
         return Err(ApiError::bad_request("the DeleteOptions body must be a JSON object"));
     }
+    let dry_run = match &v["dryRun"] {
+        Value::Null => Vec::new(),
+        Value::Array(a) if a.iter().all(Value::is_string) => a.iter().filter_map(Value::as_str).collect(),
+        _ => return Err(ApiError::bad_request("DeleteOptions.dryRun must be a list of strings")),
+    };
+    let policy = &v["propagationPolicy"];
+    if !policy.is_null() && !policy.is_string() {
+        return Err(ApiError::bad_request("DeleteOptions.propagationPolicy must be a string"));
+    }
+    let mut causes = Vec::new();
+    if !policy.is_null() && !v["orphanDependents"].is_null() {
+        causes.push((
+            "propagationPolicy".to_string(),
+            format!("Invalid value: {policy}: orphanDependents and deletionPropagation cannot be both set"),
+        ));
+    }
+    if let Some(p) = policy.as_str().filter(|p| !matches!(*p, "Foreground" | "Background" | "Orphan")) {
+        causes.push((
+            "propagationPolicy".to_string(),
+            format!(
+                "Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
+            ),
+        ));
+    }
+    if dry_run.iter().any(|d| *d != "All") {
+        causes.push(("dryRun".to_string(), format!("Unsupported value: {dry_run:?}: supported values: \"All\"")));
+    }
+    if !causes.is_empty() {
+        return Err(ApiError::invalid("meta.k8s.io", "DeleteOptions", "", causes));
+    }
     let s = |k: &str| v["preconditions"][k].as_str().filter(|s| !s.is_empty()).map(str::to_string);
-    Ok(DeletePreconditions { uid: s("uid"), resource_version: s("resourceVersion") })
+    Ok(DeletePreconditions {
+        uid: s("uid"),
+        resource_version: s("resourceVersion"),
+        dry_run: Some(!dry_run.is_empty()),
+    })
 }
 
 /// Decide a delete: mark it (finalizers pending, or a namespace to empty first) or remove it.
@@ -612,7 +657,7 @@ mod tests {
         let mut cleared = marked.clone();
         cleared["metadata"]["finalizers"] = json!([]);
         assert!(matches!(update(target(&t), &marked, cleared, Part::Main), Ok(Change::Delete(_))));
-        let pre = DeletePreconditions { uid: Some("other".into()), resource_version: None };
+        let pre = DeletePreconditions { uid: Some("other".into()), ..DeletePreconditions::default() };
         assert_eq!(delete(target(&t), &existing, &pre).err().map(|e| e.code), Some(409));
     }
 

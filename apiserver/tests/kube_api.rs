@@ -664,3 +664,109 @@ async fn invalid_crd_is_rejected_with_field_causes() -> Result<()> {
     c.server.shutdown().await;
     Ok(())
 }
+
+/// An Application without status, for the JSON patches upstream argocd-agent's principal sends.
+async fn app_without_status(c: &Cluster) -> Result<&'static str> {
+    namespace(&c.client, "argocd").await?;
+    apps(&c.client, "argocd").create(&PostParams::default(), &app("first", json!({}))?).await?;
+    Ok("/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/first")
+}
+
+/// Upstream's principal writes a managed agent's first status with `replace /status` on an
+/// Application that has none: kube-apiserver (json-patch v4) adds the member.
+#[tokio::test]
+async fn json_patch_replace_of_a_missing_member_adds_it() -> Result<()> {
+    let c = start().await?;
+    let item = app_without_status(&c).await?;
+    let status = json!([{"op": "replace", "path": "/status", "value": {"health": {"status": "Healthy"}}}]);
+    let (code, body) =
+        raw(&c.client, "PATCH", item, "application/json-patch+json", serde_json::to_vec(&status)?).await?;
+    assert_eq!(code, 200, "replace of a missing member: {body}");
+    assert_eq!(body["status"]["health"]["status"], "Healthy");
+    c.server.shutdown().await;
+    Ok(())
+}
+
+/// A JSON patch of `null` is an empty patch, as in kube-apiserver.
+#[tokio::test]
+async fn json_patch_null_is_a_no_op() -> Result<()> {
+    let c = start().await?;
+    let item = app_without_status(&c).await?;
+    let (code, body) = raw(&c.client, "PATCH", item, "application/json-patch+json", b"null".to_vec()).await?;
+    assert_eq!(code, 200, "a null JSON patch: {body}");
+    assert_eq!(body["metadata"]["name"], "first");
+    c.server.shutdown().await;
+    Ok(())
+}
+
+/// client-go's typed clients for built-in kinds send every DeleteOptions body as protobuf:
+/// decoded, with their preconditions, `dryRun` and `propagationPolicy`, for delete and
+/// deletecollection.
+#[tokio::test]
+async fn protobuf_delete_options_as_client_go_sends_them() -> Result<()> {
+    use apiserver::protobuf::options::{DeleteOptions, KIND, Preconditions};
+    use apiserver::protobuf::{CONTENT_TYPE, encode};
+    use k8s_openapi::api::core::v1::Secret;
+    use prost::Message as _;
+
+    let c = start().await?;
+    namespace(&c.client, "argocd").await?;
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), "argocd");
+    let secret = |name: &str| -> Result<Secret> { Ok(serde_json::from_value(json!({"metadata": {"name": name}}))?) };
+    let created = secrets.create(&PostParams::default(), &secret("s1")?).await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    let path = "/api/v1/namespaces/argocd/secrets/s1";
+    let body = |o: &DeleteOptions| encode("v1", KIND, &o.encode_to_vec());
+    let right = DeleteOptions {
+        preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
+        propagation_policy: Some("Background".into()),
+        ..Default::default()
+    };
+    let dry = DeleteOptions { dry_run: vec!["All".into()], ..right.clone() };
+    let (code, status) = raw(&c.client, "DELETE", path, CONTENT_TYPE, body(&dry)).await?;
+    assert_eq!(code, 200, "{status}");
+    assert!(secrets.get_opt("s1").await?.is_some(), "a dry-run delete deletes nothing");
+    let wrong = DeleteOptions {
+        preconditions: Some(Preconditions { uid: Some("not-the-uid".into()), resource_version: None }),
+        ..Default::default()
+    };
+    let (code, _) = raw(&c.client, "DELETE", path, CONTENT_TYPE, body(&wrong)).await?;
+    assert_eq!(code, 409, "a protobuf precondition is checked");
+    let bad = DeleteOptions { propagation_policy: Some("Sideways".into()), ..Default::default() };
+    let (code, status) = raw(&c.client, "DELETE", path, CONTENT_TYPE, body(&bad)).await?;
+    assert_eq!((code, status["details"]["causes"][0]["field"].as_str()), (422, Some("propagationPolicy")));
+    let (code, status) = raw(&c.client, "DELETE", path, CONTENT_TYPE, body(&right)).await?;
+    assert_eq!(code, 200, "{status}");
+    assert!(secrets.get_opt("s1").await?.is_none());
+    // DeleteCollection with an empty protobuf DeleteOptions (client-go always sends one).
+    secrets.create(&PostParams::default(), &secret("s2")?).await?;
+    let (code, _) =
+        raw(&c.client, "DELETE", "/api/v1/namespaces/argocd/secrets", CONTENT_TYPE, body(&DeleteOptions::default()))
+            .await?;
+    assert_eq!(code, 200);
+    assert!(secrets.get_opt("s2").await?.is_none());
+    // Not DeleteOptions, or not protobuf: 400.
+    let (code, _) = raw(&c.client, "DELETE", path, CONTENT_TYPE, encode("v1", "Secret", &[])).await?;
+    assert_eq!(code, 400);
+    let (code, _) = raw(&c.client, "DELETE", path, CONTENT_TYPE, b"{}".to_vec()).await?;
+    assert_eq!(code, 400);
+    c.server.shutdown().await;
+    Ok(())
+}
+
+/// kube-rs (and kubectl, client-go) put `dryRun` in the DeleteOptions body, which kube-apiserver
+/// honours: a dry-run delete deletes nothing.
+#[tokio::test]
+async fn a_delete_body_dry_run_deletes_nothing() -> Result<()> {
+    let c = start().await?;
+    namespace(&c.client, "argocd").await?;
+    let cms = Api::<ConfigMap>::namespaced(c.client.clone(), "argocd");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "kept"}}))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    cms.delete("kept", &DeleteParams { dry_run: true, ..DeleteParams::default() }).await?;
+    assert!(cms.get_opt("kept").await?.is_some(), "a kube-rs dry-run delete deleted the object");
+    cms.delete("kept", &DeleteParams::default()).await?;
+    assert!(cms.get_opt("kept").await?.is_none());
+    c.server.shutdown().await;
+    Ok(())
+}

@@ -1,11 +1,13 @@
 //! Arbitrary bytes as a Kubernetes protobuf request body: as the whole body, after the `k8s\0`
-//! magic (an arbitrary envelope), and as the object message of every kind decoded from protobuf.
+//! magic (an arbitrary envelope), and as the object message of every kind decoded from protobuf,
+//! and as the DeleteOptions body of a DELETE (whole, and as the message in client-go's envelope).
 //!
 //! Decoding must never panic; it either yields a JSON object with an object `metadata` (what the
-//! JSON path produces) or rejects the body with a 400 or 415.
+//! JSON path produces) or rejects the body with a 400 or 415; a DeleteOptions body is accepted or
+//! refused with a 400 or 422.
 #![no_main]
 
-use apiserver::protobuf::{CONTENT_TYPE, MAGIC, SUPPORTED, decode, encode};
+use apiserver::protobuf::{CONTENT_TYPE, MAGIC, SUPPORTED, decode, encode, options};
 use libfuzzer_sys::fuzz_target;
 
 fn check(body: &[u8]) {
@@ -24,8 +26,19 @@ fn check(body: &[u8]) {
     }
 }
 
+fn check_delete_options(body: &[u8]) {
+    if let Err(e) = apiserver::prepare::delete_options(body, CONTENT_TYPE) {
+        assert!(e.code == 400 || e.code == 422, "delete options: {e}");
+    }
+    if let Ok(v) = options::delete_options_json(body) {
+        assert!(v.is_object(), "DeleteOptions decoded to a non-object: {v}");
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     check(data);
+    check_delete_options(data);
+    check_delete_options(&encode("v1", options::KIND, data));
     check(&[MAGIC.as_slice(), data].concat());
     for (api_version, kind) in SUPPORTED {
         check(&encode(api_version, kind, data));

@@ -1,6 +1,6 @@
 //! get, create, update, patch, delete and deletecollection of single objects.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use axum::response::Response;
 use http::StatusCode;
@@ -10,8 +10,9 @@ use super::ctx::Ctx;
 use super::json_response;
 use super::query::Params;
 use crate::error::{ApiError, ApiResult};
+use crate::jsonpatch;
 use crate::object::{is_deleting, meta_str};
-use crate::prepare::{self, Part};
+use crate::prepare::{self, FieldValidation, Part, Target};
 use crate::resource::{GroupResource, ResourceType};
 use crate::store::{Applied, Change};
 use crate::strategic_merge;
@@ -87,7 +88,8 @@ fn strategic_kind(rtype: &ResourceType) -> Option<&str> {
     builtin.then_some(rtype.kind.as_str())
 }
 
-fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body: &[u8]) -> ApiResult<Value> {
+fn apply_patch(target: Target<'_>, existing: &Value, content_type: &str, body: &[u8]) -> ApiResult<Value> {
+    let rtype = target.rtype;
     let media = content_type.split(';').next().unwrap_or_default().trim();
     let parse = |what: &str| -> ApiResult<Value> {
         serde_json::from_slice(body)
@@ -103,11 +105,26 @@ fn apply_patch(rtype: &ResourceType, existing: &Value, content_type: &str, body:
             json_patch::merge(&mut doc, &p);
         }
         "application/json-patch+json" => {
-            let p: json_patch::Patch = serde_json::from_value(parse("JSON")?).map_err(|e| {
-                ApiError::bad_request(format!("the JSON patch is not a list of RFC 6902 operations: {e}"))
-            })?;
-            json_patch::patch(&mut doc, &p)
-                .map_err(|e| ApiError::invalid_patch(format!("the JSON patch cannot be applied: {e}")))?;
+            // As kube-apiserver applies it (evanphx/json-patch v4), not by the letter of RFC 6902.
+            let p = jsonpatch::decode(body, target.field_validation)?;
+            jsonpatch::apply(&mut doc, &p.operations)?;
+            if !p.strict_errors.is_empty() {
+                match target.field_validation {
+                    FieldValidation::Strict => {
+                        let why = format!(
+                            "Invalid value: the JSON patch: strict decoding error: {}",
+                            p.strict_errors.join(", ")
+                        );
+                        return Err(ApiError::invalid("", "", "", vec![("patch".into(), why)]));
+                    }
+                    FieldValidation::Warn => {
+                        if let Some(w) = target.warnings {
+                            w.lock().unwrap_or_else(PoisonError::into_inner).extend(p.strict_errors);
+                        }
+                    }
+                    FieldValidation::Ignore => {}
+                }
+            }
         }
         "application/strategic-merge-patch+json" => {
             let Some(kind) = strategic_kind(rtype) else {
@@ -150,7 +167,7 @@ pub(crate) async fn patch(
     let applied = ctx
         .write(ctx.gr(), ctx.namespace.clone(), name.to_string(), move |cur| {
             let existing = cur.ok_or(not_found)?;
-            let patched = apply_patch(&c.rtype, existing, &ct, &body)?;
+            let patched = apply_patch(c.target(), existing, &ct, &body)?;
             prepare::update(c.target(), existing, patched, part)
         })
         .await?;
@@ -158,8 +175,18 @@ pub(crate) async fn patch(
     Ok(ctx.respond(StatusCode::OK, applied.object()))
 }
 
-pub(crate) async fn delete(ctx: &Ctx, name: &str, body: &[u8]) -> ApiResult<Response> {
-    let pre = prepare::delete_options(body)?;
+/// The request's context as DeleteOptions amend it: a body's `dryRun` replaces the query's.
+fn delete_ctx(ctx: &Ctx, pre: &prepare::DeletePreconditions) -> Ctx {
+    let mut c = ctx.clone();
+    if let Some(dry_run) = pre.dry_run {
+        c.dry_run = dry_run;
+    }
+    c
+}
+
+pub(crate) async fn delete(ctx: &Ctx, name: &str, content_type: &str, body: &[u8]) -> ApiResult<Response> {
+    let pre = prepare::delete_options(body, content_type)?;
+    let ctx = &delete_ctx(ctx, &pre);
     let applied = delete_one(ctx, name, pre).await?;
     // Kubernetes answers an immediate delete with a Success Status, except for the kinds whose
     // storage returns the deleted object (pods, services); a delete that only marks the object
@@ -197,9 +224,11 @@ pub(crate) async fn delete_collection(
     ctx: &Ctx,
     namespace: Option<&str>,
     params: &Params,
+    content_type: &str,
     body: &[u8],
 ) -> ApiResult<Response> {
-    let pre = prepare::delete_options(body)?;
+    let pre = prepare::delete_options(body, content_type)?;
+    let ctx = &delete_ctx(ctx, &pre);
     let (items, rv) = ctx.state.store.list(&ctx.gr(), namespace, None);
     let mut deleted = Vec::new();
     for (_, obj) in items {

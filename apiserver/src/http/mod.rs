@@ -251,8 +251,8 @@ async fn resource(
             crud::create(&ctx, &ct, &body).await
         }
         (Method::DELETE, None, _) => {
-            let (_, body) = read_body(&state, req).await?;
-            crud::delete_collection(&ctx, rp.namespace.as_deref(), &params, &body).await
+            let (ct, body) = read_body(&state, req).await?;
+            crud::delete_collection(&ctx, rp.namespace.as_deref(), &params, &ct, &body).await
         }
         (Method::GET, Some(name), _) => crud::get(&ctx, &name, wants_table(&req)),
         (Method::PUT, Some(name), sub) => {
@@ -264,8 +264,8 @@ async fn resource(
             crud::patch(&ctx, &name, sub, &ct, &body).await
         }
         (Method::DELETE, Some(name), None) => {
-            let (_, body) = read_body(&state, req).await?;
-            crud::delete(&ctx, &name, &body).await
+            let (ct, body) = read_body(&state, req).await?;
+            crud::delete(&ctx, &name, &ct, &body).await
         }
         (m, _, _) => Err(ApiError::method_not_allowed(&m, req.uri().path())),
     }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod event;
 pub mod lease;
 pub mod meta;
+pub mod options;
 pub mod service;
 
 use prost::Message as _;

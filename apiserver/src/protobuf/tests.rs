@@ -403,3 +403,72 @@ fn arbitrary_bytes_never_panic() {
         }
     }
 }
+
+mod delete_options {
+    use prost::Message as _;
+    use serde_json::json;
+
+    use super::super::options::{DeleteOptions, KIND, Preconditions, delete_options_json};
+    use super::super::{MAGIC, encode};
+    use crate::prepare::delete_options;
+
+    /// `metav1.DeleteOptions{Preconditions: &{UID: "u"}, PropagationPolicy: &Background,
+    /// DryRun: ["All"]}` as client-go's core/v1 typed client encodes it (hand-written bytes).
+    const CLIENT_GO: &[u8] = b"k8s\0\x0a\x13\x0a\x02v1\x12\x0dDeleteOptions\x12\x16\x12\x03\x0a\x01u\x22\x0aBackground\x2a\x03All\x1a\x00\x22\x00";
+
+    #[test]
+    fn client_go_bodies_decode() {
+        let v = delete_options_json(CLIENT_GO).unwrap();
+        assert_eq!(v, json!({"preconditions": {"uid": "u"}, "propagationPolicy": "Background", "dryRun": ["All"]}));
+        let pre = delete_options(CLIENT_GO, "application/vnd.kubernetes.protobuf").unwrap();
+        assert_eq!((pre.uid.as_deref(), pre.dry_run), (Some("u"), Some(true)));
+        // An empty DeleteOptions{} (what every client-go Delete sends by default), in any group.
+        for av in ["v1", "coordination.k8s.io/v1", "meta.k8s.io/v1", ""] {
+            let pre = delete_options(&encode(av, KIND, &[]), "application/vnd.kubernetes.protobuf").unwrap();
+            assert_eq!((pre.uid, pre.dry_run), (None, Some(false)));
+        }
+        // The same fields encoded with these prost messages.
+        let o = DeleteOptions {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions { uid: None, resource_version: Some("7".into()) }),
+            orphan_dependents: None,
+            propagation_policy: Some("Foreground".into()),
+            dry_run: vec![],
+            ignore_store_read_error_with_cluster_breaking_potential: None,
+        };
+        let v = delete_options_json(&encode("v1", KIND, &o.encode_to_vec())).unwrap();
+        assert_eq!(
+            v,
+            json!({"gracePeriodSeconds": 0, "preconditions": {"resourceVersion": "7"}, "propagationPolicy": "Foreground"})
+        );
+    }
+
+    #[test]
+    fn bad_bodies_are_400_and_bad_options_422() {
+        let pb = "application/vnd.kubernetes.protobuf";
+        for body in [
+            b"{}".to_vec(),
+            MAGIC.to_vec(),
+            [MAGIC.as_slice(), b"\xff\xff"].concat(),
+            encode("v1", "Secret", &[]),
+            encode("v1", KIND, &[0x12, 0x05]),
+        ] {
+            assert_eq!(delete_options(&body, pb).err().map(|e| e.code), Some(400), "{body:?}");
+        }
+        let invalid = |o: DeleteOptions| delete_options(&encode("v1", KIND, &o.encode_to_vec()), pb).err();
+        let e = invalid(DeleteOptions { propagation_policy: Some("Sideways".into()), ..Default::default() }).unwrap();
+        assert_eq!((e.code, e.details.map(|d| d.causes[0].0.clone())), (422, Some("propagationPolicy".into())));
+        let e = invalid(DeleteOptions {
+            orphan_dependents: Some(true),
+            propagation_policy: Some("Orphan".into()),
+            ..Default::default()
+        });
+        assert_eq!(e.map(|e| e.code), Some(422));
+        let e = invalid(DeleteOptions { dry_run: vec!["Some".into()], ..Default::default() });
+        assert_eq!(e.map(|e| e.code), Some(422));
+        // JSON bodies are checked alike; a body without dryRun says "not a dry run".
+        assert_eq!(delete_options(br#"{"dryRun":"All"}"#, "application/json").err().map(|e| e.code), Some(400));
+        assert_eq!(delete_options(br#"{}"#, "application/json").unwrap().dry_run, Some(false));
+        assert_eq!(delete_options(b"", "application/json").unwrap().dry_run, None);
+    }
+}
