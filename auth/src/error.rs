@@ -178,6 +178,16 @@ pub enum AuthError {
         /// The metadata key.
         header: &'static str,
     },
+    /// `spiffe-jwt:<regex>` (upstream's form): the JWT-SVID's subject does not match the regex.
+    #[error(
+        "the JWT-SVID's SPIFFE ID \"{subject}\" does not match the agent name regex `{regex}` (--auth spiffe-jwt:<regex>)"
+    )]
+    JwtSubjectMismatch {
+        /// The verified subject.
+        subject: String,
+        /// The configured regex.
+        regex: String,
+    },
     /// `spiffe:jwt`: the JWT-SVID was refused.
     #[error("method \"{method}\": JWT-SVID refused: {source}")]
     JwtSvidRejected {

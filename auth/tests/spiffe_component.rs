@@ -73,14 +73,21 @@ impl Principal {
 
     /// `spiffe:jwt` over plaintext: JWT bundles (the `trusted` authorities) from its own Workload API.
     async fn jwt(signer: &TestJwtAuthority) -> Self {
+        Self::jwt_with(signer, |endpoint| {
+            AuthMethodSpec::parse(&format!(
+                "spiffe:jwt:audience={AUDIENCE};trust-domain={TD};namespaces=agents;endpoint={endpoint}"
+            ))
+            .expect("--auth")
+        })
+        .await
+    }
+
+    /// A JWT-SVID method `spec` builds from the Workload API endpoint, over plaintext.
+    async fn jwt_with(signer: &TestJwtAuthority, spec: impl FnOnce(String) -> AuthMethodSpec) -> Self {
         let api = FakeWorkloadApi::start(None, Some(JwtMaterial::new(PRINCIPAL, signer.clone())))
             .await
             .expect("fake workload api");
-        let spec = AuthMethodSpec::parse(&format!(
-            "spiffe:jwt:audience={AUDIENCE};trust-domain={TD};namespaces=agents;endpoint={}",
-            api.endpoint()
-        ))
-        .expect("--auth");
+        let spec = spec(api.endpoint());
         spec.check_listener(true).expect("spiffe:jwt may serve plaintext");
         let authenticator = spec.connect_authenticator(SYNC).await.expect("authenticator");
         Self::serve(authenticator, api, |listener, router| {
@@ -342,4 +349,65 @@ async fn jwt_missing_or_unauthorized_is_unauthenticated() {
     let status = authenticate(&channel, "spiffe-jwt", token("garbage"), &[]).await.expect_err("garbage");
     assert_unauthenticated(&status, "not a well-formed JWT-SVID");
     s.principal.recorded.assert_nothing_created();
+}
+
+// === upstream v0.10's spiffe-jwt:<regex> and its login-only binding ===
+
+/// Upstream's `--spire-auth-method jwt` default with the socket as endpoint, and the binding.
+async fn upstream_jwt_principal(
+    signer: &TestJwtAuthority,
+    binding: auth::method::spec::JwtSessionBinding,
+) -> Principal {
+    Principal::jwt_with(signer, |endpoint| {
+        AuthMethodSpec::spire_default(auth::method::spec::SpireAuthMethod::Jwt, Some(&endpoint))
+            .expect("upstream default")
+            .with_jwt_binding(binding)
+            .expect("a jwt method")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn upstream_jwt_agent_needs_the_login_only_opt_in_for_calls_after_authenticate() {
+    let signer = TestJwtAuthority::new(TD, "td-key-1").expect("key");
+    // Upstream's regex takes the whole path: an agent named by a one-segment SPIFFE path.
+    const UPSTREAM_AGENT: &str = "spiffe://cluster.local/agent-1";
+    let fresh = || signer.sign(UPSTREAM_AGENT, &[AUDIENCE], SystemTime::now() + Duration::from_secs(60)).expect("jwt");
+
+    // Default (ours): the session token alone is refused after Authenticate, as a v0.10 Go
+    // agent sends it.
+    let strict = upstream_jwt_principal(&signer, auth::method::spec::JwtSessionBinding::EveryCall).await;
+    let channel = strict.plain_channel().await;
+    let response = authenticate(&channel, "spiffe-jwt", token(&fresh()), &[]).await.expect("authenticate");
+    let created = strict.recorded.sessions_created.0.lock().expect("lock")[0].clone();
+    assert_eq!(created.identity.name().as_str(), "agent-1");
+    assert_eq!(created.identity.binding(), &Binding::SpiffeId(UPSTREAM_AGENT.to_owned()));
+    let status = ping_with(&channel, Some(&response.access_token)).await.expect_err("token alone");
+    assert_unauthenticated(&status, "no JWT-SVID");
+    assert_eq!(strict.recorded.protected(), 0);
+
+    // Opted in: the token alone passes, as with upstream's principal ...
+    let login_only = upstream_jwt_principal(&signer, auth::method::spec::JwtSessionBinding::LoginOnly).await;
+    let channel = login_only.plain_channel().await;
+    let response = authenticate(&channel, "spiffe-jwt", token(&fresh()), &[]).await.expect("authenticate");
+    ping_with(&channel, Some(&response.access_token)).await.expect("token alone, login-only");
+    assert_eq!(login_only.recorded.protected(), 1);
+    // ... but a call presenting another workload's JWT-SVID is still refused.
+    let other = signer.sign("spiffe://cluster.local/agent-2", &[AUDIENCE], SystemTime::now() + Duration::from_secs(60));
+    let status =
+        ping_with_metadata(&channel, Some(&response.access_token), &[("x-spiffe-jwt-svid", &other.expect("jwt"))])
+            .await
+            .expect_err("other subject");
+    assert_unauthenticated(&status, "is bound to SPIFFE ID spiffe://cluster.local/agent-1");
+    // The regex still decides who is an agent: a multi-segment path is no agent name.
+    let status = authenticate(
+        &channel,
+        "spiffe-jwt",
+        token(&signer.sign(AGENT, &[AUDIENCE], SystemTime::now() + Duration::from_secs(60)).expect("jwt")),
+        &[],
+    )
+    .await
+    .expect_err("not a DNS label");
+    assert_unauthenticated(&status, "not a valid DNS-1123 label");
+    assert_eq!(login_only.recorded.protected(), 1);
 }

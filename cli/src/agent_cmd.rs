@@ -157,8 +157,10 @@ pub struct Args {
     /// This cluster's Argo CD Redis, read for the principal's Redis proxy.
     #[command(flatten)]
     pub redis: crate::redis_proxy::AgentRedis,
-    /// Upstream's flags of features not here yet (SPIRE-specific flags, ...) and knobs of
-    /// upstream internals without a counterpart.
+    /// Upstream v0.10's SPIRE flags (crate::spire).
+    #[command(flatten)]
+    pub spire: crate::spire::AgentSpire,
+    /// Knobs of upstream internals without a counterpart.
     #[command(flatten)]
     pub upstream: crate::upstream_only::AgentOnly,
 }
@@ -173,6 +175,7 @@ impl Args {
         u.check("--creds userpass", self.creds.starts_with("userpass:"));
         self.upstream.check(&mut u);
         u.finish("argocd-agent agent")?;
+        self.spire.spire(&self.creds, self.insecure_plaintext, self.insecure_tls)?;
         self.upstream.notes()?;
         self.redis.check()?;
         self.runtime.kit().debug_knob_notes("agent::connection")?;
@@ -263,7 +266,12 @@ struct Transport {
 /// Waits this long for the first SVID or JWT-SVID from the Workload API.
 const WORKLOAD_API_TIMEOUT: Duration = mesh::workload::DEFAULT_INITIAL_SYNC_TIMEOUT;
 
-async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Result<Transport> {
+async fn transport(
+    args: &Args,
+    creds: &Creds,
+    spire: Option<&crate::spire::Spire>,
+    secrets: &Secrets,
+) -> anyhow::Result<Transport> {
     let mut out = Transport { tls: None, cert_name: None, call_metadata: None, _workload: None };
     if let Creds::SpiffeX509 { endpoint, principal_ids } = creds {
         anyhow::ensure!(
@@ -296,6 +304,14 @@ async fn transport(args: &Args, creds: &Creds, secrets: &Secrets) -> anyhow::Res
         );
         tracing::info!(%audience, "JWT-SVIDs from the SPIFFE Workload API");
         out.call_metadata = Some(source.call_metadata());
+        if let Some(spire) = spire {
+            // --spire-auth-method jwt: the principal's X.509-SVID verified against the bundles.
+            let (tls, identity) =
+                crate::spire::agent_server_tls(spire, &args.server_address, WORKLOAD_API_TIMEOUT).await?;
+            out.tls = Some(tls);
+            out._workload = Some(Box::new((source, identity)));
+            return Ok(out);
+        }
         out._workload = Some(Box::new(source));
     }
     if args.insecure_plaintext {
@@ -411,7 +427,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     let mode: agent::AgentMode =
         args.agent_mode.parse().map_err(|_| anyhow::anyhow!("--agent-mode must be managed or autonomous"))?;
-    let creds_kind = Creds::parse(&args.creds)?;
+    // --spire-agent-socket with --spire-auth-method decides the credentials, as upstream.
+    let spire = args.spire.spire(&args.creds, args.insecure_plaintext, args.insecure_tls)?;
+    let creds_kind = match &spire {
+        Some(spire) => crate::spire::agent_creds(spire),
+        None => Creds::parse(&args.creds)?,
+    };
     if let Creds::SpiffeX509 { endpoint, .. } | Creds::SpiffeJwt { endpoint, .. } = &creds_kind {
         mesh::workload::resolve_endpoint(endpoint.as_deref()).with_context(|| format!("--creds {:?}", args.creds))?;
     }
@@ -419,7 +440,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let secrets = Secrets::new(client.clone(), &args.namespace);
     let scheme = if args.insecure_plaintext { "http" } else { "https" };
     let addr = format!("{scheme}://{}:{}", args.server_address, args.server_port);
-    let transport = transport(&args, &creds_kind, &secrets).await?;
+    let transport = transport(&args, &creds_kind, spire.as_ref(), &secrets).await?;
     let keepalive = match &args.keep_alive_ping_interval {
         Some(text) => {
             Some(crate::flags::parse_duration(text).context("--keep-alive-ping-interval")?).filter(|d| !d.is_zero())
@@ -439,7 +460,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         creds = creds.with_call_metadata(metadata.clone());
     }
     let params = auth::AuthParams {
-        method: creds_kind.method().to_owned(),
+        method: spire.as_ref().map_or(creds_kind.method(), |s| crate::spire::agent_method(s.method)).to_owned(),
         credentials: Default::default(),
         mode,
         version: VERSION.to_string(),

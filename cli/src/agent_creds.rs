@@ -54,6 +54,8 @@ impl Creds {
         match kind {
             "" | "mtls" => Ok(Self::Mtls),
             "header" => Ok(Self::Header),
+            // Upstream v0.10's name (with --spire-agent-socket): a JWT-SVID for its audience.
+            "spiffe-jwt" => Ok(Self::SpiffeJwt { endpoint: None, audience: DEFAULT_AUDIENCE.to_owned() }),
             "spiffe" => {
                 let (flavour, options) = rest.split_once(':').unwrap_or((rest, ""));
                 let mut options = parse_options(creds, options)?;

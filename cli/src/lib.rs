@@ -11,6 +11,7 @@ mod principal_cmd;
 mod quickstart;
 mod redis_proxy;
 mod runtime;
+mod spire;
 mod tls;
 mod unsupported;
 mod upstream_only;

@@ -214,7 +214,10 @@ pub struct Args {
     /// Cross-hub disaster recovery (`--ha-*`, upstream's active/passive pair; docs/ha.md).
     #[command(flatten)]
     pub ha: ha::HaArgs,
-    /// Upstream's flags of features not here yet (SPIRE-specific flags).
+    /// Upstream v0.10's SPIRE flags, and the JWT-SVID session binding (crate::spire).
+    #[command(flatten)]
+    pub spire: crate::spire::PrincipalSpire,
+    /// Upstream's flags of features not here yet (none at the moment).
     #[command(flatten)]
     pub upstream: crate::upstream_only::PrincipalOnly,
 }
@@ -299,11 +302,8 @@ impl Args {
             anyhow::bail!("argocd-agent principal: --namespace (ARGOCD_PRINCIPAL_NAMESPACE) is required");
         }
         version_check(self)?;
-        if self.auth.is_empty() {
-            anyhow::bail!(
-                "argocd-agent principal: --auth (ARGOCD_PRINCIPAL_AUTH) is required, e.g. --auth 'mtls:subject:CN=([^,]+)'"
-            );
-        }
+        // --auth, or upstream's default with --spire-agent-socket and --spire-auth-method.
+        self.spire.auth_spec(&self.auth, self.insecure_plaintext)?;
         Ok(())
     }
 }
@@ -567,7 +567,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
     observe(&args, &observed, &observing).await?;
-    let spec = auth::AuthMethodSpec::parse(&args.auth).with_context(|| format!("--auth {:?}", args.auth))?;
+    let spec = args.spire.auth_spec(&args.auth, args.insecure_plaintext)?;
+    let spire = args.spire.spire(args.insecure_plaintext)?;
     // Header-based identity only behind a TLS-terminating sidecar on a plaintext listener, from
     // trusted hops; mTLS identity only on a TLS listener. Refuse the rest before serving.
     spec.check_listener(args.insecure_plaintext)
@@ -589,7 +590,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .connect_authenticator(WORKLOAD_API_TIMEOUT)
         .await
         .with_context(|| format!("--auth {:?}: the SPIFFE Workload API gave no JWT bundles", args.auth))?;
-    let workload_tls = if matches!(spec, auth::AuthMethodSpec::SpiffeX509 { .. }) {
+    let workload_tls = if let Some(spire) = &spire {
+        Some(crate::spire::principal_tls(spire, &spec, &args.tls_policy()?, WORKLOAD_API_TIMEOUT).await?)
+    } else if matches!(spec, auth::AuthMethodSpec::SpiffeX509 { .. }) {
         let identity = mesh::workload::X509Identity::connect(spec.workload_endpoint(), WORKLOAD_API_TIMEOUT)
             .await
             .with_context(|| format!("--auth {:?}: no X.509-SVID from the SPIFFE Workload API", args.auth))?;
@@ -661,7 +664,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {host}:{} (--listen-host/--listen-port)", args.listen_port))?;
     let addr = listener.local_addr().context("listener address")?;
     println!("principal listening on {addr}");
-    tracing::info!(%addr, auth = %args.auth, plaintext = args.insecure_plaintext, "principal listening");
+    tracing::info!(%addr, auth = %spec, plaintext = args.insecure_plaintext, "principal listening");
 
     let auth = principal::AgentAuth {
         sessions,

@@ -1,35 +1,23 @@
-//! Upstream flags of features this implementation does not have yet (SPIRE-specific flags),
-//! and tuning knobs of upstream internals that have no counterpart here. Each parses with upstream's name and environment variable, so an upstream command line, manifest or
+//! Upstream flags of features this implementation does not have yet (none at the moment: the
+//! SPIRE flags live in `crate::spire`), and tuning knobs of upstream internals that have no counterpart here. Each parses with upstream's name and environment variable, so an upstream command line, manifest or
 //! `argocd-agent-params` ConfigMap reaches a clear answer: setting a feature's flag stops startup
 //! naming it ([`Unsupported`]); a knob without a counterpart is accepted and logged as having no
 //! effect ([`AgentOnly::notes`]). docs/compatibility.md lists both.
 
 use crate::unsupported::Unsupported;
 
-/// The principal's.
+/// The principal's (none at the moment).
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct PrincipalOnly {
-    #[arg(long, env = "ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", hide = true)]
-    spire_agent_socket: Option<String>,
-    #[arg(long, env = "ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", hide = true)]
-    spire_auth_method: Option<String>,
-}
+pub struct PrincipalOnly {}
 
 impl PrincipalOnly {
     /// Records every flag that was set to use a missing feature.
-    pub fn check(&self, u: &mut Unsupported) {
-        u.check_opt("--spire-agent-socket (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
-            .check_opt("--spire-auth-method (use --auth spiffe:x509 or spiffe:jwt)", &self.spire_auth_method);
-    }
+    pub fn check(&self, _u: &mut Unsupported) {}
 }
 
 /// The agent's.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct AgentOnly {
-    #[arg(long, env = "ARGOCD_AGENT_SPIRE_AGENT_SOCKET", hide = true)]
-    spire_agent_socket: Option<String>,
-    #[arg(long, env = "ARGOCD_AGENT_SPIRE_AUTH_METHOD", hide = true)]
-    spire_auth_method: Option<String>,
     /// Accepted, no effect: upstream's period for recounting the cluster cache it reports (not
     /// reported here yet).
     #[arg(long, env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL", hide = true)]
@@ -43,11 +31,8 @@ pub struct AgentOnly {
 }
 
 impl AgentOnly {
-    /// Records every flag that was set to use a missing feature.
-    pub fn check(&self, u: &mut Unsupported) {
-        u.check_opt("--spire-agent-socket (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_agent_socket)
-            .check_opt("--spire-auth-method (use --creds spiffe:x509 or spiffe:jwt)", &self.spire_auth_method);
-    }
+    /// Records every flag that was set to use a missing feature (none at the moment).
+    pub fn check(&self, _u: &mut Unsupported) {}
 
     /// The knobs that were set although they have no effect here, each with why; and an error
     /// for one that is not a duration (upstream would refuse it too).

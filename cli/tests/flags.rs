@@ -13,15 +13,53 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Upstream v0.10's SPIRE flags (and their environment variables, so upstream's
+/// `{principal,agent}.spire.*` ConfigMap keys) are taken and checked as upstream checks them; with
+/// SPIRE on, an empty `--auth` is upstream's default and startup goes on to the cluster.
 #[test]
-fn unsupported_principal_flags_and_env_vars_are_refused_by_name() {
-    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)"];
-    let (ok, err) = run(&[&base[..], &["--spire-agent-socket", "/s"]].concat(), &[]);
-    assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--spire-agent-socket"), "{err}");
-    let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", "x509")]);
-    assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--spire-auth-method"), "{err}");
+fn spire_flags_and_env_vars_are_taken_and_checked_as_upstream() {
+    let base = ["principal", "-n", "argocd", "--metrics-port", "0", "--healthz-port", "0"];
+    let (ok, err) = run(&[&base[..], &["--spire-agent-socket", "unix:/s"]].concat(), &[]);
+    assert!(!ok && err.contains("--spire-auth-method is required") && !err.contains("not supported yet"), "{err}");
+    let socket = ("ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", "unix:/run/spire/agent.sock");
+    let (ok, err) = run(&base, &[socket, ("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", "x509")]);
+    assert!(!ok && err.contains("'jwt' or 'mtls'"), "{err}");
+    let (ok, err) = run(
+        &[&base[..], &["--insecure-plaintext"]].concat(),
+        &[socket, ("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", "mtls")],
+    );
+    assert!(!ok && err.contains("--insecure-plaintext"), "{err}");
+    let (ok, err) = run(
+        &[&base[..], &["--spiffe-jwt-binding", "login"]].concat(),
+        &[socket, ("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", "mtls")],
+    );
+    assert!(!ok && err.contains("--spiffe-jwt-binding"), "{err}");
+    for method in ["jwt", "mtls"] {
+        let (ok, err) = run(&base, &[socket, ("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", method)]);
+        assert!(
+            !ok && !err.contains("--spire") && !err.contains("--auth") && !err.contains("not supported yet"),
+            "{method}: {err}"
+        );
+    }
+    let (ok, err) = run(
+        &base,
+        &[socket, ("ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD", "jwt"), ("ARGOCD_PRINCIPAL_SPIFFE_JWT_BINDING", "login")],
+    );
+    assert!(!ok && !err.contains("--spire") && !err.contains("binding"), "{err}");
+
+    let agent =
+        ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
+    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_SPIRE_AUTH_METHOD", "mtls")]);
+    assert!(!ok && err.contains("requires --spire-agent-socket"), "{err}");
+    let spire = ["--spire-agent-socket", "unix:/run/spire/agent.sock", "--spire-auth-method"];
+    let (ok, err) = run(&[&agent[..], &spire, &["mtls", "--insecure-plaintext"]].concat(), &[]);
+    assert!(!ok && err.contains("--insecure-plaintext"), "{err}");
+    let (ok, err) = run(&[&agent[..], &spire, &["jwt", "--creds", "mtls:any"]].concat(), &[]);
+    assert!(!ok && err.contains("--creds") && err.contains("--spire-auth-method jwt"), "{err}");
+    for method in ["jwt", "mtls"] {
+        let (ok, err) = run(&[&agent[..], &spire, &[method]].concat(), &[]);
+        assert!(!ok && !err.contains("--spire") && !err.contains("not supported yet"), "{method}: {err}");
+    }
 }
 
 /// Cross-hub HA's flags (upstream's names and environment variables) are supported and checked
@@ -147,30 +185,12 @@ fn otlp_flags_are_accepted_and_checked() {
     assert!(!ok && err.contains("--otlp-address") && !err.contains("not supported yet"), "{err}");
 }
 
-#[test]
-fn unsupported_agent_flags_are_refused_by_name() {
-    let (ok, err) = run(&["agent", "--server-address", "principal.example", "--spire-agent-socket", "/s"], &[]);
-    assert!(!ok);
-    assert!(err.contains("not supported yet") && err.contains("--spire-agent-socket"), "{err}");
-}
-
-/// Upstream's flags of features not here (SPIRE-specific) stop
-/// startup naming each, from the command line or upstream's environment variables; a knob of
-/// upstream internals is accepted with a warning saying why it does nothing; a bad duration in
-/// one is refused by name.
+/// A knob of upstream internals is accepted with a warning saying why it does nothing; a bad
+/// value in one is refused by name.
 #[test]
 fn upstream_only_flags_are_refused_or_explained_by_name() {
-    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
-    let (ok, err) =
-        run(&[&base[..], &["--spire-auth-method", "x509"]].concat(), &[("ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET", "/s")]);
-    assert!(!ok && err.contains("not supported yet"), "{err}");
-    for flag in ["--spire-auth-method", "--spire-agent-socket"] {
-        assert!(err.contains(flag), "{flag}: {err}");
-    }
     let agent =
         ["agent", "--server-address", "p", "--metrics-address", "127.0.0.1:0", "--healthz-address", "127.0.0.1:0"];
-    let (ok, err) = run(&agent, &[("ARGOCD_AGENT_SPIRE_AUTH_METHOD", "x509")]);
-    assert!(!ok && err.contains("--spire-auth-method"), "{err}");
     let (ok, err) = run(&agent, &[("ARGOCD_AGENT_ADOPTION_POLICY", "sometimes")]);
     assert!(
         !ok && err.contains("adoption-policy") && err.contains("always") && !err.contains("not supported yet"),

@@ -69,6 +69,13 @@ pub trait Authenticator: Send + Sync + fmt::Debug + 'static {
     ///
     /// [`AuthError`] when the call presents no identity this method understands.
     fn presented_binding(&self, cx: &AuthContext<'_>) -> Result<Binding, AuthError>;
+
+    /// Whether this call may pass on its session token alone, presenting no transport identity
+    /// (a method's explicit opt-in to login-only binding, e.g. `spiffe:jwt` for upstream's
+    /// agents). Default: never.
+    fn accepts_token_alone(&self, _cx: &AuthContext<'_>) -> bool {
+        false
+    }
 }
 
 /// The methods a principal accepts, by name. Upstream configures exactly one (`--auth`); several

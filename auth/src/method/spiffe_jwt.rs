@@ -18,22 +18,58 @@
 //!   with [`mesh::workload::X509Identity::server_config`]).
 //!
 //! A session token replayed without either is refused.
+//!
+//! **Login-only binding** ([`JwtSessionBinding::LoginOnly`], an explicit opt-in): upstream
+//! v0.10's agents send the JWT-SVID only on `Authenticate` and then only the session token (no
+//! JWT-SVID metadata, no client certificate). With this binding a call that presents neither is
+//! accepted on its session token alone, as upstream's principal does; a call that does present a
+//! JWT-SVID or a client SVID must still present the bound SPIFFE ID. What it gives up: a stolen
+//! session token is usable from anywhere until it expires (the access token's lifetime, the
+//! refresh token's for refreshes), instead of being useless without the workload's SVID.
+//!
+//! # Agents by regex (upstream's `spiffe-jwt:<regex>`)
+//!
+//! Besides a [`SpiffePolicy`] the agents may be given as upstream does: a regex over the whole
+//! SPIFFE ID whose capture group 1 is the agent name ([`JwtSubjects::Regex`]); any trust domain
+//! whose JWT bundle the Workload API gives is then accepted, as upstream.
 
 use http::HeaderName;
 use mesh::workload::JwtIdentity;
-use mesh::{AuthorizedAgent, SpiffePolicy};
+use mesh::{SpiffeId, SpiffePolicy};
+use regex::Regex;
 
 use super::spiffe_x509::{agent_name, peer_id};
 use super::{AuthContext, Authenticator};
 use crate::error::AuthError;
-use crate::identity::{AgentIdentity, Binding};
+use crate::identity::{AgentIdentity, AgentName, Binding};
+
+/// Which JWT-SVID subjects are agents, and their names.
+#[derive(Clone, Debug)]
+pub enum JwtSubjects {
+    /// `spiffe:jwt`: trust domains, path patterns and namespaces.
+    Policy(SpiffePolicy),
+    /// Upstream's `spiffe-jwt:<regex>`: capture group 1 of a regex over the whole SPIFFE ID.
+    Regex(Regex),
+}
+
+/// What later calls of a `spiffe:jwt` session must present besides the session token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JwtSessionBinding {
+    /// The bound SPIFFE ID on every call (a fresh JWT-SVID or the client X.509-SVID): ours.
+    #[default]
+    EveryCall,
+    /// Upstream's: the JWT-SVID at `Authenticate` only; a later call presenting no SVID passes on
+    /// its session token alone (an explicit opt-in; see the module documentation).
+    LoginOnly,
+}
 
 /// The `spiffe:jwt` method.
 #[derive(Clone, Debug)]
 pub struct SpiffeJwtAuthenticator {
-    policy: SpiffePolicy,
+    subjects: JwtSubjects,
     audience: String,
     jwt: Option<JwtIdentity>,
+    binding: JwtSessionBinding,
 }
 
 impl SpiffeJwtAuthenticator {
@@ -50,7 +86,27 @@ impl SpiffeJwtAuthenticator {
     /// with `policy`.
     #[must_use]
     pub fn new(policy: SpiffePolicy, audience: impl Into<String>, jwt: JwtIdentity) -> Self {
-        Self { policy, audience: audience.into(), jwt: Some(jwt) }
+        Self::with_subjects(JwtSubjects::Policy(policy), audience, Some(jwt))
+    }
+
+    /// Verifies JWT-SVIDs for `audience` against `jwt`'s bundles (`None`: every call refused)
+    /// and names agents by `subjects`; sessions bound on every call.
+    #[must_use]
+    pub fn with_subjects(subjects: JwtSubjects, audience: impl Into<String>, jwt: Option<JwtIdentity>) -> Self {
+        Self { subjects, audience: audience.into(), jwt, binding: JwtSessionBinding::EveryCall }
+    }
+
+    /// Sets what later calls must present ([`JwtSessionBinding`]).
+    #[must_use]
+    pub fn with_binding(mut self, binding: JwtSessionBinding) -> Self {
+        self.binding = binding;
+        self
+    }
+
+    /// What later calls must present.
+    #[must_use]
+    pub fn binding(&self) -> JwtSessionBinding {
+        self.binding
     }
 
     /// The method without a Workload API connection: every call is refused with
@@ -58,7 +114,7 @@ impl SpiffeJwtAuthenticator {
     /// returns; use `connect_authenticator`).
     #[must_use]
     pub fn unconnected(policy: SpiffePolicy, audience: impl Into<String>) -> Self {
-        Self { policy, audience: audience.into(), jwt: None }
+        Self::with_subjects(JwtSubjects::Policy(policy), audience, None)
     }
 
     /// The audience JWT-SVIDs must carry.
@@ -67,10 +123,30 @@ impl SpiffeJwtAuthenticator {
         &self.audience
     }
 
-    /// The policy deciding which SPIFFE IDs are agents.
+    /// Which SPIFFE IDs are agents.
     #[must_use]
-    pub fn policy(&self) -> &SpiffePolicy {
-        &self.policy
+    pub fn subjects(&self) -> &JwtSubjects {
+        &self.subjects
+    }
+
+    /// The agent a verified SPIFFE ID names, by [`JwtSubjects`].
+    fn name_agent(&self, id: &SpiffeId) -> Result<AgentName, AuthError> {
+        match &self.subjects {
+            JwtSubjects::Policy(policy) => {
+                let agent =
+                    policy.authorize(id).map_err(|source| AuthError::SpiffePolicy { method: Self::METHOD, source })?;
+                agent_name(&agent)
+            }
+            JwtSubjects::Regex(regex) => {
+                let subject = id.to_string();
+                let mismatch = || AuthError::JwtSubjectMismatch { subject: subject.clone(), regex: regex.to_string() };
+                let captures = regex.captures(&subject).ok_or_else(mismatch)?;
+                let name = captures.get(1).map(|m| m.as_str()).filter(|n| !n.is_empty()).ok_or_else(|| {
+                    AuthError::EmptyAgentName { field: "SPIFFE ID", value: subject.clone(), regex: regex.to_string() }
+                })?;
+                AgentName::new(name).map_err(|reason| AuthError::InvalidAgentName { field: "SPIFFE ID", reason })
+            }
+        }
     }
 
     fn missing(&self) -> AuthError {
@@ -99,7 +175,8 @@ impl SpiffeJwtAuthenticator {
         })
     }
 
-    fn verify(&self, token: &str) -> Result<AuthorizedAgent, AuthError> {
+    /// The verified subject of `token` and the agent it names.
+    fn verify(&self, token: &str) -> Result<(SpiffeId, AgentName), AuthError> {
         let jwt = self.jwt.as_ref().ok_or(AuthError::WorkloadApiUnavailable { method: Self::METHOD })?;
         let token = token.strip_prefix("Bearer ").unwrap_or(token).trim();
         if token.is_empty() {
@@ -108,9 +185,8 @@ impl SpiffeJwtAuthenticator {
         let verified = jwt
             .validate(token, &self.audience)
             .map_err(|source| AuthError::JwtSvidRejected { method: Self::METHOD, source })?;
-        self.policy
-            .authorize(verified.spiffe_id())
-            .map_err(|source| AuthError::SpiffePolicy { method: Self::METHOD, source })
+        let name = self.name_agent(verified.spiffe_id())?;
+        Ok((verified.spiffe_id().clone(), name))
     }
 }
 
@@ -124,21 +200,30 @@ impl Authenticator for SpiffeJwtAuthenticator {
             Some(token) => token.as_str(),
             None => self.header_token(cx)?.ok_or_else(|| self.missing())?,
         };
-        let agent = self.verify(token)?;
-        Ok(AgentIdentity::new(agent_name(&agent)?, Self::METHOD, Binding::SpiffeId(agent.spiffe_id().to_string())))
+        let (id, name) = self.verify(token)?;
+        Ok(AgentIdentity::new(name, Self::METHOD, Binding::SpiffeId(id.to_string())))
     }
 
     /// The subject of the JWT-SVID in the metadata (verified in full), or else the SPIFFE ID of
-    /// the verified client X.509-SVID; the policy is checked again either way.
+    /// the verified client X.509-SVID; the agent rule is checked again either way.
     fn presented_binding(&self, cx: &AuthContext<'_>) -> Result<Binding, AuthError> {
-        let agent = match self.header_token(cx)? {
-            Some(token) => self.verify(token)?,
+        let id = match self.header_token(cx)? {
+            Some(token) => self.verify(token)?.0,
             None if cx.transport.peer_certificates().is_some() => {
                 let id = peer_id(Self::METHOD, cx)?;
-                self.policy.authorize(&id).map_err(|source| AuthError::SpiffePolicy { method: Self::METHOD, source })?
+                self.name_agent(&id)?;
+                id
             }
             None => return Err(self.missing()),
         };
-        Ok(Binding::SpiffeId(agent.spiffe_id().to_string()))
+        Ok(Binding::SpiffeId(id.to_string()))
+    }
+
+    /// With [`JwtSessionBinding::LoginOnly`], a call presenting neither a JWT-SVID nor a client
+    /// certificate.
+    fn accepts_token_alone(&self, cx: &AuthContext<'_>) -> bool {
+        self.binding == JwtSessionBinding::LoginOnly
+            && cx.metadata.get(Self::HEADER).is_none()
+            && cx.transport.peer_certificates().is_none()
     }
 }

@@ -140,11 +140,17 @@ impl Sessions {
             return Err(AuthError::TokenMethod { kind, method: method_name.to_owned() });
         };
         self.check_name(verified.agent.as_str())?;
-        let presented = method.presented_binding(cx).map_err(|reason| AuthError::BindingAbsent {
-            kind,
-            bound: bound.clone(),
-            reason: Box::new(reason),
-        })?;
+        // A method's login-only opt-in: a call presenting no transport identity is bound by its
+        // token alone (one that presents an identity must still present the bound one).
+        let presented = if method.accepts_token_alone(cx) {
+            bound.clone()
+        } else {
+            method.presented_binding(cx).map_err(|reason| AuthError::BindingAbsent {
+                kind,
+                bound: bound.clone(),
+                reason: Box::new(reason),
+            })?
+        };
         if presented != bound {
             return Err(AuthError::BindingMismatch { kind, bound, presented });
         }

@@ -21,8 +21,8 @@ pub enum SpecError {
     /// A method neither upstream nor this build knows.
     #[error(
         "--auth method \"{0}\" is unknown: use mtls:subject:<regex>, mtls:uri:<regex>, xfcc:[key=value;...], \
-         header:<header-name>:<regex>, spiffe:x509[:key=value;...] or spiffe:jwt[:key=value;...] (upstream also \
-         knows userpass)"
+         header:<header-name>:<regex>, spiffe:x509[:key=value;...], spiffe:jwt[:key=value;...] or upstream's \
+         spiffe-jwt:<regex> (upstream also knows userpass)"
     )]
     UnknownMethod(String),
     /// A method that is recognised but not implemented yet.
@@ -129,6 +129,12 @@ pub enum SpecError {
         key: &'static str,
         /// What is wrong with the value.
         reason: String,
+    },
+    /// A JWT session binding set on a method that is not `spiffe:jwt` or `spiffe-jwt:`.
+    #[error("--auth \"{spec}\": a JWT-SVID session binding applies to spiffe:jwt and spiffe-jwt:<regex> only")]
+    NotJwt {
+        /// The `--auth` value.
+        spec: String,
     },
     /// The SPIFFE Workload API could not be reached for a `spiffe:` method.
     #[error("--auth \"{spec}\": {source}")]

@@ -10,6 +10,7 @@
 //! | `header:<header-name>:<regex>` | [`HeaderAuthenticator`]: upstream's regex over a forwarded header |
 //! | `spiffe:x509[:<key>=<value>;…]` | [`SpiffeX509Authenticator`]: the verified client X.509-SVID's SPIFFE ID, checked by a policy |
 //! | `spiffe:jwt[:<key>=<value>;…]` | [`SpiffeJwtAuthenticator`]: a JWT-SVID verified against the Workload API's JWT bundles |
+//! | `spiffe-jwt:<regex>` | upstream v0.10's form of the same: capture group 1 of a regex over the JWT-SVID's SPIFFE ID ([`JwtSubjects::Regex`]) |
 //! | `userpass:<file>` | recognised, not supported (deprecated upstream) |
 //!
 //! Stricter than upstream, at startup instead of on the first agent: an empty regex or one
@@ -55,6 +56,15 @@
 //! API connection for its JWT bundles: build it with [`AuthMethodSpec::connect_authenticator`]
 //! ([`AuthMethodSpec::authenticator`] returns one that refuses every call).
 //!
+//! # Upstream's SPIRE defaults
+//!
+//! Upstream v0.10's principal with `--spire-agent-socket` and an empty `--auth` uses
+//! [`SPIRE_MTLS_DEFAULT`] (`--spire-auth-method mtls`) or [`SPIRE_JWT_DEFAULT`] (`jwt`), and
+//! audience `argocd-agent-principal`; [`AuthMethodSpec::spire_default`] gives the same. The
+//! socket becomes the Workload API endpoint ([`AuthMethodSpec::with_workload_endpoint`]).
+//! `spiffe-jwt` sessions are bound on every call unless the principal opts in to upstream's
+//! login-only binding ([`AuthMethodSpec::with_jwt_binding`], [`JwtSessionBinding`]).
+//!
 //! # `header:`
 //!
 //! `header:<header-name>:<regex>` as upstream: the header name (case-insensitive) ends at the
@@ -89,12 +99,49 @@ use super::forwarded::describe;
 use super::header::HeaderAuthenticator;
 use super::mtls::{IdentitySource, MtlsAuthenticator};
 use super::spiffe_jwt::SpiffeJwtAuthenticator;
+pub use super::spiffe_jwt::{JwtSessionBinding, JwtSubjects};
 use super::spiffe_x509::SpiffeX509Authenticator;
 use super::xfcc::XfccAuthenticator;
 
 /// The regex upstream's documentation and `argocd-agentctl pki issue agent` pair with: agent
 /// client certificates carry the agent name as their CN.
 pub const DEFAULT_SUBJECT_REGEX: &str = "CN=([^,]+)";
+
+/// Upstream's `--auth` when SPIRE is on with `--spire-auth-method mtls` and `--auth` is empty.
+pub const SPIRE_MTLS_DEFAULT: &str = "mtls:uri:spiffe://[^/]+/(.+)";
+
+/// Upstream's `--auth` when SPIRE is on with `--spire-auth-method jwt` and `--auth` is empty.
+pub const SPIRE_JWT_DEFAULT: &str = "spiffe-jwt:spiffe://[^/]+/(.+)";
+
+/// Upstream's `--spire-auth-method`: which SVID agents authenticate with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpireAuthMethod {
+    /// `mtls`: the X.509-SVID as TLS client certificate (method name `mtls`).
+    Mtls,
+    /// `jwt`: a JWT-SVID on `Authenticate` (method name `spiffe-jwt`).
+    Jwt,
+}
+
+impl std::str::FromStr for SpireAuthMethod {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "mtls" => Ok(Self::Mtls),
+            "jwt" => Ok(Self::Jwt),
+            other => Err(format!("must be 'jwt' or 'mtls', got {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for SpireAuthMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Mtls => "mtls",
+            Self::Jwt => "jwt",
+        })
+    }
+}
 
 /// The keys `xfcc:` accepts, as error messages list them.
 pub const XFCC_KEYS: &str = "profile, trust-domain, pattern, namespaces, denied-namespaces, trusted-hops, header";
@@ -145,6 +192,20 @@ pub enum AuthMethodSpec {
         audience: String,
         /// The Workload API endpoint; `None`: `SPIFFE_ENDPOINT_SOCKET`.
         endpoint: Option<String>,
+        /// What later calls present besides the session token.
+        binding: JwtSessionBinding,
+    },
+    /// Upstream's `spiffe-jwt:<regex>`: a JWT-SVID for `audience`, its whole SPIFFE ID matched by
+    /// a regex whose capture group 1 is the agent name (any trust domain with a JWT bundle).
+    SpiffeJwtRegex {
+        /// The agent name regex (capture group 1).
+        regex: Regex,
+        /// The audience JWT-SVIDs must carry (upstream: always `argocd-agent-principal`).
+        audience: String,
+        /// The Workload API endpoint; `None`: `SPIFFE_ENDPOINT_SOCKET`.
+        endpoint: Option<String>,
+        /// What later calls present besides the session token.
+        binding: JwtSessionBinding,
     },
     /// `header:<name>:<regex>`: upstream's regex over a forwarded header.
     Header {
@@ -163,7 +224,9 @@ impl AuthMethodSpec {
     #[must_use]
     pub fn workload_endpoint(&self) -> Option<&str> {
         match self {
-            Self::SpiffeX509 { endpoint, .. } | Self::SpiffeJwt { endpoint, .. } => endpoint.as_deref(),
+            Self::SpiffeX509 { endpoint, .. }
+            | Self::SpiffeJwt { endpoint, .. }
+            | Self::SpiffeJwtRegex { endpoint, .. } => endpoint.as_deref(),
             _ => None,
         }
     }
@@ -172,7 +235,52 @@ impl AuthMethodSpec {
     /// `spiffe:jwt` for the JWT bundles).
     #[must_use]
     pub fn uses_workload_api(&self) -> bool {
-        matches!(self, Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. })
+        matches!(self, Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } | Self::SpiffeJwtRegex { .. })
+    }
+
+    /// Upstream's `--auth` for SPIRE when `--auth` is empty ([`SPIRE_MTLS_DEFAULT`] or
+    /// [`SPIRE_JWT_DEFAULT`]), reading the Workload API at `endpoint`.
+    ///
+    /// # Errors
+    ///
+    /// None in practice: both defaults parse (unit-tested).
+    pub fn spire_default(method: SpireAuthMethod, endpoint: Option<&str>) -> Result<Self, SpecError> {
+        let spec = match method {
+            SpireAuthMethod::Mtls => SPIRE_MTLS_DEFAULT,
+            SpireAuthMethod::Jwt => SPIRE_JWT_DEFAULT,
+        };
+        Ok(Self::parse(spec)?.with_workload_endpoint(endpoint))
+    }
+
+    /// Gives a `spiffe` method without an `endpoint` the Workload API endpoint `endpoint`
+    /// (upstream's `--spire-agent-socket`); other methods and set endpoints are unchanged.
+    #[must_use]
+    pub fn with_workload_endpoint(mut self, endpoint: Option<&str>) -> Self {
+        if let (
+            Self::SpiffeX509 { endpoint: slot @ None, .. }
+            | Self::SpiffeJwt { endpoint: slot @ None, .. }
+            | Self::SpiffeJwtRegex { endpoint: slot @ None, .. },
+            Some(endpoint),
+        ) = (&mut self, endpoint)
+        {
+            *slot = Some(endpoint.to_owned());
+        }
+        self
+    }
+
+    /// Sets what later calls of a JWT-SVID session must present ([`JwtSessionBinding`]).
+    ///
+    /// # Errors
+    ///
+    /// [`SpecError::NotJwt`] for a method other than `spiffe:jwt` and `spiffe-jwt:<regex>`.
+    pub fn with_jwt_binding(mut self, new: JwtSessionBinding) -> Result<Self, SpecError> {
+        match &mut self {
+            Self::SpiffeJwt { binding, .. } | Self::SpiffeJwtRegex { binding, .. } => {
+                *binding = new;
+                Ok(self)
+            }
+            _ => Err(SpecError::NotJwt { spec: self.to_string() }),
+        }
     }
 
     /// Builds the authenticator, connecting to the SPIFFE Workload API when the method needs it
@@ -187,11 +295,11 @@ impl AuthMethodSpec {
         initial_sync_timeout: std::time::Duration,
     ) -> Result<Arc<dyn Authenticator>, SpecError> {
         match self {
-            Self::SpiffeJwt { policy, audience, endpoint } => {
+            Self::SpiffeJwt { endpoint, .. } | Self::SpiffeJwtRegex { endpoint, .. } => {
                 let jwt = JwtIdentity::connect(endpoint.as_deref(), initial_sync_timeout)
                     .await
                     .map_err(|source| SpecError::WorkloadApi { spec: self.to_string(), source: Box::new(source) })?;
-                Ok(Arc::new(SpiffeJwtAuthenticator::new(policy.clone(), audience.clone(), jwt)))
+                Ok(self.jwt_authenticator(Some(jwt)))
             }
             _ => Ok(self.authenticator()),
         }
@@ -206,7 +314,7 @@ impl AuthMethodSpec {
             Self::Xfcc { .. } => XfccAuthenticator::METHOD,
             Self::Header { .. } => HeaderAuthenticator::METHOD,
             Self::SpiffeX509 { .. } => SpiffeX509Authenticator::METHOD,
-            Self::SpiffeJwt { .. } => SpiffeJwtAuthenticator::METHOD,
+            Self::SpiffeJwt { .. } | Self::SpiffeJwtRegex { .. } => SpiffeJwtAuthenticator::METHOD,
         }
     }
 
@@ -229,7 +337,7 @@ impl AuthMethodSpec {
     #[must_use]
     pub fn trusted_hops(&self) -> Option<TrustedHops> {
         match self {
-            Self::Mtls { .. } | Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } => None,
+            Self::Mtls { .. } | Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } | Self::SpiffeJwtRegex { .. } => None,
             Self::Xfcc { trusted_hops, .. } | Self::Header { trusted_hops, .. } => {
                 Some(trusted_hops.clone().unwrap_or_default())
             }
@@ -246,7 +354,7 @@ impl AuthMethodSpec {
         let conflict = |spec: &Self, reason| SpecError::TrustedHopsConflict { spec: spec.to_string(), reason };
         match &mut self {
             Self::Mtls { .. } => Err(conflict(&self, "mtls reads no forwarded header")),
-            Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } => {
+            Self::SpiffeX509 { .. } | Self::SpiffeJwt { .. } | Self::SpiffeJwtRegex { .. } => {
                 Err(conflict(&self, "spiffe methods verify SVIDs themselves and read no forwarded header"))
             }
             Self::Xfcc { trusted_hops: Some(_), .. } => {
@@ -284,10 +392,23 @@ impl AuthMethodSpec {
                 trusted_hops.clone().unwrap_or_default(),
             )),
             Self::SpiffeX509 { policy, .. } => Arc::new(SpiffeX509Authenticator::new(policy.clone())),
-            Self::SpiffeJwt { policy, audience, .. } => {
-                Arc::new(SpiffeJwtAuthenticator::unconnected(policy.clone(), audience.clone()))
-            }
+            Self::SpiffeJwt { .. } | Self::SpiffeJwtRegex { .. } => self.jwt_authenticator(None),
         }
+    }
+
+    /// The JWT-SVID method of a `spiffe:jwt` or `spiffe-jwt:` spec (`jwt`: `None` refuses every
+    /// call); for another spec its [`Self::authenticator`].
+    fn jwt_authenticator(&self, jwt: Option<JwtIdentity>) -> Arc<dyn Authenticator> {
+        let (subjects, audience, binding) = match self {
+            Self::SpiffeJwt { policy, audience, binding, .. } => {
+                (JwtSubjects::Policy(policy.clone()), audience.as_str(), *binding)
+            }
+            Self::SpiffeJwtRegex { regex, audience, binding, .. } => {
+                (JwtSubjects::Regex(regex.clone()), audience.as_str(), *binding)
+            }
+            _ => return self.authenticator(),
+        };
+        Arc::new(SpiffeJwtAuthenticator::with_subjects(subjects, audience, jwt).with_binding(binding))
     }
 }
 
@@ -349,10 +470,11 @@ impl fmt::Display for AuthMethodSpec {
                 f.write_str("spiffe:x509:")?;
                 write_spiffe_options(f, policy, endpoint.as_deref())
             }
-            Self::SpiffeJwt { policy, audience, endpoint } => {
+            Self::SpiffeJwt { policy, audience, endpoint, .. } => {
                 write!(f, "spiffe:jwt:audience={audience};")?;
                 write_spiffe_options(f, policy, endpoint.as_deref())
             }
+            Self::SpiffeJwtRegex { regex, .. } => write!(f, "spiffe-jwt:{regex}"),
             Self::Xfcc { profile, header, policy, trusted_hops } => {
                 write!(
                     f,

@@ -9,7 +9,7 @@ use regex::Regex;
 
 use super::{AuthMethodSpec, SPIFFE_JWT_KEYS, SPIFFE_X509_KEYS, SpecError};
 use crate::method::mtls::IdentitySource;
-use crate::method::spiffe_jwt::SpiffeJwtAuthenticator;
+use crate::method::spiffe_jwt::{JwtSessionBinding, SpiffeJwtAuthenticator};
 
 const XFCC_KEY_LIST: [&str; 7] =
     ["profile", "trust-domain", "pattern", "namespaces", "denied-namespaces", "trusted-hops", "header"];
@@ -32,7 +32,9 @@ impl AuthMethodSpec {
         let Some((method, config)) = spec.split_once(':') else {
             return match spec {
                 "xfcc" => Self::parse_xfcc(spec, ""),
-                "mtls" | "header" | "userpass" | "spiffe" => Err(SpecError::MissingConfig(spec.to_owned())),
+                "mtls" | "header" | "userpass" | "spiffe" | "spiffe-jwt" => {
+                    Err(SpecError::MissingConfig(spec.to_owned()))
+                }
                 other => Err(SpecError::UnknownMethod(other.to_owned())),
             };
         };
@@ -40,6 +42,13 @@ impl AuthMethodSpec {
             "mtls" => Self::parse_mtls(spec, config),
             "xfcc" => Self::parse_xfcc(spec, config),
             "header" => Self::parse_header(spec, config),
+            // Upstream v0.10: the regex over the JWT-SVID's SPIFFE ID, audience fixed.
+            "spiffe-jwt" => Ok(Self::SpiffeJwtRegex {
+                regex: agent_regex(spec, config)?,
+                audience: SpiffeJwtAuthenticator::DEFAULT_AUDIENCE.to_owned(),
+                endpoint: None,
+                binding: JwtSessionBinding::EveryCall,
+            }),
             "spiffe" => {
                 let (kind, options) = config.split_once(':').unwrap_or((config, ""));
                 match kind {
@@ -197,7 +206,7 @@ impl AuthMethodSpec {
             Some(audience) => audience.to_owned(),
             None => SpiffeJwtAuthenticator::DEFAULT_AUDIENCE.to_owned(),
         };
-        Ok(Self::SpiffeJwt { policy, audience, endpoint })
+        Ok(Self::SpiffeJwt { policy, audience, endpoint, binding: JwtSessionBinding::EveryCall })
     }
 }
 

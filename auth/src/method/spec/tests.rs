@@ -320,3 +320,39 @@ fn unknown_methods_are_refused() {
     assert!(matches!(AuthMethodSpec::parse("spiffe:k8s"), Err(SpecError::UnknownMethod(_))));
     assert!(matches!(AuthMethodSpec::parse("kerberos"), Err(SpecError::UnknownMethod(_))));
 }
+
+#[test]
+fn upstream_spiffe_jwt_regex_and_spire_defaults() {
+    // Upstream v0.10's `spiffe-jwt:<regex>`: the regex over the whole SPIFFE ID, audience fixed.
+    let spec = AuthMethodSpec::parse("spiffe-jwt:spiffe://prod\\.example/agents/(.+)").expect("parses");
+    let AuthMethodSpec::SpiffeJwtRegex { regex, audience, endpoint, binding } = &spec else { panic!("{spec:?}") };
+    assert_eq!(regex.as_str(), "spiffe://prod\\.example/agents/(.+)");
+    assert_eq!(audience, "argocd-agent-principal");
+    assert_eq!((endpoint, binding), (&None, &JwtSessionBinding::EveryCall));
+    assert_eq!(spec.method(), "spiffe-jwt");
+    assert_eq!(spec.authenticator().method(), "spiffe-jwt");
+    assert!(spec.uses_workload_api() && !spec.requires_client_certificates());
+    assert_eq!(spec.to_string(), "spiffe-jwt:spiffe://prod\\.example/agents/(.+)");
+    assert!(matches!(AuthMethodSpec::parse("spiffe-jwt:"), Err(SpecError::EmptyRegex { .. })));
+    assert!(matches!(AuthMethodSpec::parse("spiffe-jwt:spiffe://td/a"), Err(SpecError::NoCaptureGroup { .. })));
+    assert!(matches!(AuthMethodSpec::parse("spiffe-jwt"), Err(SpecError::MissingConfig(_))));
+
+    // Upstream's defaults when SPIRE is on and --auth is empty, with the socket as endpoint.
+    let mtls = AuthMethodSpec::spire_default(SpireAuthMethod::Mtls, Some("unix:///run/spire/a.sock")).expect("mtls");
+    assert_eq!(mtls.to_string(), "mtls:uri:spiffe://[^/]+/(.+)");
+    assert_eq!(mtls.to_string(), SPIRE_MTLS_DEFAULT);
+    assert_eq!(mtls.method(), "mtls");
+    let jwt = AuthMethodSpec::spire_default(SpireAuthMethod::Jwt, Some("unix:///run/spire/a.sock")).expect("jwt");
+    assert_eq!(jwt.to_string(), SPIRE_JWT_DEFAULT);
+    assert_eq!(jwt.workload_endpoint(), Some("unix:///run/spire/a.sock"));
+    // An endpoint the spec names itself wins over the socket.
+    let own = AuthMethodSpec::parse("spiffe:jwt:endpoint=unix:/own.sock").expect("parses");
+    assert_eq!(own.with_workload_endpoint(Some("unix:/spire.sock")).workload_endpoint(), Some("unix:/own.sock"));
+    assert_eq!("jwt".parse::<SpireAuthMethod>(), Ok(SpireAuthMethod::Jwt));
+    assert!("x509".parse::<SpireAuthMethod>().expect_err("unknown").contains("'jwt' or 'mtls'"));
+
+    // The login-only binding is for JWT-SVID methods only.
+    let login = jwt.with_jwt_binding(JwtSessionBinding::LoginOnly).expect("jwt");
+    assert!(matches!(login, AuthMethodSpec::SpiffeJwtRegex { binding: JwtSessionBinding::LoginOnly, .. }));
+    assert!(matches!(mtls.with_jwt_binding(JwtSessionBinding::LoginOnly), Err(SpecError::NotJwt { .. })));
+}
