@@ -108,6 +108,19 @@ pub struct Args {
     /// Largest gRPC message in bytes.
     #[arg(long, env = "ARGOCD_PRINCIPAL_GRPC_MAX_MESSAGE_SIZE", default_value_t = 209_715_200)]
     pub grpc_max_message_size: usize,
+    /// Longest a TLS handshake may take on the principal's listeners (agents' gRPC, resource
+    /// proxy, Redis proxy).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HANDSHAKE_TIMEOUT", default_value = "10s")]
+    pub handshake_timeout: String,
+    /// Connections the agents' gRPC listener holds at once, a quarter of them unauthenticated
+    /// (in their handshake, or without the client certificate --auth needs); more are closed as
+    /// they come (0: half the open-file limit).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_GRPC_MAX_CONNECTIONS", default_value_t = 0)]
+    pub grpc_max_connections: usize,
+    /// Connections the resource proxy and the Redis proxy hold at once, each (a quarter of
+    /// them unauthenticated); at most an eighth (Redis: a sixteenth) of the open-file limit.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_PROXY_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub proxy_max_connections: usize,
     /// Share the agents with the other replicas of this hub: each agent is owned by one
     /// replica at a time through a Lease in --namespace, and only its owner writes the hub for
     /// it (docs/ha.md). Off: a lone principal.
@@ -232,6 +245,36 @@ impl Args {
     }
 }
 
+impl Args {
+    /// `--handshake-timeout` with the runtime kit's connection timeouts.
+    fn timeouts(&self) -> anyhow::Result<principal::transport::limits::Timeouts> {
+        let handshake = crate::flags::parse_duration(&self.handshake_timeout)
+            .with_context(|| format!("--handshake-timeout {:?}", self.handshake_timeout))?;
+        anyhow::ensure!(
+            !handshake.is_zero(),
+            "--handshake-timeout {:?}: must be above zero (e.g. 10s)",
+            self.handshake_timeout
+        );
+        self.runtime.kit().timeouts(handshake)
+    }
+
+    /// How many connections `listener` holds (`--grpc-max-connections`,
+    /// `--proxy-max-connections`, each at most its share of the open-file limit) and their
+    /// timeouts.
+    fn listener_limits(
+        &self,
+        listener: principal::transport::limits::Listener,
+    ) -> anyhow::Result<principal::transport::limits::ListenerLimits> {
+        use principal::transport::limits::{Listener, ListenerLimits, cap, open_file_limit};
+        let requested = match listener {
+            Listener::Agents => self.grpc_max_connections,
+            Listener::ResourceProxy | Listener::RedisProxy => self.proxy_max_connections,
+            Listener::Endpoint => 0,
+        };
+        Ok(ListenerLimits::new(cap(listener, Some(requested), open_file_limit()), self.timeouts()?))
+    }
+}
+
 /// `--agent-version-check` and `--min-agent-version`.
 fn version_check(args: &Args) -> anyhow::Result<auth::VersionCheck> {
     Ok(match args.agent_version_check.as_str() {
@@ -294,6 +337,7 @@ impl Args {
         self.tls_policy()?;
         crate::runtime::reload::interval(&self.tls_reload_interval)?;
         self.resource_proxy_timeout()?;
+        self.timeouts()?;
         self.self_registration_secret()?;
         crate::flags::parse_duration(&self.resync_min_interval)
             .with_context(|| format!("--resync-min-interval {:?}", self.resync_min_interval))?;
@@ -493,6 +537,7 @@ async fn serve_resource_proxy(
         request_timeout: args.resource_proxy_timeout()?,
         max_in_flight_per_agent: args.resource_proxy_max_in_flight.max(1) as usize,
         tokens: Some(tokens.clone()),
+        connections: args.listener_limits(principal::transport::limits::Listener::ResourceProxy)?,
         ..principal::ProxyConfig::default()
     };
     tokio::spawn(principal.resource_proxy(config).serve(listener, tls, cancel.clone()));
@@ -626,6 +671,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     config.version = VERSION.to_string();
     config.agent_leases = args.agent_leases()?;
+    config.keepalive = args.timeouts()?.keepalive;
     if let Some(secret) = args.self_registration_secret()? {
         config.self_registration = Some(principal::registration::SelfRegistration {
             resource_proxy_address: args.resource_proxy_address.clone(),
@@ -657,12 +703,21 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         policy: args.tls_policy()?,
         reload_every: crate::runtime::reload::interval(&args.tls_reload_interval)?,
     };
-    crate::redis_proxy::serve_principal(&args.redis, redis_tls, &secrets, &principal, &cancel).await?;
+    let redis_connections = args.listener_limits(principal::transport::limits::Listener::RedisProxy)?;
+    crate::redis_proxy::serve_principal(&args.redis, redis_tls, redis_connections, &secrets, &principal, &cancel)
+        .await?;
     let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
     let listener = tokio::net::TcpListener::bind((host, args.listen_port))
         .await
         .with_context(|| format!("cannot listen on {host}:{} (--listen-host/--listen-port)", args.listen_port))?;
     let addr = listener.local_addr().context("listener address")?;
+    let agents_limits = args.listener_limits(principal::transport::limits::Listener::Agents)?;
+    tracing::info!(
+        max_connections = agents_limits.max_connections,
+        max_unauthenticated = agents_limits.max_unauthenticated,
+        fd_limit = principal::transport::limits::open_file_limit(),
+        "agents' gRPC listener bounds"
+    );
     println!("principal listening on {addr}");
     tracing::info!(%addr, auth = %spec, plaintext = args.insecure_plaintext, "principal listening");
 
@@ -682,9 +737,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tracing::warn!(
             "serving plaintext gRPC (--insecure-plaintext): only behind a mesh sidecar on loopback, or for tests"
         );
-        // TCP_NODELAY: without it, small event frames wait for the peer's delayed ACK (~40 ms per
-        // event through a sidecar).
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        // Gated (TCP_NODELAY set: without it, small event frames wait for the peer's delayed ACK,
+        // ~40 ms per event through a sidecar).
+        let incoming = principal::transport::limits::tcp_incoming(listener, "agents' gRPC", agents_limits);
         if let Some(options) = websocket {
             principal.serve_agents(Some(auth), principal::websocket::with_websocket(incoming, options), cancel).await
         } else {
@@ -692,18 +747,28 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
     } else {
         // With spiffe:x509 the SVID source stays alive while serving: rotations reach new handshakes.
-        let incoming = match &workload_tls {
+        let tls = match &workload_tls {
             Some((_identity, tls)) if websocket.is_some() => {
-                auth::tls::TlsIncoming::new(listener, principal::websocket::offer_http1(tls))
+                tokio::sync::watch::channel(principal::websocket::offer_http1(tls)).1
             }
-            Some((_identity, tls)) => auth::tls::TlsIncoming::new(listener, tls.clone()),
+            Some((_identity, tls)) => tokio::sync::watch::channel(tls.clone()).1,
             None => {
                 let tls = reloading_server_tls(&args, &secrets, Listener::Agents, &cancel).await?;
                 // WebSocket clients and HTTP/1.1 proxies may offer only ALPN http/1.1.
-                let tls = if websocket.is_some() { principal::websocket::offer_http1_reloading(tls) } else { tls };
-                auth::tls::TlsIncoming::reloading(listener, tls)
+                if websocket.is_some() { principal::websocket::offer_http1_reloading(tls) } else { tls }
             }
         };
+        // A connection without a client certificate, when --auth needs one, can only be
+        // refused: it counts as unauthenticated and lives for the header timeout at most.
+        let certificate_required =
+            matches!(spec, auth::AuthMethodSpec::Mtls { .. } | auth::AuthMethodSpec::SpiffeX509 { .. });
+        let incoming = principal::transport::limits::tls_incoming(
+            listener,
+            tls,
+            "agents' gRPC",
+            agents_limits,
+            certificate_required,
+        );
         if let Some(options) = websocket {
             principal.serve_agents(Some(auth), principal::websocket::with_websocket(incoming, options), cancel).await
         } else {

@@ -119,13 +119,15 @@ pub struct ListenerTls {
     pub reload_every: Option<std::time::Duration>,
 }
 
-/// Starts the Redis proxy when the flags say so (see [`PrincipalRedis::enabled`]).
+/// Starts the Redis proxy when the flags say so (see [`PrincipalRedis::enabled`]), holding at
+/// most `connections` client connections with their timeouts.
 ///
 /// # Errors
 /// The TLS material cannot be read, or the address cannot be listened on.
 pub async fn serve_principal(
     flags: &PrincipalRedis,
     tls: ListenerTls,
+    connections: principal::transport::limits::ListenerLimits,
     secrets: &Secrets,
     principal: &principal::Principal,
     cancel: &CancellationToken,
@@ -143,6 +145,7 @@ pub async fn serve_principal(
     let mut config = principal::RedisProxyConfig::new(&upstream);
     config.request_timeout = flags.timeout()?;
     config.max_in_flight_per_agent = flags.redis_proxy_max_in_flight.max(1) as usize;
+    config.connections = connections;
     let listener_tls = if flags.redis_tls_enabled == Some(true) {
         config.upstream_tls = Some(if flags.redis_tls_insecure == Some(true) {
             tracing::warn!("the hub Redis's certificate is not verified (--redis-tls-insecure)");

@@ -65,6 +65,26 @@ pub struct PrincipalConfig {
     /// `--agent-leases`: replicas of one hub share the agents, each owned by one replica at a
     /// time through a Lease ([`crate::lease`]). `None`: a lone principal.
     pub agent_leases: Option<LeaseConfig>,
+    /// HTTP/2 keepalive of the agents' gRPC listener (`--http2-keepalive-interval`,
+    /// `--http2-keepalive-timeout`): a dead agent's connection goes within interval + timeout.
+    pub keepalive: Keepalive,
+}
+
+/// HTTP/2 keepalive of a server: a PING every `interval` without traffic, the connection closed
+/// when one is not answered within `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Between PINGs.
+    pub interval: Duration,
+    /// For the answer.
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    /// 30 s and 10 s.
+    fn default() -> Self {
+        Self { interval: Duration::from_secs(30), timeout: Duration::from_secs(10) }
+    }
 }
 
 /// How hub Applications map to managed agents (§4.9).
@@ -100,6 +120,7 @@ impl PrincipalConfig {
             client_cert_subject_match: false,
             destination_based_mapping: false,
             agent_leases: None,
+            keepalive: Keepalive::default(),
         }
     }
 

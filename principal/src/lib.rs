@@ -362,7 +362,14 @@ impl Principal {
         };
         // gzip answered in kind, as upstream's principal answers it (see [`compression`]).
         // `Replication` (cross-hub HA) before the agents' token check: its callers are peers.
+        // HTTP/2 keepalive: a PING after `interval` without traffic, the connection closed when
+        // it is not answered within `timeout`, so a dead or silent peer's connection goes (its
+        // handshake and how many connections are held are bounded by the incoming stream,
+        // `transport::limits`).
+        let keepalive = self.hub.config.keepalive;
         let mut server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(keepalive.interval))
+            .http2_keepalive_timeout(Some(keepalive.timeout))
             .layer(ha::replication::ReplicationLayer::new(self.wings.ha.clone()))
             .layer(compression::mirror_layer());
         let served = match auth {

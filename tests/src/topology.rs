@@ -100,6 +100,9 @@ pub struct StartOptions {
     pub simulate_pods: bool,
     /// Extra flags for the hub's kube-apiserver when it is a real one (e.g. an audit policy).
     pub hub_apiserver_args: Vec<String>,
+    /// Run the principal with this open-file limit (`RLIMIT_NOFILE`, soft and hard, set by
+    /// util-linux's `prlimit`): for tests of what it does when descriptors run short.
+    pub principal_open_files: Option<u64>,
 }
 
 impl Default for StartOptions {
@@ -114,6 +117,7 @@ impl Default for StartOptions {
             auth: None,
             simulate_pods: false,
             hub_apiserver_args: Vec::new(),
+            principal_open_files: None,
         }
     }
 }
@@ -269,6 +273,8 @@ pub struct Topology {
     auth: Option<String>,
     /// Extra flags for the next agent starts ([`Self::set_agent_args`]).
     agent_args: Vec<String>,
+    /// [`StartOptions::principal_open_files`].
+    principal_open_files: Option<u64>,
 }
 
 impl std::fmt::Debug for Topology {
@@ -457,6 +463,7 @@ impl Topology {
             principal_args: options.principal_args.clone(),
             auth: options.auth.clone(),
             agent_args: options.agent_args.clone(),
+            principal_open_files: options.principal_open_files,
         };
 
         ensure_namespace(&t.hub.client(), ARGOCD_NS).await?;
@@ -587,7 +594,15 @@ impl Topology {
     /// # Errors
     /// The binary is missing.
     pub fn principal_command(&self, listen_port: u16, kubeconfig: &Path, extra: &[String]) -> anyhow::Result<Command> {
-        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        let mut cmd = match self.principal_open_files {
+            None => Command::new(workspace_binary("argocd-agent")?),
+            Some(n) => {
+                // prlimit sets the limit on itself and execs the principal (same process id).
+                let mut cmd = Command::new("prlimit");
+                cmd.arg(format!("--nofile={n}:{n}")).arg(workspace_binary("argocd-agent")?);
+                cmd
+            }
+        };
         let auth = match (&self.auth, self.transport) {
             (Some(auth), _) => auth.as_str(),
             (None, Transport::Mtls) => "mtls:subject:CN=([^,]+)",

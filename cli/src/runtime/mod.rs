@@ -75,6 +75,22 @@ macro_rules! runtime_flags {
             /// Accepted, no effect: Go's profiler endpoint.
             #[arg(long, env = concat!($prefix, "PPROF_PORT"))]
             pub pprof_port: Option<u16>,
+            /// HTTP listeners (metrics, health; the principal's resource proxy): how long a client
+            /// may take to send a request's headers; on the principal also the idle time of a
+            /// resource-proxy connection without a client certificate, and the longest life of a
+            /// gRPC connection without the one --auth needs.
+            #[arg(long, env = concat!($prefix, "HEADER_READ_TIMEOUT"), default_value = "5s")]
+            pub header_read_timeout: String,
+            /// A connection with no request open (HTTP) or no byte either way (the Redis proxy)
+            /// this long is closed.
+            #[arg(long, env = concat!($prefix, "IDLE_TIMEOUT"), default_value = "5m")]
+            pub idle_timeout: String,
+            /// HTTP/2 servers PING a connection without traffic this often...
+            #[arg(long, env = concat!($prefix, "HTTP2_KEEPALIVE_INTERVAL"), default_value = "30s")]
+            pub http2_keepalive_interval: String,
+            /// ...and close it when the PING is not answered within this.
+            #[arg(long, env = concat!($prefix, "HTTP2_KEEPALIVE_TIMEOUT"), default_value = "10s")]
+            pub http2_keepalive_timeout: String,
         }
 
         impl $name {
@@ -94,6 +110,10 @@ macro_rules! runtime_flags {
                     otlp_sampling_ratio: self.otlp_sampling_ratio,
                     full_detail: self.full_detail.clone(),
                     pprof_port: self.pprof_port,
+                    header_read_timeout: self.header_read_timeout.clone(),
+                    idle_timeout: self.idle_timeout.clone(),
+                    http2_keepalive_interval: self.http2_keepalive_interval.clone(),
+                    http2_keepalive_timeout: self.http2_keepalive_timeout.clone(),
                 }
             }
         }
@@ -133,6 +153,10 @@ pub struct Kit {
     otlp_sampling_ratio: f64,
     full_detail: Option<String>,
     pprof_port: Option<u16>,
+    header_read_timeout: String,
+    idle_timeout: String,
+    http2_keepalive_interval: String,
+    http2_keepalive_timeout: String,
 }
 
 impl Kit {
@@ -159,11 +183,36 @@ impl Kit {
         rt.block_on(serve)
     }
 
-    /// Binds and serves the metrics and health endpoints (on `host` unless an address flag says
-    /// otherwise) until `cancel` fires; `process` names the server in the printed line.
+    /// The connection timeouts of the server's listeners: `--header-read-timeout`,
+    /// `--idle-timeout`, `--http2-keepalive-interval`, `--http2-keepalive-timeout`, and the TLS
+    /// handshake's `handshake` (the principal's `--handshake-timeout`; the agent serves no TLS).
     ///
     /// # Errors
-    /// An address flag is not `HOST:PORT`, or an explicitly configured endpoint cannot bind.
+    /// A value that is not a duration above zero, naming its flag.
+    pub fn timeouts(&self, handshake: std::time::Duration) -> anyhow::Result<principal::transport::limits::Timeouts> {
+        let positive = |text: &str, flag: &str| -> anyhow::Result<std::time::Duration> {
+            let d = crate::flags::parse_duration(text).with_context(|| format!("{flag} {text:?}"))?;
+            anyhow::ensure!(!d.is_zero(), "{flag} {text:?}: must be above zero (e.g. 5s)");
+            Ok(d)
+        };
+        Ok(principal::transport::limits::Timeouts {
+            handshake,
+            header: positive(&self.header_read_timeout, "--header-read-timeout")?,
+            idle: positive(&self.idle_timeout, "--idle-timeout")?,
+            keepalive: principal::transport::limits::Keepalive {
+                interval: positive(&self.http2_keepalive_interval, "--http2-keepalive-interval")?,
+                timeout: positive(&self.http2_keepalive_timeout, "--http2-keepalive-timeout")?,
+            },
+        })
+    }
+
+    /// Binds and serves the metrics and health endpoints (on `host` unless an address flag says
+    /// otherwise) until `cancel` fires; `process` names the server in the printed line. Their
+    /// connections are bounded by [`Self::timeouts`] and a cap each
+    /// ([`observability::start`]).
+    ///
+    /// # Errors
+    /// An address or timeout flag is not valid, or an explicitly configured endpoint cannot bind.
     pub async fn admin(
         &self,
         process: &str,
@@ -187,7 +236,8 @@ impl Kit {
             self.healthz_port,
             self.healthz_default,
         )?;
-        start(process, metrics, healthz, render, health, cancel).await
+        let timeouts = self.timeouts(principal::transport::limits::DEFAULT_HANDSHAKE_TIMEOUT)?;
+        start(process, metrics, healthz, render, health, timeouts, cancel).await
     }
 
     /// Notes on upstream's debugging knobs (`--pprof-port`, `--full-detail`), with `subsystem`

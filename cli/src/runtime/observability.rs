@@ -138,7 +138,10 @@ fn layered(kind: &'static str, router: Router, timeout: Duration) -> Router {
 }
 
 /// Binds and serves the listeners that are on, until `cancel` fires; `process` is `principal`
-/// or `agent` (in the printed line).
+/// or `agent` (in the printed line). Each holds at most a small share of the open-file limit in
+/// connections (64 by default; more are closed as they come), and closes a connection whose
+/// request headers do not arrive within the header timeout or that has no request open for
+/// the idle time of `timeouts` ([`principal::transport::limits`]).
 ///
 /// # Errors
 /// An explicitly configured listener cannot bind.
@@ -148,8 +151,10 @@ pub async fn start(
     healthz: Option<Listen>,
     render: Render,
     health: Health,
+    timeouts: principal::transport::limits::Timeouts,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
+    use principal::transport::limits::{Listener, ListenerLimits, serve_http_listener};
     let listeners = [
         (
             "metrics",
@@ -183,12 +188,8 @@ pub async fn start(
         let addr = listener.local_addr().context("listener address")?;
         println!("{process} {kind} listening on {addr}");
         tracing::info!(%addr, "{kind} endpoint listening");
-        let shutdown = cancel.clone().cancelled_owned();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
-                tracing::warn!(error = %e, "the {kind} endpoint failed");
-            }
-        });
+        let limits = ListenerLimits::of(Listener::Endpoint, timeouts);
+        tokio::spawn(serve_http_listener(listener, kind, limits, router, cancel.clone()));
     }
     Ok(())
 }

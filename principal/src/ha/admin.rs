@@ -192,19 +192,28 @@ pub async fn serve(
     service: AdminService,
     cancel: CancellationToken,
 ) -> Result<(), String> {
+    use crate::transport::limits::{Keepalive, Listener, ListenerLimits, Timeouts, tcp_incoming, tls_incoming};
     let addr: SocketAddr = listener.local_addr().map_err(|e| format!("HA admin listener: {e}"))?;
-    let server = tonic::transport::Server::builder().add_service(HaAdminServer::new(service));
+    // An operator's endpoint: few connections (a share of the open-file limit, at most 64), the
+    // default handshake time, and HTTP/2 keepalive so dead callers go.
+    let limits = ListenerLimits::of(Listener::Endpoint, Timeouts::default());
+    let keepalive = Keepalive::default();
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(keepalive.interval))
+        .http2_keepalive_timeout(Some(keepalive.timeout))
+        .add_service(HaAdminServer::new(service));
     let shutdown = async move { cancel.cancelled().await };
     let served = match tls {
         Some(tls) => {
             tracing::info!(%addr, "HA admin endpoint listening (mTLS, --ha-admin-auth)");
-            server.serve_with_incoming_shutdown(auth::tls::TlsIncoming::new(listener, tls), shutdown).await
+            let tls = tokio::sync::watch::channel(tls).1;
+            let incoming = tls_incoming(listener, tls, "HA admin", limits, true);
+            server.serve_with_incoming_shutdown(incoming, shutdown).await
         }
         None => {
             plaintext_allowed(addr)?;
             tracing::warn!(%addr, "HA admin server running without authentication - access restricted to localhost");
-            let incoming = tonic::transport::server::TcpIncoming::from(listener);
-            server.serve_with_incoming_shutdown(incoming, shutdown).await
+            server.serve_with_incoming_shutdown(tcp_incoming(listener, "HA admin", limits), shutdown).await
         }
     };
     served.map_err(|e| format!("HA admin server failed: {e}"))

@@ -56,8 +56,9 @@ pub struct ProxyConfig {
     /// Verifies the bearer tokens of self-registered cluster secrets; `None`: only client
     /// certificates name the agent.
     pub tokens: Option<auth::SessionIssuer>,
-    /// Longest a TLS handshake may take.
-    pub handshake_timeout: Duration,
+    /// How many connections it holds, and their handshake, header, idle and keepalive times
+    /// ([`crate::transport::limits`]).
+    pub connections: crate::transport::limits::ListenerLimits,
 }
 
 impl Default for ProxyConfig {
@@ -67,7 +68,7 @@ impl Default for ProxyConfig {
             max_request_bytes: 4 << 20,
             max_in_flight_per_agent: 64,
             tokens: None,
-            handshake_timeout: Duration::from_secs(10),
+            connections: crate::transport::limits::ListenerLimits::default(),
         }
     }
 }
@@ -102,8 +103,6 @@ struct Caller {
     cert: Option<Vec<u8>>,
 }
 
-/// Longest a client may take to send a request's headers (HTTP/1.1; upstream: 5 s).
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a request body may pause between chunks.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -119,34 +118,61 @@ impl ResourceProxy {
     /// Serves HTTPS on `listener` with the TLS configuration `tls` holds (re-read for every
     /// handshake, so a reloaded certificate or CA takes effect without a restart), until
     /// `cancel` fires; then open connections finish their requests and close.
+    ///
+    /// Connections are bounded by [`ProxyConfig::connections`]: at most so many at once (more
+    /// are closed as they come), of which a quarter without a client certificate (every request
+    /// of such a connection is refused, so it counts as unauthenticated as long as it lives);
+    /// the handshake, the first request's headers, and HTTP/2 PINGs within their timeouts; a
+    /// connection with no request open is closed after the idle time, or the header timeout
+    /// without a client certificate.
     pub async fn serve(
         self,
         listener: TcpListener,
         tls: tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>,
         cancel: CancellationToken,
     ) {
-        let mut connections =
-            crate::transport::accept::until_cancelled(&listener, &cancel, "resource proxy", |tcp, remote| {
+        let limits = self.config.connections;
+        let gate = crate::transport::limits::Gate::new("resource proxy", limits);
+        let mut connections = crate::transport::accept::until_cancelled(
+            &listener,
+            &cancel,
+            "resource proxy",
+            &gate,
+            |tcp, remote, mut admission| {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.borrow().clone());
                 let proxy = self.clone();
                 let cancel = cancel.clone();
                 async move {
-                    let timeout = proxy.config.handshake_timeout;
+                    let timeout = limits.timeouts.handshake;
                     let Some(stream) =
                         crate::transport::accept::tls_handshake(acceptor, tcp, timeout, remote, "resource proxy").await
                     else {
                         return;
                     };
                     let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
-                    proxy.serve_connection(stream, Caller { cert }, cancel).await;
+                    let idle = if cert.is_some() {
+                        admission.authenticated();
+                        limits.timeouts.idle
+                    } else {
+                        limits.timeouts.header
+                    };
+                    let stream = crate::transport::limits::Gated::new(stream, admission);
+                    let bounds = crate::transport::limits::HttpBounds { timeouts: limits.timeouts, idle };
+                    proxy.serve_connection(stream, Caller { cert }, bounds, cancel).await;
                 }
-            })
-            .await;
+            },
+        )
+        .await;
         while connections.join_next().await.is_some() {}
     }
 
-    async fn serve_connection<IO>(self, io: IO, caller: Caller, cancel: CancellationToken)
-    where
+    async fn serve_connection<IO>(
+        self,
+        io: IO,
+        caller: Caller,
+        bounds: crate::transport::limits::HttpBounds,
+        cancel: CancellationToken,
+    ) where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let caller = Arc::new(caller);
@@ -169,24 +195,10 @@ impl ResourceProxy {
                 let (proxy, caller) = (proxy.clone(), caller.clone());
                 async move { Ok::<_, Infallible>(proxy.handle(&caller, req).await) }
             });
-        let service = hyper_util::service::TowerToHyperService::new(service);
-        let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-        // Upstream's read-header time-out (5 s): a client that opens a connection and sends
-        // nothing does not hold it.
-        builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-        // With upgrades: `pods/<p>/exec` turns the connection into a WebSocket (the terminal).
-        let conn = builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(io), service);
-        tokio::pin!(conn);
-        let result = tokio::select! {
-            result = conn.as_mut() => result,
-            () = cancel.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        if let Err(error) = result {
-            tracing::debug!(%error, "resource proxy: connection ended with an error");
-        }
+        // Upstream's read-header time-out (5 s by default), for HTTP/2 too: a client that opens
+        // a connection and sends nothing, or only the preface, does not hold it. With upgrades:
+        // `pods/<p>/exec` turns the connection into a WebSocket (the terminal).
+        crate::transport::limits::serve_http(io, service, bounds, &cancel).await;
     }
 
     /// Answers one request, and records it.

@@ -54,8 +54,9 @@ pub struct RedisProxyConfig {
     pub dial_timeout: Duration,
     /// How often an agent holding a connection's subscriptions is pinged (upstream: 1 min).
     pub ping_interval: Duration,
-    /// Longest a client's TLS handshake may take.
-    pub handshake_timeout: Duration,
+    /// How many client connections it holds, their TLS handshake time, and how long one may go
+    /// without a byte either way ([`crate::transport::limits`]).
+    pub connections: crate::transport::limits::ListenerLimits,
     /// Bounds on one frame, either way.
     pub limits: protocol::resp::Limits,
     /// Commands of one connection unanswered at once; then its commands are not read until
@@ -77,7 +78,10 @@ impl RedisProxyConfig {
             max_in_flight_per_agent: 64,
             dial_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(60),
-            handshake_timeout: Duration::from_secs(10),
+            connections: crate::transport::limits::ListenerLimits::of(
+                crate::transport::limits::Listener::RedisProxy,
+                crate::transport::limits::Timeouts::default(),
+            ),
             limits: protocol::resp::Limits::default(),
             max_pipeline: 256,
             max_tree_bytes: 64 << 20,
@@ -104,33 +108,53 @@ impl RedisProxy {
 
     /// Serves RESP on `listener`, in TLS when `tls` is given (its configuration re-read for
     /// every handshake), until `cancel` fires; then open connections close.
+    ///
+    /// Connections are bounded by [`RedisProxyConfig::connections`]: at most so many at once
+    /// (more are closed as they come), a quarter of them in their TLS handshake, which must end
+    /// within the handshake timeout; a connection with no byte either way for the idle time is
+    /// closed (go-redis pings a subscribed connection every few seconds, and redials a pooled one
+    /// it finds closed).
     pub async fn serve(
         self,
         listener: TcpListener,
         tls: Option<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>>,
         cancel: CancellationToken,
     ) {
-        let mut connections =
-            crate::transport::accept::until_cancelled(&listener, &cancel, "Redis proxy", |tcp, remote| {
+        use crate::transport::limits::{Gate, Gated};
+        let limits = self.config.connections;
+        let gate = Gate::new("Redis proxy", limits);
+        let mut connections = crate::transport::accept::until_cancelled(
+            &listener,
+            &cancel,
+            "Redis proxy",
+            &gate,
+            |tcp, remote, mut admission| {
                 let proxy = self.clone();
                 let cancel = cancel.clone();
                 let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.borrow().clone()));
                 async move {
+                    let idle = limits.timeouts.idle;
                     match acceptor {
-                        None => connection::serve(proxy, tcp, cancel).await,
+                        None => {
+                            admission.authenticated();
+                            connection::serve(proxy, Gated::new(tcp, admission).idle_after(idle), cancel).await;
+                        }
                         Some(acceptor) => {
-                            let timeout = proxy.config.handshake_timeout;
+                            let timeout = limits.timeouts.handshake;
                             if let Some(stream) =
                                 crate::transport::accept::tls_handshake(acceptor, tcp, timeout, remote, "Redis proxy")
                                     .await
                             {
+                                admission.authenticated();
+                                let stream = Gated::new(stream, admission).idle_after(idle);
                                 connection::serve(proxy, stream, cancel).await;
                             }
                         }
                     }
                 }
-            })
-            .await;
+            },
+        )
+        .await;
         connections.shutdown().await;
     }
 

@@ -1,7 +1,8 @@
-//! The accept loop of the principal's own TCP listeners (the resource proxy, the Redis proxy):
-//! each connection served in its own task, a failing `accept` (out of file descriptors and the
-//! like) paused on rather than spun on, finished tasks reaped as they end, and a bounded TLS
-//! handshake.
+//! The accept loop of the principal's own TCP listeners (the resource proxy, the Redis proxy, the
+//! gated incoming connections of its gRPC servers): each connection admitted under its
+//! listener's cap ([`super::limits::Gate`]; over it, closed at once) and served in its own task,
+//! a failing `accept` (out of file descriptors and the like) paused on rather than spun on,
+//! finished tasks reaped as they end, and a bounded TLS handshake.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,17 +12,21 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Accepts connections on `listener` until `cancel` fires, each handed to `serve` in its own
-/// task. Returns the tasks still running, for the caller to wait on or shut down. `listener_name`
+use super::limits::{Admission, Gate};
+
+/// Accepts connections on `listener` until `cancel` fires, each admitted by `gate` (or closed at
+/// once when the listener is full) and handed with its admission to `serve` in its own task.
+/// Returns the tasks still running, for the caller to wait on or shut down. `listener_name`
 /// names the listener in logs.
 pub(crate) async fn until_cancelled<F, Fut>(
     listener: &TcpListener,
     cancel: &CancellationToken,
     listener_name: &'static str,
+    gate: &Gate,
     mut serve: F,
 ) -> JoinSet<()>
 where
-    F: FnMut(TcpStream, SocketAddr) -> Fut,
+    F: FnMut(TcpStream, SocketAddr, Admission) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut connections = JoinSet::new();
@@ -38,8 +43,10 @@ where
                 continue;
             }
         };
+        // Over the cap: dropped here, so closed before anything is read from it.
+        let Some(admission) = gate.admit() else { continue };
         let _ = tcp.set_nodelay(true);
-        connections.spawn(serve(tcp, remote));
+        connections.spawn(serve(tcp, remote, admission));
         // Reap finished connections so the set does not grow with every one ever served.
         while connections.try_join_next().is_some() {}
     }
