@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"regexp"
 	"sync"
 	"time"
 
@@ -39,6 +40,8 @@ type principalServer struct {
 	version string
 	key     *rsa.PrivateKey
 	peer    *peer
+	// uriRegex: authenticate as upstream's mtls:uri:<regex> (-auth-uri-regex).
+	uriRegex *regexp.Regexp
 	// streams counts Subscribe calls (a reconnect is a new one).
 	mu      sync.Mutex
 	streams int
@@ -68,7 +71,7 @@ func (s *principalServer) Authenticate(ctx context.Context, req *authapi.AuthReq
 	if req.GetMode() != "managed" && req.GetMode() != "autonomous" {
 		return nil, fmt.Errorf("unknown or missing operation mode: '%s'", req.GetMode())
 	}
-	agent := peerCN(ctx)
+	agent := s.agentOf(ctx, req.GetMethod())
 	if agent == "" {
 		return nil, status.Error(codes.Unauthenticated, "authentication failed")
 	}
@@ -106,6 +109,28 @@ func (s *principalServer) Subscribe(stream eventstreamapi.EventStream_SubscribeS
 	return nil
 }
 
+// agentOf is the agent a call authenticates as: the leaf's CN, or with -auth-uri-regex (upstream
+// v0.10's SPIRE principal, `mtls:uri:spiffe://[^/]+/(.+)`) capture group 1 of the regex on the
+// verified leaf's URI SANs, for method "mtls" only (upstream's principal knows no other method
+// then), and a DNS label as upstream's NameIsDNSLabel check.
+func (s *principalServer) agentOf(ctx context.Context, method string) string {
+	if s.uriRegex == nil {
+		return peerCN(ctx)
+	}
+	info, ok := credentialsFromContext(ctx)
+	if method != "mtls" || !ok || len(info.State.VerifiedChains) == 0 {
+		return ""
+	}
+	for _, uri := range info.State.VerifiedChains[0][0].URIs {
+		if m := s.uriRegex.FindStringSubmatch(uri.String()); len(m) >= 2 && dnsLabel.MatchString(m[1]) {
+			return m[1]
+		}
+	}
+	return ""
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
 func peerCN(ctx context.Context) string {
 	info, ok := credentialsFromContext(ctx)
 	if !ok || len(info.State.PeerCertificates) == 0 {
@@ -121,6 +146,7 @@ func runPrincipal(args []string) error {
 	certFile := fs.String("cert", "", "server certificate")
 	keyFile := fs.String("key", "", "server key")
 	version := fs.String("version", "", "AuthResponse.version")
+	uriRegex := fs.String("auth-uri-regex", "", "authenticate as upstream's mtls:uri:<regex> (method mtls, URI SAN) instead of by CN")
 	websocket := fs.Bool("websocket", false, "serve as upstream's principal with --enable-websocket (grpc-http1's downgrading handler)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -140,6 +166,11 @@ func runPrincipal(args []string) error {
 	}
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsConfig)))
 	ps := &principalServer{version: *version, key: key, peer: &peer{role: "principal", source: ""}}
+	if *uriRegex != "" {
+		if ps.uriRegex, err = regexp.Compile(*uriRegex); err != nil {
+			return err
+		}
+	}
 	authapi.RegisterAuthenticationServer(srv, ps)
 	versionapi.RegisterVersionServer(srv, ps)
 	eventstreamapi.RegisterEventStreamServer(srv, ps)
