@@ -28,6 +28,7 @@ pub mod identity;
 pub mod jwt_svid;
 pub mod layer;
 pub mod method;
+pub mod roles;
 pub mod service;
 pub mod session;
 pub mod tls;

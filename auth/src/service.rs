@@ -8,12 +8,16 @@
 //! 3. version handshake ([`VersionCheck`]): an empty `version` is `InvalidArgument`, one outside
 //!    the policy `FailedPrecondition` (upstream compares strings exactly; by default we accept
 //!    upstream releases from a minimum on, see [`crate::version`]);
-//! 4. tokens are signed, then the [`SessionHook`] creates the principal's session (queues,
-//!    self-registration); its error is returned as is;
-//! 5. the response carries the tokens, the version answered (ours, or an upstream agent's own)
+//! 4. admission ([`SessionHook::admit`]): the principal's own rules (which agents it serves,
+//!    which certificates are not agents', the blocklist) decide, before anything is signed or
+//!    written; a refusal is returned as is (`PermissionDenied`);
+//! 5. tokens are signed, then [`SessionHook::on_authenticated`] creates the principal's session
+//!    (self-registration); its error is returned as is;
+//! 6. the response carries the tokens, the version answered (ours, or an upstream agent's own)
 //!    and the principal's namespace.
 //!
-//! Nothing reaches the hook unless every check passed, so a refused agent leaves no session.
+//! Nothing reaches the hook's side effects unless every check, admission included, passed, so
+//! a refused agent leaves no session, no token and no cluster secret.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -48,6 +52,18 @@ pub struct NewSession {
 /// The principal's reaction to a successful `Authenticate` (create queues, self-register the
 /// cluster, record the certificate fingerprint for the blocklist).
 pub trait SessionHook: Send + Sync + 'static {
+    /// Whether the principal admits `identity` in `mode` on a call with this transport
+    /// identity, decided once, before any token is signed or anything is written: the same
+    /// rules the principal applies to every later call. The default admits everyone.
+    ///
+    /// # Errors
+    ///
+    /// The status `Authenticate` fails with (`PermissionDenied` naming what to fix).
+    fn admit(&self, identity: &AgentIdentity, mode: AgentMode, transport: &TransportIdentity) -> Result<(), Status> {
+        let _ = (identity, mode, transport);
+        Ok(())
+    }
+
     /// Called after every check passed and the tokens are signed, before they are returned.
     ///
     /// # Errors
@@ -93,7 +109,7 @@ pub struct AuthServiceConfig {
 /// Arguments: the method (the `Authenticate` method when configured, else `unknown`;
 /// `access_token` for calls [`crate::AuthLayer`] refused; `refresh_token` for `RefreshToken`)
 /// and a short reason ([`failure_reason`], or `invalid_mode`, `no_version`, `version_mismatch`,
-/// `refused_by_principal`, `missing_token`).
+/// `not_admitted`, `refused_by_principal`, `missing_token`).
 #[derive(Clone)]
 pub struct AuthObserver(Arc<RefusalFn>);
 
@@ -220,6 +236,11 @@ impl<H: SessionHook> Authentication for AuthService<H> {
             tracing::info!(agent = %identity.name(), ?remote_addr, error = status.message(), "authentication refused");
             let no_version = status.code() == tonic::Code::InvalidArgument;
             self.refused(&req.method, if no_version { "no_version" } else { "version_mismatch" });
+        })?;
+        self.hook.admit(&identity, mode, &transport).inspect_err(|status| {
+            tracing::warn!(agent = %identity.name(), binding = %identity.binding(), ?remote_addr,
+                reason = status.message(), "authentication refused: not admitted");
+            self.refused(&req.method, "not_admitted");
         })?;
         // Two RSA signatures (tens of ms with RSA-4096): off the async workers, so a reconnect
         // storm does not stall the heartbeats and streams of agents already connected.

@@ -243,7 +243,9 @@ impl Principal {
     /// session extends the agent's live stream to the new access token's expiry, so agents that
     /// keep their session fresh keep their stream (no reconnect and resync per token lifetime),
     /// and an agent that stops refreshing loses its stream when its last token expires.
-    /// Blocklisted agents are refused: `Authenticate` with `PermissionDenied`, `RefreshToken`
+    /// `Authenticate` admits an agent by the rules every later call follows
+    /// ([`authz`](crate::access::authz)) before it signs a token or self-registers a cluster;
+    /// blocklisted agents are refused: `Authenticate` with `PermissionDenied`, `RefreshToken`
     /// with `Unauthenticated`.
     #[must_use]
     pub fn session_hook(&self) -> SessionHook {
@@ -431,12 +433,22 @@ impl std::fmt::Debug for SessionHook {
 }
 
 impl auth::SessionHook for SessionHook {
-    async fn on_authenticated(&self, session: &auth::NewSession) -> Result<(), tonic::Status> {
-        let identity = &session.identity;
+    fn admit(
+        &self,
+        identity: &auth::AgentIdentity,
+        _mode: auth::AgentMode,
+        transport: &auth::TransportIdentity,
+    ) -> Result<(), tonic::Status> {
+        self.authorizer.admit(identity.name().as_str(), transport)?;
         self.authorizer.check_session(identity).map_err(|reason| {
             tracing::warn!(agent = %identity.name(), binding = %identity.binding(), %reason, "authentication refused");
             tonic::Status::permission_denied(reason)
-        })?;
+        })
+    }
+
+    async fn on_authenticated(&self, session: &auth::NewSession) -> Result<(), tonic::Status> {
+        let identity = &session.identity;
+        self.hub.note_agent_version(identity.name().as_str(), &session.agent_version);
         if let Some(registration) = &self.hub.config.self_registration {
             let agent = identity.name().as_str();
             match registration.ensure(&self.hub.secrets.client(), &self.hub.config.namespace, agent).await {

@@ -84,6 +84,21 @@ impl Ca {
         self.issue(params)
     }
 
+    /// A client certificate of the resource proxy's callers: subject CN `cn` and the mark
+    /// (subject OU [`auth::roles::RESOURCE_PROXY_CLIENT_OU`]) `argocd-agentctl agent create` and
+    /// `pki issue shared-client` put on it.
+    ///
+    /// # Errors
+    /// Signing failed.
+    pub fn proxy_client(&self, cn: &str) -> Result<Issued> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.distinguished_name.push(DnType::OrganizationalUnitName, auth::roles::RESOURCE_PROXY_CLIENT_OU);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        self.issue(params)
+    }
+
     /// A server certificate with subject CN `cn` for `names` (DNS names and IP addresses, as
     /// rcgen reads them) and URI SANs `uris`.
     ///

@@ -184,7 +184,7 @@ async fn issue_client_cert(
         ips: Vec::new(),
         dns: Vec::new(),
         uris: Vec::new(),
-        usage: Usage::Client,
+        usage: Usage::ProxyClient,
     };
     let cert = ca.issue(&spec, &key, days)?;
     Ok((cert, key.serialize_pem(), ca.cert_pem))

@@ -38,6 +38,10 @@ pub enum Usage {
     ServerAndClient,
     /// TLS client (`clientAuth`).
     Client,
+    /// TLS client of the resource proxy (`clientAuth`, and the subject OU
+    /// [`auth::roles::RESOURCE_PROXY_CLIENT_OU`] that tells it from an agent's certificate): the
+    /// certificate of a cluster secret, which the hub's Argo CD presents to the resource proxy.
+    ProxyClient,
 }
 
 /// The subject and names of a leaf certificate.
@@ -100,9 +104,12 @@ impl Ca {
         }
         params.extended_key_usages = match spec.usage {
             Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
-            Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Usage::Client | Usage::ProxyClient => vec![ExtendedKeyUsagePurpose::ClientAuth],
             Usage::ServerAndClient => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         };
+        if spec.usage == Usage::ProxyClient {
+            params.distinguished_name.push(DnType::OrganizationalUnitName, auth::roles::RESOURCE_PROXY_CLIENT_OU);
+        }
         for dns in &spec.dns {
             let name = dns.clone().try_into().with_context(|| format!("invalid DNS name {dns:?}"))?;
             params.subject_alt_names.push(SanType::DnsName(name));

@@ -7,6 +7,7 @@
 //! | `pki issue principal` | `argocd-agent-principal-tls` | principal | `kubernetes.io/tls` | `tls.crt`, `tls.key` |
 //! | `pki issue resource-proxy` | `argocd-agent-resource-proxy-tls` | principal | `kubernetes.io/tls` | `tls.crt`, `tls.key` |
 //! | `pki issue agent <name>` | `argocd-agent-client-tls` | agent | `kubernetes.io/tls` | `tls.crt`, `tls.key` |
+//! | `pki issue ha-admin` | `argocd-agent-ha-admin-tls` | principal | `kubernetes.io/tls` | `tls.crt`, `tls.key`, `ca.crt` |
 //! | `pki propagate` | `argocd-agent-ca` | agent | `Opaque` | `ca.crt` |
 //!
 //! Upstream sets no labels or annotations on these secrets, and neither do we.
@@ -32,6 +33,14 @@ pub const SECRET_AGENT_CA: &str = "argocd-agent-ca";
 pub const SECRET_PRINCIPAL_TLS: &str = "argocd-agent-principal-tls";
 /// Secret holding the resource proxy's server certificate.
 pub const SECRET_RESOURCE_PROXY_TLS: &str = "argocd-agent-resource-proxy-tls";
+/// The shared client certificate self-registered cluster secrets carry (upstream's name).
+pub const SECRET_SHARED_CLIENT_TLS: &str = "argocd-agent-shared-client-tls";
+/// CN of the shared client certificate: no agent's name (the bearer token names the agent).
+pub const SHARED_CLIENT_COMMON_NAME: &str = "argocd-agent-shared-client";
+/// Secret holding the HA admin client certificate (`argocd-agentctl ha --tls-cert/--tls-key/--tls-ca`).
+pub const SECRET_HA_ADMIN_TLS: &str = "argocd-agent-ha-admin-tls";
+/// CN of the HA admin client certificate: what `--ha-admin-auth 'mtls:subject:^CN=ha-admin(,|$)'` admits.
+pub const HA_ADMIN_COMMON_NAME: &str = "ha-admin";
 /// Secret holding an agent's client certificate, in the agent's namespace.
 pub const SECRET_AGENT_CLIENT_TLS: &str = "argocd-agent-client-tls";
 /// `kubernetes.io/tls`.
@@ -99,6 +108,43 @@ pub enum IssueCommand {
     ResourceProxy(ResourceProxyArgs),
     /// Issue a client certificate for an agent (secret argocd-agent-client-tls in the agent's cluster).
     Agent(AgentArgs),
+    /// Issue the client certificate Argo CD presents to the resource proxy for self-registered
+    /// agents (secret argocd-agent-shared-client-tls, with ca.crt, in the principal's namespace;
+    /// pass its name to the principal's --self-registration-client-cert-secret). It carries the
+    /// resource-proxy client mark (subject OU argocd-agent-resource-proxy-client), so it is never
+    /// admitted as an agent, and no agent's own certificate opens the resource proxy.
+    SharedClient(SharedClientArgs),
+    /// Issue the client certificate of `argocd-agentctl ha` for a principal's HA admin endpoint
+    /// (CN ha-admin; secret argocd-agent-ha-admin-tls, with ca.crt, in the principal's
+    /// namespace). The principals admit it with --ha-admin-auth 'mtls:subject:^CN=ha-admin(,|$)';
+    /// use it with `ha status|promote|demote --tls-cert --tls-key --tls-ca` (--out-dir writes them).
+    HaAdmin(HaAdminArgs),
+}
+
+/// `pki issue ha-admin` flags.
+#[derive(Debug, clap::Args)]
+pub struct HaAdminArgs {
+    /// The certificate's CN (what --ha-admin-auth matches).
+    #[arg(long, default_value = HA_ADMIN_COMMON_NAME, value_name = "CN")]
+    common_name: String,
+    /// The Secret to write, in the principal's namespace.
+    #[arg(long, default_value = SECRET_HA_ADMIN_TLS, value_name = "NAME")]
+    secret_name: String,
+    #[command(flatten)]
+    issue: IssueFlags,
+}
+
+/// `pki issue shared-client` flags.
+#[derive(Debug, clap::Args)]
+pub struct SharedClientArgs {
+    /// The certificate's CN (names no agent: the cluster secret's bearer token does).
+    #[arg(long, default_value = SHARED_CLIENT_COMMON_NAME, value_name = "CN")]
+    common_name: String,
+    /// The Secret to write, in the principal's namespace.
+    #[arg(long, default_value = SECRET_SHARED_CLIENT_TLS, value_name = "NAME")]
+    secret_name: String,
+    #[command(flatten)]
+    issue: IssueFlags,
 }
 
 /// Flags every `pki issue` subcommand has.
@@ -224,6 +270,8 @@ pub async fn run(global: &GlobalFlags, cmd: PkiCommand) -> anyhow::Result<()> {
         PkiCommand::Issue(IssueCommand::Principal(args)) => issue_principal(global, args).await,
         PkiCommand::Issue(IssueCommand::ResourceProxy(args)) => issue_resource_proxy(global, args).await,
         PkiCommand::Issue(IssueCommand::Agent(args)) => issue_agent(global, args).await,
+        PkiCommand::Issue(IssueCommand::SharedClient(args)) => issue_shared_client(global, args).await,
+        PkiCommand::Issue(IssueCommand::HaAdmin(args)) => issue_ha_admin(global, args).await,
         PkiCommand::Propagate(args) => propagate(global, args).await,
         PkiCommand::Inspect(args) => inspect(global, &args).await,
         PkiCommand::Dump(args) => dump(global, args).await,
@@ -295,6 +343,34 @@ async fn issue_resource_proxy(global: &GlobalFlags, args: ResourceProxyArgs) -> 
     issue(global, &target, SECRET_RESOURCE_PROXY_TLS, "resource-proxy", &spec, &args.issue).await
 }
 
+async fn issue_shared_client(global: &GlobalFlags, args: SharedClientArgs) -> anyhow::Result<()> {
+    let spec = LeafSpec {
+        common_name: args.common_name.clone(),
+        ips: Vec::new(),
+        dns: Vec::new(),
+        uris: Vec::new(),
+        usage: Usage::ProxyClient,
+    };
+    let target = global.principal_secrets().await?;
+    issue(global, &target, &args.secret_name, "shared-client", &spec, &args.issue).await
+}
+
+async fn issue_ha_admin(global: &GlobalFlags, args: HaAdminArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(!args.common_name.trim().is_empty(), "--common-name is empty: give the CN --ha-admin-auth admits");
+    let spec = LeafSpec {
+        common_name: args.common_name.clone(),
+        ips: Vec::new(),
+        dns: Vec::new(),
+        uris: Vec::new(),
+        usage: Usage::Client,
+    };
+    let target = global.principal_secrets().await?;
+    issue(global, &target, &args.secret_name, HA_ADMIN_FILE_STEM, &spec, &args.issue).await
+}
+
+/// `--out-dir` names of `pki issue ha-admin` (`ha-admin.crt`, `ha-admin.key`).
+const HA_ADMIN_FILE_STEM: &str = "ha-admin";
+
 async fn issue_agent(global: &GlobalFlags, args: AgentArgs) -> anyhow::Result<()> {
     names::validate_agent_name(&args.name)?;
     if global.same_context() && !args.same_context {
@@ -341,7 +417,13 @@ async fn issue(
     let key_pem = key.serialize_pem();
     let if_exists = if flags.upsert { IfExists::Replace } else { IfExists::Refuse("pass --upsert to reissue it") };
     let ns = target.namespace();
-    match target.write(secret_name, TYPE_TLS, tls_data(&cert, &key_pem), if_exists).await? {
+    let mut data = tls_data(&cert, &key_pem);
+    if spec.usage == Usage::ProxyClient || file_stem == HA_ADMIN_FILE_STEM {
+        // What self-registration copies into cluster secrets, as upstream's shared client secret;
+        // the CA `argocd-agentctl ha --tls-ca` verifies the principal with.
+        data.insert("ca.crt".to_owned(), ca.cert_pem.as_bytes().to_vec());
+    }
+    match target.write(secret_name, TYPE_TLS, data, if_exists).await? {
         Written::Created => println!("Secret {ns}/{secret_name} created"),
         Written::Replaced => println!("Secret {ns}/{secret_name} updated."),
     }

@@ -6,16 +6,21 @@
 //! this order, and refuses with a status naming what to fix:
 //! 1. **who is calling**: the [`IdentityFn`] (the auth crate's layer, or a test seam) names an
 //!    agent, else `Unauthenticated`;
-//! 2. **admitted**: the agent's hub namespace is covered by `--allowed-namespaces` and is not
-//!    the principal's own, else `PermissionDenied`;
+//! 2. **admitted** ([`Authorizer::admit`], the rules `Authenticate` applies too, before it signs
+//!    a token or self-registers a cluster): the agent's hub namespace is covered by
+//!    `--allowed-namespaces` and is not the principal's own; the name is not one the PKI gives
+//!    to non-agent certificates, and the client certificate is not a resource-proxy client's
+//!    ([`auth::roles`]); with `--client-cert-subject-match` the certificate's CN names the agent.
+//!    Else `PermissionDenied` (the subject match: `Unauthenticated`, as upstream);
 //! 3. **session valid**: the access token has not expired and was not revoked, else
 //!    `Unauthenticated` (the agent refreshes or authenticates again);
 //! 4. **not blocklisted** ([`crate::access::blocklist`]), else `Unauthenticated` naming the entry and
 //!    the ConfigMap.
 //!
 //! What passes gets a typed [`Permit`] in the request extensions, which is all the services
-//! read. `Authenticate` and `RefreshToken` ask [`Authorizer::check_session`] (the blocklist
-//! half; the auth crate checks the credentials).
+//! read. `Authenticate` asks [`Authorizer::admit`] and [`Authorizer::check_session`] before it
+//! signs anything, `RefreshToken` asks [`Authorizer::check_session`] (the auth crate checks the
+//! credentials).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -68,14 +73,7 @@ impl Authorizer {
             Status::unauthenticated("no authenticated agent on this call (the auth layer must identify the agent)")
         })?;
         let agent = caller.name;
-        if !self.hub.config.admits(&agent) {
-            return Err(Status::permission_denied(format!(
-                "agent {agent:?} is not covered by the principal's --allowed-namespaces or equals its namespace"
-            )));
-        }
-        if self.hub.config.client_cert_subject_match {
-            self.subject_matches(extensions, &agent)?;
-        }
+        self.admit(&agent, &auth::TransportIdentity::from_extensions(extensions))?;
         let grant = StreamGrant::of(extensions, &agent);
         if let Some(expires_at) = grant.expires_at
             && expires_at <= SystemTime::now()
@@ -93,11 +91,34 @@ impl Authorizer {
         Ok(Permit { agent, mode: caller.mode, grant })
     }
 
+    /// Whether the principal serves `agent` on a connection with this transport identity: the
+    /// admission rules of every call, and of `Authenticate` before it signs a token or writes
+    /// anything (see the module docs).
+    pub(crate) fn admit(&self, agent: &str, transport: &auth::TransportIdentity) -> Result<(), Status> {
+        if !self.hub.config.admits(agent) {
+            return Err(Status::permission_denied(format!(
+                "agent {agent:?} is not covered by the principal's --allowed-namespaces or equals its namespace"
+            )));
+        }
+        if auth::roles::is_non_agent_name(agent) {
+            return Err(Status::permission_denied(format!(
+                "{agent:?} names a certificate of the principal's PKI that is not an agent's (the CA, the principal, \
+                 the resource proxy), never an agent: give the agent a certificate of its own"
+            )));
+        }
+        if let Some(why) = transport.leaf_certificate().and_then(|leaf| auth::roles::not_an_agent_certificate(leaf)) {
+            return Err(Status::permission_denied(format!("agent {agent:?}: {why}")));
+        }
+        if self.hub.config.client_cert_subject_match {
+            self.subject_matches(transport, agent)?;
+        }
+        Ok(())
+    }
+
     /// `--client-cert-subject-match`: the call's client certificate must name `agent` in its CN
     /// (upstream `clientCertificateMatches`).
-    fn subject_matches(&self, extensions: &http::Extensions, agent: &str) -> Result<(), Status> {
-        let transport = auth::TransportIdentity::from_extensions(extensions);
-        let Some(leaf) = transport.peer_certificates().and_then(<[_]>::first) else {
+    fn subject_matches(&self, transport: &auth::TransportIdentity, agent: &str) -> Result<(), Status> {
+        let Some(leaf) = transport.leaf_certificate() else {
             return Err(Status::unauthenticated(format!(
                 "agent {agent:?} presented no client certificate (--client-cert-subject-match)"
             )));
@@ -245,6 +266,46 @@ mod tests {
     }
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    /// A self-signed certificate with CN `cn` and, if given, subject OU `ou` (DER).
+    fn certificate(cn: &str, ou: Option<&str>) -> rustls::pki_types::CertificateDer<'static> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        if let Some(ou) = ou {
+            params.distinguished_name.push(rcgen::DnType::OrganizationalUnitName, ou);
+        }
+        let key = rcgen::KeyPair::generate().expect("key");
+        params.self_signed(&key).expect("certificate").der().clone()
+    }
+
+    fn over_tls(cert: rustls::pki_types::CertificateDer<'static>) -> auth::TransportIdentity {
+        auth::TransportIdentity::tls(None, Some(Arc::new(vec![cert])))
+    }
+
+    /// Admission refuses what is not an agent's, whatever the method said: a resource-proxy
+    /// client certificate (a cluster secret's), and the names the PKI gives the principal, the
+    /// resource proxy and the CA, even where `--allowed-namespaces` covers them.
+    #[tokio::test]
+    async fn non_agent_certificates_and_names_are_not_admitted() {
+        let mut f = fixture();
+        let mut config = PrincipalConfig::new("argocd");
+        config.allowed_namespaces = vec!["*".into()];
+        f.hub = Arc::new(Hub::offline(config));
+        f.authorizer = Authorizer::new(f.hub.clone(), auth_identity(), f.blocklist.clone());
+
+        let agent = over_tls(certificate("agent-a", None));
+        assert!(f.authorizer.admit("agent-a", &agent).is_ok());
+        let proxy_client = over_tls(certificate("agent-a", Some(auth::roles::RESOURCE_PROXY_CLIENT_OU)));
+        let refused = f.authorizer.admit("agent-a", &proxy_client).expect_err("a proxy client is no agent");
+        assert_eq!(refused.code(), Code::PermissionDenied);
+        assert!(refused.message().contains("resource-proxy client certificate"), "{refused:?}");
+        for name in auth::roles::NON_AGENT_NAMES {
+            let refused = f.authorizer.admit(name, &over_tls(certificate(name, None))).expect_err(name);
+            assert_eq!(refused.code(), Code::PermissionDenied, "{name}");
+        }
+        let own_namespace = f.authorizer.admit("argocd", &agent).expect_err("the principal's namespace");
+        assert_eq!(own_namespace.code(), Code::PermissionDenied);
+    }
 
     #[tokio::test]
     async fn a_valid_session_gets_a_permit_naming_agent_mode_and_token() {

@@ -173,7 +173,7 @@ fn failure_of(agent: &str, error: &str) -> Response<http_body_util::Full<Bytes>>
             .and_then(|v| v["code"].as_u64())
             .and_then(|c| u16::try_from(c).ok())
             .and_then(|c| StatusCode::from_u16(c).ok())
-            .filter(|c| c.is_client_error() || c.is_server_error())
+            .filter(|c| !c.is_success() && super::api_server_answers(&Method::GET, *c))
             .unwrap_or(StatusCode::BAD_GATEWAY);
         return status::json(code, error.to_owned());
     }

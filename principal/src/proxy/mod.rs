@@ -59,6 +59,12 @@ pub struct ProxyConfig {
     /// How many connections it holds, and their handshake, header, idle and keepalive times
     /// ([`crate::transport::limits`]).
     pub connections: crate::transport::limits::ListenerLimits,
+    /// Only client certificates marked as the resource proxy's callers' (subject OU
+    /// [`auth::roles::RESOURCE_PROXY_CLIENT_OU`], as `argocd-agentctl agent create` and
+    /// `pki issue shared-client` issue them) are accepted, so an agent's own gRPC client
+    /// certificate does not open the proxy (`--resource-proxy-require-client-mark`, default on;
+    /// off accepts certificates issued before the mark, e.g. by upstream's `argocd-agentctl`).
+    pub require_client_mark: bool,
 }
 
 impl Default for ProxyConfig {
@@ -69,6 +75,7 @@ impl Default for ProxyConfig {
             max_in_flight_per_agent: 64,
             tokens: None,
             connections: crate::transport::limits::ListenerLimits::default(),
+            require_client_mark: true,
         }
     }
 }
@@ -367,7 +374,7 @@ impl ResourceProxy {
         // Answered or not, nothing of this request may be sent (again) from now on.
         peer.mailbox().withdraw(&uuid);
         match answered {
-            Ok(Ok(answer)) => respond(&agent, answer),
+            Ok(Ok(answer)) => respond(&agent, &method, answer),
             Ok(Err(_)) => {
                 status::failure(StatusCode::BAD_GATEWAY, &format!("agent {agent:?}: disconnected before it answered"))
             }
@@ -379,12 +386,26 @@ impl ResourceProxy {
     }
 
     /// The agent a request is for: the bearer token's subject if it carries one (it must
-    /// verify), else the client certificate's CN (upstream §3.10). Either must be a DNS label.
+    /// verify), else the client certificate's CN (upstream §3.10). Either must be a DNS label,
+    /// and the certificate must be marked as a resource-proxy client's
+    /// ([`ProxyConfig::require_client_mark`]).
     #[allow(clippy::result_large_err)]
     fn agent_of<B>(&self, caller: &Caller, req: &Request<B>) -> Result<String, Response<Full<Bytes>>> {
         let Some(cert) = &caller.cert else {
             return Err(status::failure(StatusCode::UNAUTHORIZED, "a client certificate is required"));
         };
+        if self.config.require_client_mark && !auth::roles::is_resource_proxy_client(cert) {
+            return Err(status::failure(
+                StatusCode::UNAUTHORIZED,
+                &format!(
+                    "the client certificate is not a resource-proxy client certificate (subject OU {}): an agent's \
+                     certificate does not open the resource proxy; issue the cluster secret's certificate with \
+                     `argocd-agentctl agent create` (or `pki issue shared-client`), or accept certificates issued \
+                     before the mark with --resource-proxy-require-client-mark=false",
+                    auth::roles::RESOURCE_PROXY_CLIENT_OU
+                ),
+            ));
+        }
         let bearer = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -409,12 +430,24 @@ impl ResourceProxy {
     }
 }
 
-/// The HTTP answer to an agent's [`ResourceResponse`]: a success passes its body on; an error
-/// passes on the API server's `Status` when the agent sent one, and says what it knows
-/// otherwise (an upstream agent sends bare codes).
-fn respond(agent: &str, answer: ResourceResponse) -> Response<Full<Bytes>> {
-    let code =
-        u16::try_from(answer.status).ok().and_then(|c| StatusCode::from_u16(c).ok()).unwrap_or(StatusCode::BAD_GATEWAY);
+/// The HTTP answer to an agent's [`ResourceResponse`] for a `method` request: a success passes
+/// its body on; an error passes on the API server's `Status` when the agent sent one, and says
+/// what it knows otherwise (an upstream agent sends bare codes). Only a code a Kubernetes API
+/// server answers to such a request passes ([`api_server_answers`]); any other (a protocol
+/// switch, a redirect, a partial content...) is a 502 naming the agent, so an agent cannot make
+/// the hub's client do what no API server would ask of it.
+fn respond(agent: &str, method: &Method, answer: ResourceResponse) -> Response<Full<Bytes>> {
+    let code = u16::try_from(answer.status).ok().and_then(|c| StatusCode::from_u16(c).ok());
+    let Some(code) = code.filter(|c| api_server_answers(method, *c)) else {
+        tracing::warn!(%agent, %method, status = answer.status, "resource-proxy answer with a status code no API server answers; 502");
+        return status::failure(
+            StatusCode::BAD_GATEWAY,
+            &format!(
+                "agent {agent:?} answered status {}, which a Kubernetes API server never answers to a {method} request",
+                answer.status
+            ),
+        );
+    };
     if code.is_success() {
         let trimmed = answer.resource.trim_start();
         if trimmed.starts_with('{') || trimmed.starts_with('[') || trimmed.is_empty() {
@@ -428,6 +461,23 @@ fn respond(agent: &str, answer: ResourceResponse) -> Response<Full<Bytes>> {
         return status::json(code, answer.resource);
     }
     status::failure(code, &format!("agent {agent:?} answered {}", code.as_u16()))
+}
+
+/// Whether a Kubernetes API server answers `code` to a `method` request of the resource proxy:
+/// 200 to every method, 201 to a create (and a server-side apply that creates), 202 to a delete
+/// that finishes later (and a create the server accepted asynchronously), and the error codes
+/// the API server's handlers and filters use (`k8s.io/apimachinery/pkg/api/errors`: bad request,
+/// unauthorized, forbidden, not found, method not supported, not acceptable, already exists or
+/// conflict, gone (an expired list continue), request entity too large, unsupported media type,
+/// invalid, too many requests, internal error, not implemented, service unavailable, timeout).
+pub(crate) fn api_server_answers(method: &Method, code: StatusCode) -> bool {
+    match code.as_u16() {
+        200 => true,
+        201 => *method == Method::POST || *method == Method::PATCH,
+        202 => *method == Method::POST || *method == Method::DELETE,
+        400 | 401 | 403 | 404 | 405 | 406 | 409 | 410 | 413 | 415 | 422 | 429 | 500 | 501 | 503 | 504 => true,
+        _ => false,
+    }
 }
 
 fn verb(method: &Method) -> &'static str {
@@ -482,6 +532,7 @@ mod tests {
 
     #[test]
     fn agent_answers_become_responses_clients_understand() {
+        let respond = |agent: &str, answer: ResourceResponse| respond(agent, &Method::GET, answer);
         let ok =
             respond("a", ResourceResponse { uuid: "u".into(), status: 200, resource: "{\"kind\":\"Pod\"}".into() });
         assert_eq!(ok.status(), StatusCode::OK);
@@ -495,5 +546,50 @@ mod tests {
         assert_eq!(odd.status(), StatusCode::BAD_GATEWAY);
         let text = respond("a", ResourceResponse { uuid: "u".into(), status: 200, resource: "line 1\n".into() });
         assert!(text.headers()[header::CONTENT_TYPE].to_str().is_ok_and(|v| v.starts_with("text/plain")));
+    }
+
+    #[test]
+    fn only_codes_an_api_server_answers_pass() {
+        let answer = |status: i64| ResourceResponse { uuid: "u".into(), status, resource: String::new() };
+        for (method, code) in [
+            (Method::GET, 101),
+            (Method::GET, 302),
+            (Method::GET, 206),
+            (Method::GET, 201),
+            (Method::GET, 204),
+            (Method::DELETE, 201),
+            (Method::PATCH, 202),
+            (Method::GET, 418),
+            (Method::GET, 0),
+        ] {
+            let resp = respond("agent-a", &method, answer(code));
+            assert_eq!(resp.status(), StatusCode::BAD_GATEWAY, "{method} answered {code} must not pass");
+        }
+        for (method, code) in [
+            (Method::GET, 200),
+            (Method::POST, 201),
+            (Method::PATCH, 201),
+            (Method::DELETE, 202),
+            (Method::GET, 404),
+            (Method::PATCH, 409),
+            (Method::POST, 422),
+            (Method::GET, 410),
+            (Method::GET, 429),
+        ] {
+            let resp = respond("agent-a", &method, answer(code));
+            assert_eq!(resp.status().as_u16(), u16::try_from(code).unwrap(), "{method} answered {code} passes");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_code_is_a_502_naming_the_agent() {
+        let resp = respond(
+            "agent-a",
+            &Method::GET,
+            ResourceResponse { uuid: "u".into(), status: 101, resource: String::new() },
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("agent \\\"agent-a\\\" answered status 101"), "{text}");
     }
 }
