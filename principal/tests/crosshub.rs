@@ -12,8 +12,16 @@ use principal::ha::{Ha, HaConfig, Role, State, admin};
 use principal::{Principal, PrincipalConfig};
 use protocol::pb::haadminapi::ha_admin_client::HaAdminClient;
 use protocol::pb::haadminapi::{DemoteRequest, PromoteRequest, StatusRequest};
+use protocol::pb::replicationapi::replication_server::{Replication, ReplicationServer};
+use protocol::pb::replicationapi::{
+    AgentState, ConfirmMissingResourceResult, ConfirmMissingResourcesRequest, ConfirmMissingResourcesResponse,
+    ReplicatedEvent, ReplicationAck, ReplicationSnapshot, ReplicationStatus, Resource, SnapshotRequest,
+    StatusRequest as ReplicationStatusRequest,
+};
 use protocol::{EventType, Target};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 
 /// One hub with its principal in a cross-hub pair, and its admin endpoint.
@@ -32,6 +40,9 @@ fn config(role: Role, peer: &str) -> HaConfig {
         probe_interval: Duration::from_millis(200),
         probe_timeout: Duration::from_secs(2),
         reconnect_backoff: (Duration::from_millis(50), Duration::from_millis(300)),
+        // A plaintext listener without an mTLS method: callers have no identity, so replication
+        // is allowed to any caller explicitly (denied by default).
+        allowed_replication_clients: vec![principal::ha::replication::ANY_REPLICATION_CLIENT.to_owned()],
         ..HaConfig::default()
     }
 }
@@ -357,4 +368,166 @@ async fn a_stuck_replica_is_cut_off_after_the_bounded_wait_and_resyncs() -> anyh
     drop(stream);
     a.stop().await?;
     b.stop().await
+}
+
+/// A scripted active principal for one replica: its `GetSnapshot` answers are given in order
+/// (the last one repeats), its `Subscribe` stream sends what the test pushes, and it records
+/// the replica's latest ACK.
+#[derive(Clone)]
+struct ScriptedActive {
+    snapshots: Arc<std::sync::Mutex<Vec<ReplicationSnapshot>>>,
+    snapshot_calls: Arc<std::sync::atomic::AtomicUsize>,
+    stream: Arc<std::sync::Mutex<Option<mpsc::Receiver<Result<ReplicatedEvent, tonic::Status>>>>>,
+    acked: Arc<watch::Sender<Option<u64>>>,
+}
+
+#[tonic::async_trait]
+impl Replication for ScriptedActive {
+    type SubscribeStream = ReceiverStream<Result<ReplicatedEvent, tonic::Status>>;
+
+    async fn subscribe(
+        &self,
+        request: tonic::Request<tonic::Streaming<ReplicationAck>>,
+    ) -> Result<tonic::Response<Self::SubscribeStream>, tonic::Status> {
+        let Some(rx) = self.stream.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
+            return Err(tonic::Status::unavailable("this scripted active serves one subscription"));
+        };
+        let mut acks = request.into_inner();
+        let acked = self.acked.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(ack)) = acks.message().await {
+                acked.send_modify(|a| *a = Some(a.unwrap_or(0).max(ack.acked_sequence_num)));
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn get_snapshot(
+        &self,
+        _request: tonic::Request<SnapshotRequest>,
+    ) -> Result<tonic::Response<ReplicationSnapshot>, tonic::Status> {
+        self.snapshot_calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut snapshots = self.snapshots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let next = if snapshots.len() > 1 { snapshots.remove(0) } else { snapshots[0].clone() };
+        Ok(tonic::Response::new(next))
+    }
+
+    async fn status(
+        &self,
+        _request: tonic::Request<ReplicationStatusRequest>,
+    ) -> Result<tonic::Response<ReplicationStatus>, tonic::Status> {
+        Ok(tonic::Response::new(ReplicationStatus::default()))
+    }
+
+    async fn confirm_missing_resources(
+        &self,
+        request: tonic::Request<ConfirmMissingResourcesRequest>,
+    ) -> Result<tonic::Response<ConfirmMissingResourcesResponse>, tonic::Status> {
+        let results = request
+            .into_inner()
+            .resources
+            .into_iter()
+            .map(|r| ConfirmMissingResourceResult {
+                resource: Some(r),
+                status: "unknown".into(),
+                reason: "scripted".into(),
+            })
+            .collect();
+        Ok(tonic::Response::new(ConfirmMissingResourcesResponse { results }))
+    }
+}
+
+/// Application `name` of autonomous agent `agent-a` as the active hub holds it, for a snapshot.
+fn snapshot_app(name: &str) -> anyhow::Result<Resource> {
+    let app = serde_json::json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": "agent-a", "uid": format!("hub-uid-{name}")},
+        "spec": {"project": "default"},
+    });
+    Ok(Resource {
+        name: name.to_owned(),
+        namespace: "agent-a".to_owned(),
+        kind: "Application".to_owned(),
+        uid: format!("hub-uid-{name}"),
+        spec_checksum: Vec::new(),
+        data: serde_json::to_vec(&app)?,
+    })
+}
+
+fn snapshot(seq: u64, apps: &[&str]) -> anyhow::Result<ReplicationSnapshot> {
+    Ok(ReplicationSnapshot {
+        agents: vec![AgentState {
+            name: "agent-a".into(),
+            mode: "autonomous".into(),
+            connected: true,
+            resources: apps.iter().map(|a| snapshot_app(a)).collect::<anyhow::Result<_>>()?,
+        }],
+        last_sequence_num: seq,
+        principal_resources: Vec::new(),
+    })
+}
+
+/// docs/ha.md: no event is skipped; one the replica cannot decode makes it take a fresh
+/// snapshot. The active sends sequence 1 undecodable (a CloudEvent of spec version 0.3,
+/// standing for the create of app-1), then 2 and, once 2 is ACKed, 3 (creates of app-2 and
+/// app-3); its second snapshot (sequence 2) has app-1 and app-2. The replica must not apply 2
+/// over the hole: it fetches that snapshot, resumes after it, applies 3, and ends with all
+/// three Applications, sequence 3 applied.
+#[tokio::test]
+async fn an_undecodable_replicated_event_makes_the_replica_take_a_fresh_snapshot() -> anyhow::Result<()> {
+    use protocol::replication::encode;
+    let (tx, rx) = mpsc::channel(16);
+    let active = ScriptedActive {
+        snapshots: Arc::new(std::sync::Mutex::new(vec![snapshot(0, &[])?, snapshot(2, &["app-1", "app-2"])?])),
+        snapshot_calls: Arc::default(),
+        stream: Arc::new(std::sync::Mutex::new(Some(rx))),
+        acked: Arc::new(watch::Sender::new(None)),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let peer = listener.local_addr()?.to_string();
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn({
+        let (active, cancel) = (active.clone(), cancel.clone());
+        tonic::transport::Server::builder()
+            .add_service(ReplicationServer::new(active))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { cancel.cancelled().await })
+    });
+    let b = Hub::start(Harness::start(&["agent-a"], |_| {}).await?, Role::Replica, &peer).await?;
+    let ack_reaches = |seq: u64| {
+        let mut acked = active.acked.subscribe();
+        async move {
+            match tokio::time::timeout(common::WAIT, acked.wait_for(|a| a.is_some_and(|a| a >= seq))).await {
+                Ok(Ok(_)) => Ok(()),
+                _ => Err(anyhow::anyhow!("the replica did not ACK sequence {seq}")),
+            }
+        }
+    };
+    ack_reaches(0).await?;
+    b.state_is(State::Replicating).await?;
+
+    let mode = protocol::AgentMode::Autonomous;
+    let mut undecodable = encode("agent-a", mode, &app_event(EventType::Create, "app-1", "default", 1)?, 1, 0);
+    if let Some(ce) = undecodable.event.as_mut() {
+        ce.spec_version = "0.3".into();
+    }
+    tx.send(Ok(undecodable)).await?;
+    tx.send(Ok(encode("agent-a", mode, &app_event(EventType::Create, "app-2", "default", 1)?, 2, 0))).await?;
+    ack_reaches(2).await?;
+    tx.send(Ok(encode("agent-a", mode, &app_event(EventType::Create, "app-3", "default", 1)?, 3, 0))).await?;
+    ack_reaches(3).await?;
+
+    let calls = active.snapshot_calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(calls, 2, "the replica took a fresh snapshot for the event it could not decode (and only then)");
+    for app in ["app-1", "app-2", "app-3"] {
+        assert!(b.has_app(app).await?, "{app} is missing on the replica's hub after sequence 3 was ACKed");
+    }
+    assert_eq!(b.ha.applied_sequence(), 3);
+    assert_eq!(b.ha.state(), State::Replicating, "the stream went on after the snapshot");
+    let metrics = b.ha.metrics_text();
+    assert!(metrics.contains("argocd_agent_replication_client_undecodable_events_total 1\n"), "{metrics}");
+    drop(tx);
+    b.stop().await?;
+    cancel.cancel();
+    tokio::time::timeout(common::WAIT, server).await???;
+    Ok(())
 }

@@ -294,6 +294,37 @@ pub fn check_pod_streams(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
+/// Decodes `bytes` as a `replicationapi.ReplicatedEvent` from an HA peer and reads it as a
+/// replica does ([`crate::replication::decode`]), checking: a change to apply, encoded again by
+/// the active's encoder ([`crate::replication::encode`]), reads back as the same change (with
+/// the agent's mode as the encoder sets it); and its event goes through payload decoding.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_replication_decode(bytes: &[u8]) -> Result<(), String> {
+    use crate::event::AttributeValue;
+    use crate::replication::{self, Decoded, MODE_EXTENSION};
+    let Ok(rep) = crate::pb::replicationapi::ReplicatedEvent::decode(bytes) else { return Ok(()) };
+    let (seq, at) = (rep.sequence_num, rep.processed_at_unix);
+    let Ok(Decoded::Apply(change)) = replication::decode(rep) else { return Ok(()) };
+    let _ = change.event.payload();
+    let mode = change.mode.unwrap_or_default();
+    let again = replication::encode(&change.agent, mode, &change.event, seq, at);
+    let reread = replication::decode(
+        crate::pb::replicationapi::ReplicatedEvent::decode(again.encode_to_vec().as_slice())
+            .map_err(|e| format!("a re-encoded replicated event is not protobuf: {e}"))?,
+    )
+    .map_err(|e| format!("a re-encoded replicated event does not decode: {e}"))?;
+    let mut expected = change.clone();
+    expected.mode = Some(mode);
+    expected.event.extensions.insert(MODE_EXTENSION.to_owned(), AttributeValue::String(mode.to_string()));
+    match reread {
+        Decoded::Apply(back) if *back == *expected => Ok(()),
+        other => Err(format!("{change:?} re-encoded reads as {other:?}")),
+    }
+}
+
 #[cfg(test)]
 mod resp_fuzz_tests {
     use super::*;

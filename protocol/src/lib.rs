@@ -8,6 +8,7 @@
 //! * [`checksum`]: upstream-compatible resync checksums;
 //! * [`outbox`]: the delivery engine (per-resource outbox, ACKs, coalescing, retries);
 //! * [`fuzzing`]: the decoding entry point shared by the fuzz target and unit tests;
+//! * [`replication`]: the events a cross-hub HA pair replicates, encoded and decoded;
 //! * [`resp`]: RESP framing, commands and replies for the Redis proxy;
 //! * [`trace`]: W3C trace context (`traceparent`/`tracestate`) parsing; [`otel`] (feature
 //!   `otel`) joins it to `tracing` spans.
@@ -32,6 +33,7 @@ pub mod outbox;
 pub mod payload;
 pub mod pb;
 pub mod remotecommand;
+pub mod replication;
 pub mod resp;
 pub mod selector;
 pub mod trace;

@@ -39,7 +39,8 @@ pub struct HaArgs {
     #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ADMIN_PORT", default_value_t = 0)]
     pub ha_admin_port: u16,
     /// Comma-separated list of peer identities (from --auth mtls:) allowed to connect for
-    /// replication (empty: any identity --auth accepts).
+    /// replication; empty (the default): every replication call is refused; '*': any identity
+    /// --auth accepts, agents' included (upstream's default).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HA_ALLOWED_REPLICATION_CLIENTS", value_delimiter = ',')]
     pub ha_allowed_replication_clients: Vec<String>,
     /// How long the primary waits for the replica's initial ACK after snapshot fetch (0: 5m).
@@ -68,6 +69,8 @@ pub struct HaPlan {
     initial_ack_timeout: Duration,
     admin_auth: Option<principal::ha::admin::AdminAuth>,
     admin_tls_files: Option<[PathBuf; 3]>,
+    /// `--ha-allowed-replication-clients` without empty entries.
+    allowed_replication_clients: Vec<String>,
 }
 
 impl HaArgs {
@@ -107,6 +110,16 @@ impl HaArgs {
                 "ha-admin-tls requires all three: --ha-admin-tls-cert, --ha-admin-tls-key, and --ha-admin-ca"
             ),
         };
+        let any = principal::ha::replication::ANY_REPLICATION_CLIENT;
+        let allowed_replication_clients: Vec<String> =
+            self.ha_allowed_replication_clients.iter().map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()).collect();
+        if allowed_replication_clients.len() > 1 && allowed_replication_clients.iter().any(|c| c == any) {
+            anyhow::bail!(
+                "--ha-allowed-replication-clients {:?}: '{any}' allows every identity --auth accepts; give '{any}' \
+                 alone or list the identities",
+                self.ha_allowed_replication_clients.join(",")
+            );
+        }
         // Peers identify each other by their client certificates, as upstream's replication
         // authentication does.
         if plaintext || !matches!(auth::AuthMethodSpec::parse(auth), Ok(auth::AuthMethodSpec::Mtls { .. })) {
@@ -115,7 +128,7 @@ impl HaArgs {
                  replication peers are identified by their client certificates (got --auth {auth:?}, plaintext={plaintext})"
             );
         }
-        Ok(Some(HaPlan { role, initial_ack_timeout, admin_auth, admin_tls_files }))
+        Ok(Some(HaPlan { role, initial_ack_timeout, admin_auth, admin_tls_files, allowed_replication_clients }))
     }
 }
 
@@ -163,13 +176,24 @@ pub async fn start(
     let config = HaConfig {
         preferred_role: plan.role,
         peer_address: ha_args.ha_peer_address.clone(),
-        allowed_replication_clients: ha_args.ha_allowed_replication_clients.clone(),
+        allowed_replication_clients: plan.allowed_replication_clients.clone(),
         replication_auth: Some(auth::MtlsAuthenticator::new(source, regex)),
         initial_ack_timeout: plan.initial_ack_timeout,
         connector,
         ..HaConfig::default()
     };
     tracing::info!(preferred_role = %plan.role, peer = %ha_args.ha_peer_address, "HA enabled");
+    match plan.allowed_replication_clients.as_slice() {
+        [] => tracing::warn!(
+            "--ha-allowed-replication-clients is empty: every replication call is refused (PermissionDenied), so no \
+             peer can replicate from this principal; set it to the peer principal's identity"
+        ),
+        [any] if any == principal::ha::replication::ANY_REPLICATION_CLIENT => tracing::warn!(
+            "--ha-allowed-replication-clients '*': any identity --auth accepts may replicate every agent's \
+             Applications, agents' certificates included"
+        ),
+        _ => {}
+    }
     let ha = principal.enable_ha(config);
     tokio::spawn(ha.clone().run(cancel.clone()));
 
@@ -242,6 +266,8 @@ mod tests {
                 .contains("--ha-replication-initial-ack-timeout")
         );
         assert!(err(&["--ha-enabled"], "header:x-id:(.+)").contains("needs --auth mtls"));
+        let mixed = err(&["--ha-enabled", "--ha-allowed-replication-clients", "principal-b,*"], MTLS);
+        assert!(mixed.contains("give '*' alone"), "{mixed}");
         let demo = Demo::try_parse_from(["demo", "--ha-enabled"]).expect("parses");
         let both = demo.ha.plan(MTLS, false, true).unwrap_err().to_string();
         assert!(both.contains("--agent-leases"), "{both}");
@@ -253,6 +279,7 @@ mod tests {
         assert_eq!(p.role, Role::Primary);
         assert_eq!(p.initial_ack_timeout, Duration::from_secs(300));
         assert!(p.admin_auth.is_none() && p.admin_tls_files.is_none());
+        assert!(p.allowed_replication_clients.is_empty(), "no replication client allowed by default");
         let p = plan(
             &[
                 "--ha-enabled",
@@ -271,5 +298,12 @@ mod tests {
         .expect("planned");
         assert_eq!((p.role, p.initial_ack_timeout), (Role::Replica, Duration::from_secs(30)));
         assert!(p.admin_auth.is_some());
+        let p = plan(&["--ha-enabled", "--ha-allowed-replication-clients", "principal-a, ,principal-c"], MTLS)
+            .expect("valid")
+            .expect("planned");
+        assert_eq!(p.allowed_replication_clients, ["principal-a", "principal-c"]);
+        let p =
+            plan(&["--ha-enabled", "--ha-allowed-replication-clients", "*"], MTLS).expect("valid").expect("planned");
+        assert_eq!(p.allowed_replication_clients, ["*"]);
     }
 }

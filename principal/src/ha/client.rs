@@ -9,9 +9,13 @@
 //! the same code that applies agents' events on an active principal ([`crate::sync::inbound`]) and
 //! ACK it. Events up to the last applied sequence number are skipped (already in a snapshot). A
 //! gap in the sequence, an event that cannot be applied, or a cut-off by the active ends the
-//! round: the next round starts from a fresh snapshot, so nothing is skipped silently. A fresh
-//! snapshot is also applied every [`HaConfig::reconcile_interval`] (changes made on the active
-//! hub directly, which no agent event carries).
+//! round: the next round starts from a fresh snapshot, so nothing is skipped silently. An event
+//! that does not decode ([`protocol::replication::decode`]) is not skipped either: the replica
+//! stops applying the stream, applies a fresh snapshot (which covers that sequence number: the
+//! active numbers an event only once its hub has it) and resumes after the snapshot's sequence
+//! number; a snapshot that does not cover it ends the round. A fresh snapshot is also applied
+//! every [`HaConfig::reconcile_interval`] (changes made on the active hub directly, which no
+//! agent event carries).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -20,16 +24,14 @@ use std::time::Duration;
 
 use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use link::Retryable as _;
-use protocol::Event;
 use protocol::pb::replicationapi::replication_client::ReplicationClient;
-use protocol::pb::replicationapi::{
-    ConfirmMissingResourcesRequest, ReplicatedEvent, ReplicationAck, Resource, SnapshotRequest,
-};
+use protocol::pb::replicationapi::{ConfirmMissingResourcesRequest, ReplicationAck, Resource, SnapshotRequest};
+use protocol::replication::{Change, DecodeError, Decoded, decode};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use super::replication::{CUT_OFF, MODE_EXTENSION, api_for, peer_claims, replicable};
+use super::replication::{CUT_OFF, api_for, peer_claims};
 use super::{Ha, HaConfig, State};
 use crate::config::AgentMode;
 use crate::sync::hub::Hub;
@@ -170,7 +172,20 @@ impl Ha {
                             self.synced.store(false, Ordering::Release);
                             return Err(format!("sequence gap: expected {}, got {seq}; resyncing from a snapshot", last + 1));
                         }
-                        if let Err(e) = self.apply_event(rep).await {
+                        let agent = rep.agent_name.clone();
+                        let change = match decode(rep) {
+                            Ok(Decoded::Apply(change)) => Some(change),
+                            Ok(Decoded::Ignore(_)) => None,
+                            Err(why) => {
+                                last = self.snapshot_instead(&mut rpc, seq, &agent, &why).await?;
+                                acks.send_replace(Some(last));
+                                self.set_follower(true, Some((last, at)));
+                                continue;
+                            }
+                        };
+                        if let Some(change) = change
+                            && let Err(e) = self.apply_event(*change, seq).await
+                        {
                             self.synced.store(false, Ordering::Release);
                             return Err(format!("{e}; resyncing from a snapshot"));
                         }
@@ -188,6 +203,28 @@ impl Ha {
                 },
             }
         }
+    }
+
+    /// Replicated event `seq` (of `agent`) does not decode: instead of skipping it, applies a
+    /// fresh snapshot, which covers it; returns the snapshot's sequence number to resume after.
+    ///
+    /// # Errors
+    /// The snapshot failed, or does not cover `seq` (the round ends; the next one resyncs).
+    async fn snapshot_instead(&self, rpc: &mut Rpc, seq: u64, agent: &str, why: &DecodeError) -> Result<u64, String> {
+        self.undecodable.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%agent, seq, error = %why,
+            "HA: replicated event does not decode; applying a fresh snapshot before anything after it");
+        self.synced.store(false, Ordering::Release);
+        let covered = self.apply_snapshot(rpc).await?;
+        if covered < seq {
+            return Err(format!(
+                "replicated event {seq} of agent {agent:?} does not decode ({why}) and the fresh snapshot covers \
+                 only up to {covered}; resyncing from a snapshot"
+            ));
+        }
+        self.synced.store(true, Ordering::Release);
+        tracing::info!(seq = covered, "HA: snapshot applied in place of the undecodable event; resuming after it");
+        Ok(covered)
     }
 
     /// Whether `resource` is an autonomous agent's Application (in the agent's namespace).
@@ -324,36 +361,18 @@ impl Ha {
         Ok(())
     }
 
-    /// Applies one replicated event to this hub (module docs).
-    async fn apply_event(&self, rep: ReplicatedEvent) -> Result<(), String> {
+    /// Applies one decoded replicated event (sequence number `seq`) to this hub (module docs).
+    async fn apply_event(&self, change: Change, seq: u64) -> Result<(), String> {
         let hub = self.hub_or_err()?;
-        let Some(ce) = rep.event else { return Ok(()) };
-        if rep.direction == "outbound" {
-            // Upstream primaries forward what they send to agents too; the hub state it comes
-            // from reaches this hub by the snapshots.
-            return Ok(());
+        let Change { agent, mode, event: ev } = change;
+        let agent = agent.as_str();
+        if !crate::config::is_dns_label(agent) {
+            return Err(format!("replicated event {seq} names agent {agent:?}, which is not a DNS-1123 label"));
         }
-        let ev = match Event::from_proto(ce) {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::warn!(agent = %rep.agent_name, error = %e, seq = rep.sequence_num, "HA: replicated event does not decode; skipped");
-                return Ok(());
-            }
-        };
-        if !replicable(&ev) {
-            return Ok(());
-        }
-        let agent = rep.agent_name.as_str();
-        let mode = ev
-            .extensions
-            .get(MODE_EXTENSION)
-            .and_then(|v| v.as_text())
-            .and_then(|m| m.parse::<AgentMode>().ok())
-            .or_else(|| self.known_mode(agent))
-            .unwrap_or(match ev.event_type {
-                protocol::EventType::StatusUpdate => AgentMode::Managed,
-                _ => AgentMode::Autonomous,
-            });
+        let mode = mode.or_else(|| self.known_mode(agent)).unwrap_or(match ev.event_type {
+            protocol::EventType::StatusUpdate => AgentMode::Managed,
+            _ => AgentMode::Autonomous,
+        });
         self.learn_mode(agent, mode);
         self.ensure_namespace(hub, agent).await?;
         let peer = hub.peers.get_or_create(agent, mode);
@@ -369,8 +388,8 @@ impl Ha {
                 }
                 Err(e) => {
                     return Err(format!(
-                        "cannot apply {} {} of agent {agent} (sequence {}): {e}",
-                        ev.event_type, ev.target, rep.sequence_num
+                        "cannot apply {} {} of agent {agent} (sequence {seq}): {e}",
+                        ev.event_type, ev.target
                     ));
                 }
             }

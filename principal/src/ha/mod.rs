@@ -21,6 +21,10 @@
 //!   principal probes its peer and steps down when the peer is active with a higher epoch (on
 //!   a tie, the smaller principal UID wins); a principal starts active only when its recorded
 //!   role and the peer allow it. A non-active principal refuses agents with `Unavailable`.
+//! * **Replication denied by default.** A snapshot holds every agent's Applications, and the
+//!   `--auth mtls:` method that identifies the peer accepts agents' certificates too: only the
+//!   identities listed in `--ha-allowed-replication-clients` may replicate (upstream: any, when
+//!   the list is empty); `*` is the explicit opt-out ([`replication::authorize`]).
 
 pub mod admin;
 mod client;
@@ -68,10 +72,13 @@ pub struct HaConfig {
     /// `--ha-peer-address`: the peer's main gRPC `host:port` (empty: none).
     pub peer_address: String,
     /// `--ha-allowed-replication-clients`: identities (from `--auth mtls:`) allowed to
-    /// replicate from this principal; empty: any identity the mTLS method accepts.
+    /// replicate from this principal. Empty (the default): none, every replication call is
+    /// refused; [`replication::ANY_REPLICATION_CLIENT`] (`*`): any identity the mTLS method
+    /// accepts, agents' included (upstream's behaviour with an empty list).
     pub allowed_replication_clients: Vec<String>,
     /// The `--auth mtls:` method identifying replication clients. `None` (library use on a
-    /// trusted plaintext listener, as the tests do): every caller is accepted.
+    /// trusted plaintext listener, as the tests do): every caller's identity is `""`, so only
+    /// `*` in [`Self::allowed_replication_clients`] lets it through.
     pub replication_auth: Option<MtlsAuthenticator>,
     /// `--ha-replication-initial-ack-timeout`: how long the active waits for a new replica's
     /// first ACK (after its snapshot).
@@ -156,6 +163,11 @@ pub struct Ha {
     /// Promotions, and demotions or step-downs, since start.
     failovers: AtomicU64,
     failbacks: AtomicU64,
+    /// Replication calls refused: the caller not authenticated, or its identity not allowed.
+    refused_unauthenticated: AtomicU64,
+    refused_not_allowed: AtomicU64,
+    /// Replicated events this replica could not decode (each answered by a fresh snapshot).
+    undecodable: AtomicU64,
 }
 
 impl std::fmt::Debug for Ha {
@@ -256,6 +268,9 @@ impl Ha {
             namespaces: Mutex::new(HashSet::new()),
             failovers: AtomicU64::new(0),
             failbacks: AtomicU64::new(0),
+            refused_unauthenticated: AtomicU64::new(0),
+            refused_not_allowed: AtomicU64::new(0),
+            undecodable: AtomicU64::new(0),
         }
     }
 
@@ -472,7 +487,18 @@ impl Ha {
         let probe = async {
             let channel = client::connect(&self.config).await.ok()?;
             let mut rpc = protocol::pb::replicationapi::replication_client::ReplicationClient::new(channel);
-            let answer = rpc.status(protocol::pb::replicationapi::StatusRequest {}).await.ok()?;
+            let answer = match rpc.status(protocol::pb::replicationapi::StatusRequest {}).await {
+                Ok(answer) => answer,
+                Err(status) => {
+                    if matches!(status.code(), tonic::Code::PermissionDenied | tonic::Code::Unauthenticated) {
+                        // Fencing is blind until the peer lets this principal in: say so.
+                        tracing::warn!(peer = %self.config.peer_address, %status,
+                            "HA: the peer refuses this principal's replication calls; list this principal's identity \
+                             in the peer's --ha-allowed-replication-clients");
+                    }
+                    return None;
+                }
+            };
             replication::peer_claims(answer.metadata())
         };
         let (state, epoch, uid) = tokio::time::timeout(self.config.probe_timeout, probe).await.ok().flatten()?;
@@ -553,6 +579,16 @@ impl Ha {
         }
     }
 
+    /// Counts a refused replication call by its status code.
+    fn replication_refused(&self, code: tonic::Code) {
+        let counter = if code == tonic::Code::PermissionDenied {
+            &self.refused_not_allowed
+        } else {
+            &self.refused_unauthenticated
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn saw_peer_epoch(&self, epoch: u64) {
         self.peer_epoch.fetch_max(epoch, Ordering::AcqRel);
     }
@@ -618,6 +654,22 @@ impl Ha {
             "counter",
             "Replica streams ended because the replica fell behind.",
             &one(n(self.forwarder.cut_offs())),
+        );
+        family(
+            "argocd_agent_replication_requests_refused_total",
+            "counter",
+            "Replication calls refused: caller not authenticated by --auth mtls, or identity not in \
+             --ha-allowed-replication-clients.",
+            &[
+                ("{reason=\"unauthenticated\"}".to_owned(), n(self.refused_unauthenticated.load(Ordering::Relaxed))),
+                ("{reason=\"not_allowed\"}".to_owned(), n(self.refused_not_allowed.load(Ordering::Relaxed))),
+            ],
+        );
+        family(
+            "argocd_agent_replication_client_undecodable_events_total",
+            "counter",
+            "Replicated events this replica could not decode (each answered by a fresh snapshot).",
+            &one(n(self.undecodable.load(Ordering::Relaxed))),
         );
         let follower = self.follower.lock().unwrap_or_else(PoisonError::into_inner);
         family(

@@ -16,10 +16,15 @@
 //! 3. cuts off any in-sync replica that missed the deadline: its stream ends with
 //!    `DeadlineExceeded` or `ResourceExhausted` saying so, and it is no longer waited for.
 //!
-//! Authorization (upstream `principal/auth.go`, `authenticateReplication`): the replication
-//! paths bypass the agents' token check; the caller's verified client certificate must pass
-//! the `--auth mtls:` method (capture group 1 is its identity), and the identity must be in
-//! `--ha-allowed-replication-clients` when that is set. Without HA: `Unimplemented`.
+//! Authorization (upstream `principal/auth.go`, `authenticateReplication`, made deny by
+//! default): the replication paths bypass the agents' token check; the caller's verified client
+//! certificate must pass the `--auth mtls:` method (capture group 1 is its identity), and the
+//! identity must be in `--ha-allowed-replication-clients`. A snapshot holds every agent's
+//! Applications, so an agent's certificate (which the mTLS method accepts too) must not read
+//! it: upstream lets any identity through when the list is empty; here an empty list lets no one
+//! through, and only `*` ([`ANY_REPLICATION_CLIENT`]) restores upstream's "any identity". Each
+//! refusal is logged and counted (`argocd_agent_replication_requests_refused_total`). Without
+//! HA: `Unimplemented`.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -28,12 +33,12 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use kube::api::{DynamicObject, ListParams};
+use protocol::Event;
 use protocol::pb::replicationapi::replication_server::{Replication, ReplicationServer};
 use protocol::pb::replicationapi::{
     AgentState, ConfirmMissingResourceResult, ConfirmMissingResourcesRequest, ConfirmMissingResourcesResponse,
     ReplicatedEvent, ReplicationAck, ReplicationSnapshot, ReplicationStatus, Resource, SnapshotRequest, StatusRequest,
 };
-use protocol::{Event, EventType, Target};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
@@ -46,24 +51,15 @@ use crate::sync::hub::Hub;
 /// The prefix of every replication method path.
 pub const PATH_PREFIX: &str = "/replicationapi.Replication/";
 
-/// The CloudEvent extension carrying the agent's mode on a replicated event (upstream
-/// replicas ignore it).
-pub const MODE_EXTENSION: &str = "agentmode";
+pub use protocol::replication::{MODE_EXTENSION, replicable};
+
+/// The `--ha-allowed-replication-clients` entry that allows any identity the `--auth mtls:`
+/// method accepts (upstream's behaviour with an empty list), agents' certificates included.
+pub const ANY_REPLICATION_CLIENT: &str = "*";
 
 /// Marks a stream the active ended because the replica fell behind: the replica must not
 /// count itself in sync until its next snapshot.
 pub const CUT_OFF: &str = "replica cut off";
-
-/// Whether an agent's event changes what the hub holds (what a replica applies): Applications
-/// and AppProjects created, updated or deleted.
-#[must_use]
-pub fn replicable(ev: &Event) -> bool {
-    matches!(ev.target, Target::Application | Target::AppProject)
-        && matches!(
-            ev.event_type,
-            EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate | EventType::Delete
-        )
-}
 
 /// One replica stream as the forwarder sees it.
 struct ReplicaLink {
@@ -142,21 +138,13 @@ impl Forwarder {
     /// Returns how many replicas acknowledged it.
     pub(crate) async fn forward(&self, config: &HaConfig, agent: &str, mode: AgentMode, ev: &Event) -> usize {
         let deadline = tokio::time::Instant::now() + config.replicate_timeout;
-        let mut ev = ev.clone();
-        ev.extensions.insert(MODE_EXTENSION.to_owned(), protocol::event::AttributeValue::String(mode.to_string()));
         let now = chrono::Utc::now().timestamp();
         let mut waiting = Vec::new();
         let seq = {
             let _order = self.order.lock().await;
             let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
             self.last_event_unix.store(now, Ordering::Release);
-            let msg = ReplicatedEvent {
-                event: Some(ev.to_proto()),
-                agent_name: agent.to_owned(),
-                direction: "inbound".to_owned(),
-                sequence_num: seq,
-                processed_at_unix: now,
-            };
+            let msg = protocol::replication::encode(agent, mode, ev, seq, now);
             for link in self.links() {
                 if link.cut.is_cancelled() {
                     continue;
@@ -537,7 +525,9 @@ where
         };
         let transport = auth::TransportIdentity::from_extensions(req.extensions());
         if let Err(status) = authorize(&ha.config, &transport) {
-            tracing::warn!(path = req.uri().path(), remote = ?transport.remote_addr(), %status, "replication call refused");
+            ha.replication_refused(status.code());
+            tracing::warn!(path = req.uri().path(), remote = ?transport.remote_addr(), code = ?status.code(),
+                reason = status.message(), "replication call refused");
             return Box::pin(async { Ok(status.into_http()) });
         }
         let mut server = ReplicationServer::new(ReplicationService { ha })
@@ -552,10 +542,12 @@ where
     }
 }
 
-/// Upstream's replication authorization (module docs).
+/// The replication authorization (module docs): the caller's identity when it may replicate.
 ///
 /// # Errors
-/// `Unauthenticated` or `PermissionDenied`, with upstream's messages.
+/// `Unauthenticated` (upstream's messages) when the mTLS method does not accept the caller;
+/// `PermissionDenied` naming the identity and `--ha-allowed-replication-clients` when the
+/// identity is not allowed (always, while the list is empty).
 pub fn authorize(config: &HaConfig, transport: &auth::TransportIdentity) -> Result<String, Status> {
     let identity = match &config.replication_auth {
         None => String::new(),
@@ -574,46 +566,87 @@ pub fn authorize(config: &HaConfig, transport: &auth::TransportIdentity) -> Resu
                 .to_owned()
         }
     };
-    if !config.allowed_replication_clients.is_empty() && !config.allowed_replication_clients.contains(&identity) {
-        return Err(Status::permission_denied(format!("identity {identity:?} not in allowed replication clients")));
+    let allowed = &config.allowed_replication_clients;
+    if allowed.iter().any(|a| a == ANY_REPLICATION_CLIENT || *a == identity) {
+        return Ok(identity);
     }
-    Ok(identity)
+    Err(Status::permission_denied(if allowed.is_empty() {
+        format!(
+            "identity {identity:?} not in allowed replication clients: --ha-allowed-replication-clients is empty, \
+             so no client may replicate; set it to the peer principal's identity"
+        )
+    } else {
+        format!(
+            "identity {identity:?} not in allowed replication clients (--ha-allowed-replication-clients {}); \
+             add it there only if it is the peer principal's",
+            allowed.join(",")
+        )
+    }))
 }
 
 #[cfg(test)]
 mod tests {
+    use protocol::{EventType, Target};
+
     use super::*;
 
     fn ev(target: Target, ty: EventType) -> Event {
         Event::new(ty, target, "r".to_owned(), "e".to_owned())
     }
 
-    #[test]
-    fn only_hub_changes_are_replicated() {
-        assert!(replicable(&ev(Target::Application, EventType::Create)));
-        assert!(replicable(&ev(Target::Application, EventType::StatusUpdate)));
-        assert!(replicable(&ev(Target::AppProject, EventType::Delete)));
-        assert!(!replicable(&ev(Target::EventProcessed, EventType::Processed)));
-        assert!(!replicable(&ev(Target::Application, EventType::RequestUpdate)));
+    const AGENT: &str = include_str!("testdata/agent.pem"); // CN=agent-a
+    const ADMIN: &str = include_str!("testdata/admin.pem"); // CN=ha-admin,O=HA-Admins
+
+    fn mtls(allowed: &[&str]) -> HaConfig {
+        let spec = auth::AuthMethodSpec::parse("mtls:subject:CN=([^,]+)").expect("spec");
+        let auth::AuthMethodSpec::Mtls { source, regex, .. } = spec else { panic!("mtls") };
+        HaConfig {
+            replication_auth: Some(auth::MtlsAuthenticator::new(source, regex)),
+            allowed_replication_clients: allowed.iter().map(|a| (*a).to_owned()).collect(),
+            ..HaConfig::default()
+        }
+    }
+
+    fn tls(pem: &str) -> auth::TransportIdentity {
+        use rustls::pki_types::pem::PemObject as _;
+        let cert = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("test certificate");
+        auth::TransportIdentity::tls(None, Some(Arc::new(vec![cert])))
     }
 
     #[test]
-    fn allowed_clients_need_an_exact_identity() {
-        let transport = auth::TransportIdentity::plaintext(None);
-        let open = HaConfig::default();
-        assert_eq!(authorize(&open, &transport).expect("open"), "");
-        let listed = HaConfig { allowed_replication_clients: vec!["region-b".into()], ..HaConfig::default() };
-        let denied = authorize(&listed, &transport).unwrap_err();
+    fn replication_is_denied_by_default_and_allowed_by_exact_identity_or_star() {
+        // The default: an agent's certificate (accepted by --auth) may not replicate.
+        let denied = authorize(&mtls(&[]), &tls(AGENT)).unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
-        assert_eq!(denied.message(), "identity \"\" not in allowed replication clients");
+        assert_eq!(
+            denied.message(),
+            "identity \"agent-a\" not in allowed replication clients: --ha-allowed-replication-clients is empty, so \
+             no client may replicate; set it to the peer principal's identity"
+        );
+        // Listed: that identity only, exactly.
+        let listed = mtls(&["ha-admin"]);
+        assert_eq!(authorize(&listed, &tls(ADMIN)).expect("listed"), "ha-admin");
+        let other = authorize(&listed, &tls(AGENT)).unwrap_err();
+        assert_eq!(other.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            other.message(),
+            "identity \"agent-a\" not in allowed replication clients (--ha-allowed-replication-clients ha-admin); \
+             add it there only if it is the peer principal's"
+        );
+        assert!(authorize(&mtls(&["agent"]), &tls(AGENT)).is_err(), "no prefix match");
+        // The explicit opt-out: any identity the mTLS method accepts (upstream's empty list).
+        assert_eq!(authorize(&mtls(&[ANY_REPLICATION_CLIENT]), &tls(AGENT)).expect("any"), "agent-a");
+        // Library use without an mTLS method (a trusted plaintext listener): only with '*'.
+        let plain = auth::TransportIdentity::plaintext(None);
+        assert_eq!(authorize(&HaConfig::default(), &plain).unwrap_err().code(), tonic::Code::PermissionDenied);
+        let any = HaConfig { allowed_replication_clients: vec!["*".into()], ..HaConfig::default() };
+        assert_eq!(authorize(&any, &plain).expect("any"), "");
     }
 
     #[test]
     fn replication_over_mtls_needs_a_certificate() {
-        let spec = auth::AuthMethodSpec::parse("mtls:subject:CN=([^,]+)").expect("spec");
-        let auth::AuthMethodSpec::Mtls { source, regex, .. } = spec else { panic!("mtls") };
-        let config =
-            HaConfig { replication_auth: Some(auth::MtlsAuthenticator::new(source, regex)), ..HaConfig::default() };
+        // Even with '*': the caller must present a certificate the mTLS method accepts.
+        let config = mtls(&[ANY_REPLICATION_CLIENT]);
         let plain = authorize(&config, &auth::TransportIdentity::plaintext(None)).unwrap_err();
         assert_eq!(plain.code(), tonic::Code::Unauthenticated);
         let no_cert = authorize(&config, &auth::TransportIdentity::tls(None, None)).unwrap_err();
