@@ -191,6 +191,21 @@ pub struct Args {
     /// Proxied requests of one agent in flight at once; more are answered 429.
     #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_IN_FLIGHT", default_value_t = 64)]
     pub resource_proxy_max_in_flight: u32,
+    /// Accept at the resource proxy only client certificates marked as its callers' (subject OU
+    /// argocd-agent-resource-proxy-client, as `argocd-agentctl agent create` and `pki issue
+    /// shared-client` issue them), so an agent's own client certificate does not open it. False
+    /// accepts any certificate of the CA (certificates issued before the mark, or by upstream's
+    /// argocd-agentctl).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_REQUIRE_CLIENT_MARK",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub resource_proxy_require_client_mark: bool,
     /// Also take gRPC over WebSocket on HTTP/1.1 on the agents' port (upstream's grpc-http1
     /// framing), for agents behind proxies that pass only HTTP/1.1; native HTTP/2 keeps working.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET")]
@@ -536,6 +551,7 @@ async fn serve_resource_proxy(
     let config = principal::ProxyConfig {
         request_timeout: args.resource_proxy_timeout()?,
         max_in_flight_per_agent: args.resource_proxy_max_in_flight.max(1) as usize,
+        require_client_mark: args.resource_proxy_require_client_mark,
         tokens: Some(tokens.clone()),
         connections: args.listener_limits(principal::transport::limits::Listener::ResourceProxy)?,
         ..principal::ProxyConfig::default()
