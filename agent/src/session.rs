@@ -38,6 +38,9 @@ pub struct Session {
     compression: bool,
     /// How a redial reaches the principal (`--enable-websocket`).
     wire: crate::transport::Wire,
+    /// The version presented instead of ours, learnt from an upstream principal that refused
+    /// ours (see [`Session::authenticate`]).
+    presented_version: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -59,6 +62,7 @@ impl Session {
             renew: Arc::new(Notify::new()),
             compression: false,
             wire: crate::transport::Wire::Http2,
+            presented_version: std::sync::Mutex::new(None),
         }
     }
 
@@ -94,15 +98,30 @@ impl Session {
     }
 
     /// Authenticates, retrying with backoff until it succeeds. Errors that retrying cannot fix
-    /// (a refused certificate, a version mismatch) are logged each time with what to change.
+    /// (a refused certificate) are logged each time with what to change.
+    ///
+    /// The version handshake: an upstream principal (v0.8.0 on) accepts only its own bare
+    /// version in `AuthRequest.version` and refuses ours with `FailedPrecondition`, while ours
+    /// accepts our qualified version and upstream releases. So the agent presents its own
+    /// version first; when a principal refuses it as a version mismatch, the agent reads the
+    /// principal's version from the unauthenticated `versionapi.Version`
+    /// (`argocd-agent-<version>`), presents that (bare, as upstream's agents send it) from then
+    /// on, and says so in its log. A principal of ours never takes that path.
     pub async fn authenticate(&self) -> auth::PrincipalInfo {
         let mut delay = RETRY_INITIAL;
         loop {
+            let params = self.params_to_present();
             // A fresh client each attempt: the channel may have been redialled meanwhile.
-            match self.credentials.authenticate(&mut self.client(), &self.params).await {
+            match self.credentials.authenticate(&mut self.client(), &params).await {
                 Ok(info) => {
                     tracing::info!(agent = %info.agent_name, principal_version = %info.version, "authenticated to the principal");
                     return info;
+                }
+                Err(auth::ClientError::Refused { status, .. })
+                    if status.code() == tonic::Code::FailedPrecondition
+                        && self.learn_principal_version(&params).await =>
+                {
+                    continue;
                 }
                 Err(e) => {
                     crate::metrics::global().auth_failed();
@@ -111,6 +130,45 @@ impl Session {
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// The `AuthRequest` to send: ours, with the version learnt from the principal if any.
+    fn params_to_present(&self) -> auth::AuthParams {
+        let mut params = self.params.clone();
+        if let Some(version) = link::lock(&self.presented_version).clone() {
+            params.version = version;
+        }
+        params
+    }
+
+    /// After a version mismatch: reads the principal's version and, when it names a release
+    /// other than the one `sent` presented, keeps it for the next attempts. Returns whether the
+    /// next attempt presents another version.
+    async fn learn_principal_version(&self, sent: &auth::AuthParams) -> bool {
+        let channel = self.channel.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let mut client = protocol::pb::versionapi::version_client::VersionClient::new(channel);
+        let asked = client.version(protocol::pb::versionapi::VersionRequest {});
+        let answer = match tokio::time::timeout(RETRY_MAX, asked).await {
+            Ok(Ok(answer)) => answer.into_inner().version,
+            Ok(Err(status)) => {
+                tracing::warn!(error = %status.message(), "version mismatch, and the principal's version cannot be read");
+                return false;
+            }
+            Err(_) => return false,
+        };
+        match version_to_present(&answer) {
+            Some(version) if version != sent.version => {
+                tracing::info!(principal_version = %answer, presented = %version, ours = %self.params.version,
+                    "the principal accepts only its own version in the handshake (upstream's rule): presenting it");
+                *link::lock(&self.presented_version) = Some(version);
+                true
+            }
+            _ => {
+                tracing::warn!(principal_version = %answer, presented = %sent.version,
+                    "the principal refused this agent's version and names no release to present instead");
+                false
+            }
         }
     }
 
@@ -199,4 +257,28 @@ async fn tls_changed(changes: &mut Option<watch::Receiver<Arc<rustls::ClientConf
     }
     *changes = None;
     std::future::pending::<()>().await;
+}
+
+/// What to present in `AuthRequest.version` to a principal whose `versionapi.Version` answered
+/// `answer`: upstream's principal answers `argocd-agent-<version>` there and compares
+/// `AuthRequest.version` with the bare `<version>` (what its own agents send). `None` when the
+/// answer names no release.
+fn version_to_present(answer: &str) -> Option<String> {
+    let bare = answer.trim().strip_prefix(auth::version::QUALIFIED_PREFIX)?;
+    bare.parse::<auth::ReleaseVersion>().is_ok().then(|| bare.to_owned())
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::version_to_present;
+
+    #[test]
+    fn an_upstream_principal_gets_its_own_bare_version() {
+        assert_eq!(version_to_present("argocd-agent-0.10.0").as_deref(), Some("0.10.0"));
+        assert_eq!(version_to_present("argocd-agent-v0.8.1").as_deref(), Some("v0.8.1"));
+        assert_eq!(version_to_present("argocd-agent-99.9.9-unreleased").as_deref(), Some("99.9.9-unreleased"));
+        assert_eq!(version_to_present("0.10.0"), None, "not upstream's versionapi answer");
+        assert_eq!(version_to_present("argocd-agent-"), None);
+        assert_eq!(version_to_present("something-else"), None);
+    }
 }

@@ -481,6 +481,35 @@ async fn gopeer_upstream_agent_versions_against_our_principal() -> anyhow::Resul
     Ok(())
 }
 
+/// Upstream's managed agent asks for the principal's resource list once per process
+/// (`resyncOnStart`), so after our principal restarts, a hub Application created while it was
+/// down must reach the agent without that list: our principal sends it a `create` of every
+/// Application on connect, as upstream's principal does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_agent_gets_what_the_hub_created_while_our_principal_was_down() -> anyhow::Result<()> {
+    let agent = "agent-gor";
+    let (mut topo, go) = start_go_agent(agent, Mode::Managed).await?;
+    drop(go);
+    topo.stop_principal(Duration::from_secs(10))?;
+    let apps = applications(topo.hub(), agent);
+    let app = tests::fixtures::application_without_finalizers("while-down", agent, "v1");
+    apps.create(&PostParams::default(), &dynamic(app)?).await?;
+    topo.start_principal().await?;
+
+    // The agent process lives on (a new peer here, which like upstream's agent after its first
+    // connect never sends request-synced-resource-list).
+    let pki = Pki::of_kubeconfig(&topo.kubeconfig())?;
+    let addr = topo.principal_addr().context("principal address")?;
+    let mut go = GoPeer::agent(&pki, agent, addr, "managed", UPSTREAM_AGENT_VERSION)?;
+    go_authenticated(&mut go, &topo).await?;
+    let created =
+        received(&mut go, EventType::Create, Target::Application, |r| r["data"]["metadata"]["name"] == "while-down")
+            .await
+            .with_context(|| topo.logs())?;
+    ensure!(created["data"]["spec"]["source"]["targetRevision"] == "v1", "{created}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gopeer_upstream_agent_managed_against_our_principal() -> anyhow::Result<()> {
     let agent = "agent-gom";
@@ -798,6 +827,29 @@ async fn start_go_principal(name: &str, mode: Mode) -> anyhow::Result<(Topology,
     ensure!(auth["agent"] == name && auth["version"] == OUR_VERSION && auth["method"] == "mtls", "{auth}");
     go.wait("our agent to subscribe", |r| r["kind"] == "subscribed").await?;
     Ok((topo, go))
+}
+
+/// An upstream principal (v0.8.0 on) accepts only its own bare version in `AuthRequest.version`
+/// and refuses ours with `FailedPrecondition "version mismatch"`: our agent reads the
+/// principal's `versionapi.Version` (`argocd-agent-<version>`), presents that version, and
+/// connects, whatever the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gopeer_upstream_principals_of_every_release_take_our_agent() -> anyhow::Result<()> {
+    let name = "agent-gpv";
+    let mut topo = Topology::start_without_agents(&[(name, Mode::Managed)]).await?;
+    let pki = Pki::of_kubeconfig(&topo.kubeconfig())?;
+    for release in ["0.8.0", "0.9.0", "0.10.0"] {
+        let (mut go, addr) = GoPeer::principal(&pki, release).await?;
+        topo.start_agent_via(name, addr).await?;
+        let refused = go.wait("our version refused first", |r| r["kind"] == "version_mismatch").await?;
+        ensure!(refused["version"] == OUR_VERSION, "{release}: {refused}");
+        let auth =
+            go.wait("our agent to authenticate", |r| r["kind"] == "authenticate").await.with_context(|| topo.logs())?;
+        ensure!(auth["agent"] == name && auth["version"] == release, "{release}: {auth}");
+        go.wait("our agent to subscribe", |r| r["kind"] == "subscribed").await?;
+        topo.kill_agent(name)?;
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1242,6 +1294,12 @@ async fn gopeer_upstream_agent_answers_our_resource_proxy() -> anyhow::Result<()
 async fn gopeer_upstream_principal_resource_requests_against_our_agent() -> anyhow::Result<()> {
     let agent = "agent-gpr";
     let (topo, mut go) = start_go_principal(agent, Mode::Managed).await?;
+    // The Application the tracked object names: the agent serves only what its Applications manage.
+    let mut app = application_json("a", agent, "hub-uid-a", "1");
+    app.as_object_mut().context("app")?.remove("operation");
+    app.as_object_mut().context("app")?.remove("status");
+    send_acked(&mut go, "create", json!({"type": EventType::Create.as_str(), "target": "application", "data": app}))
+        .await?;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(topo.spoke(agent)?, ARGOCD_NS);
     for (name, annotations) in
         [("tracked", json!({"argocd.argoproj.io/tracking-id": "a:/ConfigMap:argocd/tracked"})), ("plain", json!({}))]

@@ -58,6 +58,10 @@ pub(crate) struct Hub {
     /// `--agent-leases`: which agents this replica owns among the hub's replicas, the write
     /// fence every hub write for an agent passes ([`Self::write_deadline`]).
     pub(crate) leases: Option<crate::lease::Ownership>,
+    /// Agents whose last `Authenticate` on this principal presented an upstream release's bare
+    /// version (ours present `argocd-agent-<version>`): their resync differs
+    /// ([`crate::sync::resync`]).
+    upstream_agents: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Counts of the paths a managed agent's status write takes, so tests can tell the one-request
@@ -122,7 +126,26 @@ impl Hub {
             status_paths: StatusPathCounters::default(),
             processors,
             leases,
+            upstream_agents: std::sync::Mutex::default(),
         }
+    }
+
+    /// Notes the version `agent` presented on `Authenticate`: an upstream release's bare
+    /// version (`0.10.0`) or ours (`argocd-agent-<version>`).
+    pub(crate) fn note_agent_version(&self, agent: &str, version: &str) {
+        let upstream = !version.is_empty() && !version.starts_with(auth::version::QUALIFIED_PREFIX);
+        let mut agents = link::lock(&self.upstream_agents);
+        if upstream {
+            agents.insert(agent.to_owned());
+        } else {
+            agents.remove(agent);
+        }
+    }
+
+    /// Whether `agent` last authenticated here as an upstream agent (see
+    /// [`Self::note_agent_version`]).
+    pub(crate) fn is_upstream_agent(&self, agent: &str) -> bool {
+        link::lock(&self.upstream_agents).contains(agent)
     }
 
     /// Whether this principal writes the hub for `agent`: always for a lone principal; among

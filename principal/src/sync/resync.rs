@@ -5,7 +5,9 @@
 //! stream was down):
 //!
 //! * managed agent (hub = source of truth): the principal pushes every AppProject the agent
-//!   matches, every repository secret of those projects and the GPG keys ConfigMap, then asks for `request-resource-resync`; the agent answers with a
+//!   matches, every repository secret of those projects and the GPG keys ConfigMap (and, to an
+//!   upstream agent, a `create` of every Application it should hold, as upstream's principal
+//!   does: upstream's agent lists what it holds only once per process), then asks for `request-resource-resync`; the agent answers with a
 //!   `request-update` per resource it holds (the principal answers `delete` for what the hub
 //!   no longer has, `spec-update` where the spec checksum differs) and a
 //!   `request-synced-resource-list` (on checksum mismatch the principal lists what it has,
@@ -199,6 +201,16 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
             hub.repos.resync(agent, |r| repository::belongs_on(hub, r, agent), |a, ty, r| hub.ship(a, ty, r));
             load_gpg(hub).await?;
             hub.gpg.resync(agent, |c| !hub.excluded(&c.metadata), |a, ty, c| hub.ship(a, ty, c));
+            if hub.is_upstream_agent(agent) {
+                // Upstream's agent sends its `request-synced-resource-list` once per process
+                // (`resyncOnStart`), so after a restart of this principal it never asks for what
+                // the hub created meanwhile; upstream's principal queues a `create` of every hub
+                // Application for it instead, and so does this one (an Application it holds
+                // already is updated in place by upstream's agent).
+                for app in managed_apps(hub, agent).await? {
+                    push(session, managed::event_for(hub, EventType::Create, &app));
+                }
+            }
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
         }
         AgentMode::Autonomous => {

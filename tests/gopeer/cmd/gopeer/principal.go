@@ -75,6 +75,15 @@ func (s *principalServer) Authenticate(ctx context.Context, req *authapi.AuthReq
 	if agent == "" {
 		return nil, status.Error(codes.Unauthenticated, "authentication failed")
 	}
+	// Upstream's version handshake (v0.8.0 on, principal/apis/auth/auth.go): no version is
+	// InvalidArgument, any but the principal's own bare version FailedPrecondition.
+	if s.version != "" && req.GetVersion() != s.version {
+		out.report(map[string]any{"kind": "version_mismatch", "agent": agent, "version": req.GetVersion()})
+		if req.GetVersion() == "" {
+			return nil, status.Error(codes.InvalidArgument, "agent version is required")
+		}
+		return nil, status.Error(codes.FailedPrecondition, "version mismatch")
+	}
 	out.report(map[string]any{"kind": "authenticate", "agent": agent, "mode": req.GetMode(), "version": req.GetVersion(), "agent_namespace": req.GetAgentNamespace(), "method": req.GetMethod()})
 	access, err := s.token(agent, req.GetMode(), "argocd-agent-server-access", 5*time.Minute)
 	if err != nil {
