@@ -1393,3 +1393,59 @@ fn dockerfile_and_chart_defaults_agree() {
         assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true, "kustomize {overlay}");
     }
 }
+
+// === Upstream v0.10's SPIRE values ===
+
+/// An upstream values file with SPIRE on (`principal.spire.enabled`, an empty `principal.auth`;
+/// the agent's `spire.enabled`) renders upstream's ConfigMap keys and socket mount, and the
+/// binary started from the rendered Deployment's environment takes them: past every check
+/// (upstream's default `--auth` for the method), on to the (missing) cluster.
+#[test]
+fn upstream_spire_values_render_and_the_binaries_take_them() {
+    const SOCKET: &str = "unix:///run/spire/agent-sockets/spire-agent.sock";
+    for (chart, command, prefix, values) in [
+        (
+            PRINCIPAL_CHART,
+            "principal",
+            "principal",
+            json!({"principal": {"auth": "", "spire": {"enabled": true, "authMethod": "jwt"}}}),
+        ),
+        (
+            PRINCIPAL_CHART,
+            "principal",
+            "principal",
+            json!({"principal": {"spire": {"enabled": true, "authMethod": "mtls", "mountMethod": "csi"}}}),
+        ),
+        (AGENT_CHART, "agent", "agent", json!({"server": "p", "spire": {"enabled": true, "authMethod": "mtls"}})),
+    ] {
+        let docs = documents(&helm_template(chart, "argocd", &values).expect("render")).expect("parse");
+        let cm = find(&docs, "ConfigMap", "argocd-agent-params").expect("params").clone();
+        let data: BTreeMap<String, String> = serde_json::from_value(cm["data"].clone()).expect("data");
+        let method =
+            values.pointer(&format!("/{}spire/authMethod", if chart == AGENT_CHART { "" } else { "principal/" }));
+        assert_eq!(data.get(&format!("{prefix}.spire.socket-path")).map(String::as_str), Some(SOCKET), "{values}");
+        assert_eq!(
+            data.get(&format!("{prefix}.spire.auth-method")),
+            method.and_then(Value::as_str).map(str::to_owned).as_ref()
+        );
+        let auth_key = if chart == AGENT_CHART { "agent.creds" } else { "principal.auth" };
+        assert!(data.get(auth_key).is_none(), "{values}: {auth_key} is left empty with SPIRE, as upstream");
+        let mut deployment = find(&docs, "Deployment", chart).expect("deployment").clone();
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["containers"][0]["volumeMounts"][0]["mountPath"], "/run/spire/agent-sockets", "{values}");
+        let volume = &pod["volumes"][0];
+        assert!(volume["hostPath"]["path"] == "/run/spire/agent-sockets" || volume["csi"]["driver"] == "csi.spiffe.io");
+        deployment["metadata"]["namespace"] = json!("argocd");
+        let data: BTreeMap<&str, &str> = data.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let said = check_settings(command, &deployment, &data);
+        assert!(!said.contains("not supported yet") && !said.contains("--auth"), "{chart} {values}: {said}");
+        assert!(said.contains("/nonexistent/kubeconfig"), "{chart} {values}: stopped before the cluster: {said}");
+    }
+    // Without a method, as upstream's schema says, the chart refuses naming the key.
+    let out = try_helm_template(PRINCIPAL_CHART, "argocd", &json!({"principal": {"spire": {"enabled": true}}}))
+        .expect("helm");
+    assert!(!out.ok && out.stderr.contains("principal.spire.authMethod"), "{}", out.stderr);
+    let out =
+        try_helm_template(AGENT_CHART, "argocd", &json!({"server": "p", "spire": {"enabled": true}})).expect("helm");
+    assert!(!out.ok && out.stderr.contains("spire.authMethod"), "{}", out.stderr);
+}

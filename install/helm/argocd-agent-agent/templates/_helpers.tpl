@@ -74,6 +74,8 @@ agent.app-label-selector=ARGOCD_AGENT_LABEL_SELECTOR
 agent.name=ARGOCD_AGENT_NAME
 agent.heartbeat.interval=ARGOCD_AGENT_HEARTBEAT_INTERVAL
 agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
+agent.spire.socket-path=ARGOCD_AGENT_SPIRE_AGENT_SOCKET
+agent.spire.auth-method=ARGOCD_AGENT_SPIRE_AUTH_METHOD
 {{- end -}}
 
 {{/* Upstream values of features not implemented here must keep their inert value. */}}
@@ -89,6 +91,9 @@ agent.otlp.address=ARGOCD_AGENT_OTLP_ADDRESS
 {{- end -}}
 {{- if not $v.server -}}
 {{- fail "server: the principal's address is required" -}}
+{{- end -}}
+{{- if and $v.spire.enabled (not (has (toString $v.spire.authMethod) (list "jwt" "mtls"))) -}}
+{{- fail (printf "spire.authMethod %q: with spire.enabled it must be \"jwt\" or \"mtls\" (upstream's --spire-auth-method)" (toString $v.spire.authMethod)) -}}
 {{- end -}}
 {{- end -}}
 

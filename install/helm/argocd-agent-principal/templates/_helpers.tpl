@@ -96,6 +96,8 @@ principal.self-registration.enabled=ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTR
 principal.self-registration.client-cert-secret=ARGOCD_PRINCIPAL_SELF_REGISTRATION_CLIENT_CERT_SECRET
 principal.agent-version-check=ARGOCD_PRINCIPAL_AGENT_VERSION_CHECK
 principal.otlp.address=ARGOCD_PRINCIPAL_OTLP_ADDRESS
+principal.spire.socket-path=ARGOCD_PRINCIPAL_SPIRE_AGENT_SOCKET
+principal.spire.auth-method=ARGOCD_PRINCIPAL_SPIRE_AUTH_METHOD
 {{- end -}}
 
 {{/*
@@ -112,6 +114,9 @@ value, else rendering fails naming the key (instead of a principal that refuses 
 {{- fail (printf "argocd-agent-rs does not support these yet: %s. Reset them to their defaults (docs/install.md, \"Migrating from upstream's chart\")." (join ", " $bad)) -}}
 {{- end -}}
 {{- include "argocd-agent-principal.checkSelfRegistration" . -}}
+{{- if and $p.spire.enabled (not (has (toString $p.spire.authMethod) (list "jwt" "mtls"))) -}}
+{{- fail (printf "principal.spire.authMethod %q: with principal.spire.enabled it must be \"jwt\" or \"mtls\" (upstream's --spire-auth-method)" (toString $p.spire.authMethod)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
