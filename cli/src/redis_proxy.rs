@@ -34,6 +34,11 @@ pub struct PrincipalRedis {
     /// Redis requests of one agent in flight at once; more get an error reply.
     #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_IN_FLIGHT", default_value_t = 64)]
     pub redis_proxy_max_in_flight: u32,
+    /// Largest RESP frame (bytes) an authenticated client may send through the Redis proxy,
+    /// and the hub's Redis may answer (default 128 MiB; Redis's own limit is 512 MiB). Clients
+    /// that have not authenticated get Redis's bounds: 10 arguments of 16 KiB.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_FRAME_BYTES")]
+    pub redis_proxy_max_frame_bytes: Option<usize>,
     /// Accepted, no effect: Argo CD authenticates to the hub's Redis itself, through the proxy.
     #[arg(long, env = "REDIS_PASSWORD", hide = true)]
     pub redis_password: Option<String>,
@@ -86,6 +91,12 @@ impl PrincipalRedis {
     /// A value upstream would refuse, or two CA modes at once.
     pub fn check(&self) -> anyhow::Result<Vec<String>> {
         self.timeout()?;
+        if let Some(max) = self.redis_proxy_max_frame_bytes {
+            anyhow::ensure!(
+                max >= 1 << 20,
+                "--redis-proxy-max-frame-bytes {max}: at least 1048576 (1 MiB); Argo CD's cached values need more"
+            );
+        }
         if let Some(c) = self.redis_compression_type.as_deref().filter(|c| !c.is_empty()) {
             anyhow::ensure!(c == "gzip" || c == "none", "--redis-compression-type {c:?}: use gzip or none");
         }
@@ -146,6 +157,9 @@ pub async fn serve_principal(
     config.request_timeout = flags.timeout()?;
     config.max_in_flight_per_agent = flags.redis_proxy_max_in_flight.max(1) as usize;
     config.connections = connections;
+    if let Some(max) = flags.redis_proxy_max_frame_bytes {
+        config.limits.max_frame_bytes = max;
+    }
     let listener_tls = if flags.redis_tls_enabled == Some(true) {
         config.upstream_tls = Some(if flags.redis_tls_insecure == Some(true) {
             tracing::warn!("the hub Redis's certificate is not verified (--redis-tls-insecure)");

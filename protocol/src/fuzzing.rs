@@ -116,17 +116,41 @@ pub fn check_api_path(bytes: &[u8]) -> Result<(), String> {
 /// frames found are the same whether the bytes arrive at once or split where the first byte
 /// says; every frame decodes; re-encoding a command's arguments gives a frame that scans and
 /// decodes to the same arguments; Argo CD cache keys among the arguments parse consistently
-/// ([`check_app_cache_key`]).
+/// ([`check_app_cache_key`]). Scanned again with the limits for a client that has not
+/// authenticated ([`crate::resp::Limits::unauthenticated`]): the frames found are the same
+/// whether split or not, they are the first of those found without those limits (all of them
+/// unless it stopped at an error), and none has more arguments or longer ones than allowed.
 ///
 /// # Errors
 ///
 /// A description of the broken invariant: a bug.
 pub fn check_resp_command(bytes: &[u8]) -> Result<(), String> {
-    use crate::resp::{Grammar, Request};
-    let whole = scan_all(Grammar::Command, bytes, bytes.len());
-    let split = scan_all(Grammar::Command, bytes, usize::from(bytes.first().copied().unwrap_or(1)).max(1));
+    use crate::resp::{Grammar, Limits, Request};
+    let step = usize::from(bytes.first().copied().unwrap_or(1)).max(1);
+    let whole = scan_all(Grammar::Command, bytes, bytes.len(), FUZZ_LIMITS);
+    let split = scan_all(Grammar::Command, bytes, step, FUZZ_LIMITS);
     if whole != split {
         return Err(format!("split scanning differs: {whole:?} vs {split:?}"));
+    }
+    let pre_auth = FUZZ_LIMITS.unauthenticated();
+    let pre = scan_all(Grammar::Command, bytes, bytes.len(), pre_auth);
+    let pre_split = scan_all(Grammar::Command, bytes, step, pre_auth);
+    if pre != pre_split {
+        return Err(format!("split scanning before authentication differs: {pre:?} vs {pre_split:?}"));
+    }
+    if !whole.0.starts_with(&pre.0) || (!pre.1 && pre != whole) {
+        return Err(format!("the limits before authentication accept what others refuse: {pre:?} vs {whole:?}"));
+    }
+    let mut start = 0;
+    for len in &pre.0 {
+        let req = Request::decode(bytes::Bytes::copy_from_slice(&bytes[start..start + len]))
+            .map_err(|e| format!("a command scanned before authentication does not decode: {e}"))?;
+        start += len;
+        if req.args().len() > Limits::UNAUTHENTICATED_ARGS
+            || req.args().iter().any(|a| a.len() > Limits::UNAUTHENTICATED_BULK)
+        {
+            return Err(format!("{} arguments accepted before authentication", req.args().len()));
+        }
     }
     let mut start = 0;
     for len in whole.0 {
@@ -134,7 +158,7 @@ pub fn check_resp_command(bytes: &[u8]) -> Result<(), String> {
         start += len;
         let req = Request::decode(raw).map_err(|e| format!("a scanned command does not decode: {e}"))?;
         let again = Request::from_args(req.args().to_vec());
-        let rescanned = scan_all(Grammar::Command, again.raw(), again.raw().len());
+        let rescanned = scan_all(Grammar::Command, again.raw(), again.raw().len(), FUZZ_LIMITS);
         if rescanned.0 != [again.raw().len()] || rescanned.1 {
             return Err(format!("re-encoded {:?} does not scan as one command", req.args()));
         }
@@ -154,17 +178,27 @@ pub fn check_resp_command(bytes: &[u8]) -> Result<(), String> {
 
 /// Scans `bytes` as replies from a Redis server and checks that scanning at once and in pieces
 /// (split where the first byte says) finds the same frames, and that each frame rescans alone
-/// to its own length.
+/// to its own length. Tighter bounds on elements and string lengths find the same frames in
+/// pieces and at once, and the first of those found without them.
 ///
 /// # Errors
 ///
 /// A description of the broken invariant: a bug.
 pub fn check_resp_reply(bytes: &[u8]) -> Result<(), String> {
     use crate::resp::{Grammar, Limits, Scanner};
-    let whole = scan_all(Grammar::Reply, bytes, bytes.len());
-    let split = scan_all(Grammar::Reply, bytes, usize::from(bytes.first().copied().unwrap_or(1)).max(1));
+    let whole = scan_all(Grammar::Reply, bytes, bytes.len(), FUZZ_LIMITS);
+    let step = usize::from(bytes.first().copied().unwrap_or(1)).max(1);
+    let split = scan_all(Grammar::Reply, bytes, step, FUZZ_LIMITS);
     if whole != split {
         return Err(format!("split scanning differs: {whole:?} vs {split:?}"));
+    }
+    let tight = Limits { max_elements: 4, max_bulk: 8, ..FUZZ_LIMITS };
+    let bounded = scan_all(Grammar::Reply, bytes, bytes.len(), tight);
+    if bounded != scan_all(Grammar::Reply, bytes, step, tight) {
+        return Err(format!("split scanning within tighter bounds differs from {bounded:?}"));
+    }
+    if !whole.0.starts_with(&bounded.0) || (!bounded.1 && bounded != whole) {
+        return Err(format!("tighter bounds accept what others refuse: {bounded:?} vs {whole:?}"));
     }
     let mut start = 0;
     for len in whole.0 {
@@ -179,11 +213,24 @@ pub fn check_resp_reply(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Frames found in `bytes` fed `step` bytes at a time with small limits, and whether scanning
+/// Small limits, so that fuzzed inputs reach them.
+const FUZZ_LIMITS: crate::resp::Limits = crate::resp::Limits {
+    max_frame_bytes: 1 << 16,
+    max_depth: 8,
+    max_line: 256,
+    max_elements: usize::MAX,
+    max_bulk: usize::MAX,
+};
+
+/// Frames found in `bytes` fed `step` bytes at a time within `limits`, and whether scanning
 /// stopped at an error.
-fn scan_all(grammar: crate::resp::Grammar, bytes: &[u8], step: usize) -> (Vec<usize>, bool) {
-    use crate::resp::{Limits, Scanner};
-    let limits = Limits { max_frame_bytes: 1 << 16, max_depth: 8, max_line: 256 };
+fn scan_all(
+    grammar: crate::resp::Grammar,
+    bytes: &[u8],
+    step: usize,
+    limits: crate::resp::Limits,
+) -> (Vec<usize>, bool) {
+    use crate::resp::Scanner;
     let mut scanner = Scanner::new(grammar, limits);
     let (mut frames, mut start, mut end) = (Vec::new(), 0, 0);
     while end < bytes.len() {

@@ -607,3 +607,114 @@ async fn an_autonomous_agents_tree_from_argo_cds_own_gzip_is_rewritten() -> Resu
     );
     Ok(())
 }
+
+/// A peak and a current resident set size of process `pid`, in KiB (`VmHWM`, `VmRSS`).
+fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        let line = status.lines().find(|l| l.starts_with(name)).with_context(|| format!("{name} in status"))?;
+        Ok(line.split_whitespace().nth(1).context("value")?.parse()?)
+    };
+    Ok((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// What a client that never authenticates gets for `head` followed by `filler` bytes, written
+/// while it reads: everything until the server closes the connection (within 10 s).
+async fn unauthenticated_attempt(port: u16, head: Vec<u8>, filler: usize) -> Result<Vec<u8>> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        // Errors are expected: the server closes the connection without reading it all.
+        if wr.write_all(&head).await.is_err() {
+            return;
+        }
+        let chunk = vec![b'x'; 64 << 10];
+        let mut sent = 0;
+        while sent < filler {
+            if wr.write_all(&chunk).await.is_err() {
+                return;
+            }
+            sent += chunk.len();
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    loop {
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, rd.read(&mut buf)).await {
+            Err(_) => {
+                writer.abort();
+                bail!("the connection stayed open; got {:?}", String::from_utf8_lossy(&got));
+            }
+            // A reset after the reply (the server closed with our bytes unread) ends it too.
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    writer.abort();
+    Ok(got)
+}
+
+/// Issue #31 item 3: clients that never send AUTH cannot make the principal buffer. Redis's
+/// bounds before authentication apply at the proxy (10 arguments of 16 KiB, since Redis 6.2.6,
+/// CVE-2021-32675): 8 connections each declaring a 500 MiB argument and sending 8 MiB get
+/// Redis's own error (the words redis-server itself answers the same bytes with) and are
+/// closed, and the principal's memory stays put; 11 arguments are refused the same way; an
+/// authenticated client keeps working meanwhile, with 11 arguments and values over 16 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_have_not_authenticated_cannot_make_the_principal_buffer() -> Result<()> {
+    let hub = Redis::start("redis-hub", None, &["--requirepass", PASSWORD]).await?;
+    let spoke = Redis::start("redis-agent-m", None, &[]).await?;
+    let t = topology(&[("agent-m", Mode::Managed, &spoke)], &hub, &[], &[]).await?;
+    let proxy = proxy_port(&t)?;
+    let pid = t.principal_pid().context("the principal runs")?;
+    spoke.cli(&["SET", "app|resources-tree|web|1.8.3.gz", "spoke-tree"])?;
+
+    // The legitimate client, authenticated before the attack and used through it.
+    let mut argo = Client::connect(proxy).await?;
+    ensure!(argo.call(&[b"AUTH", PASSWORD.as_bytes()]).await? == b"+OK\r\n");
+    let big = vec![b'v'; 64 << 10];
+    ensure!(argo.call(&[b"SET", b"big", &big]).await? == b"+OK\r\n", "an authenticated value over 16 KiB");
+    let (peak_before, rss_before) = memory_kib(pid)?;
+
+    let declared = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$524288000\r\n".to_vec();
+    let eleven = command(&[&b"MSET"[..]; 11]);
+    let started = Instant::now();
+    let attempts: Vec<_> =
+        (0..8).map(|_| tokio::spawn(unauthenticated_attempt(proxy, declared.clone(), 8 << 20))).collect();
+    let mut answers = Vec::new();
+    for attempt in attempts {
+        answers.push(attempt.await??);
+    }
+    let too_many = unauthenticated_attempt(proxy, eleven.clone(), 0).await?;
+    let took = started.elapsed();
+    let (peak_after, rss_after) = memory_kib(pid)?;
+
+    // The same bytes straight to redis-server: the proxy must answer in Redis's own words.
+    let redis_bulk = unauthenticated_attempt(hub.port, declared, 1 << 20).await?;
+    let redis_args = unauthenticated_attempt(hub.port, eleven, 0).await?;
+    ensure!(redis_bulk == b"-ERR Protocol error: unauthenticated bulk length\r\n", "{redis_bulk:?}");
+    for answer in &answers {
+        ensure!(*answer == redis_bulk, "each refused as Redis does: {:?}", String::from_utf8_lossy(answer));
+    }
+    ensure!(
+        too_many == redis_args,
+        "11 arguments: {:?} vs Redis's {:?}",
+        String::from_utf8_lossy(&too_many),
+        String::from_utf8_lossy(&redis_args)
+    );
+
+    let (peak_growth, rss_growth) = (peak_after.saturating_sub(peak_before), rss_after.saturating_sub(rss_before));
+    println!(
+        "8 unauthenticated connections declaring 500 MiB and sending 8 MiB each: refused in {took:?}; principal VmHWM +{peak_growth} KiB, VmRSS +{rss_growth} KiB"
+    );
+    ensure!(peak_growth < 32 << 10, "the principal's peak memory grew by {peak_growth} KiB");
+    ensure!(rss_growth < 32 << 10, "the principal's memory grew by {rss_growth} KiB");
+
+    // The authenticated client was not disturbed: 11 arguments, large values, an agent's key.
+    let pairs: Vec<&[u8]> = [&b"MSET"[..], b"a", b"1", b"b", b"2", b"c", b"3", b"d", b"4", b"e", b"5"].to_vec();
+    ensure!(argo.call(&pairs).await? == b"+OK\r\n", "11 arguments once authenticated");
+    ensure!(argo.call(&[b"GET", b"big"]).await? == bulk(&big));
+    ensure!(argo.call(&[b"GET", b"app|resources-tree|agent-m_web|1.8.3.gz"]).await? == bulk(b"spoke-tree"));
+    Ok(())
+}

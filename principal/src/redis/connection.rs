@@ -17,6 +17,18 @@
 //!
 //! The writer tracks the protocol version (`HELLO`, `RESET`) to encode the proxy's own
 //! replies as the client expects them.
+//!
+//! **Before authentication, Redis's own bounds.** A client that has not authenticated may send
+//! commands of at most 10 arguments of at most 16 KiB each, as Redis itself allows since 6.2.6
+//! (CVE-2021-32675): a larger count or length is refused on its header, before the proxy reads
+//! (let alone buffers) what it declares, with Redis's own error, and the connection is closed.
+//! Authenticated means what Redis means: before reading the client, the proxy sends `PING` to
+//! the hub's Redis on the connection; a `PONG` (the hub's default user needs no password) makes
+//! every client authenticated from the start, as in Redis; otherwise the client is authenticated
+//! once the hub has accepted its `AUTH` or `HELLO` (the proxy waits for that answer before
+//! reading the next command, as Redis executes `AUTH` before it parses what follows), and again
+//! not after `RESET`. Authenticated clients' frames, and the hub's replies, are bounded by
+//! [`super::RedisProxyConfig::limits`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -24,7 +36,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use protocol::payload::{AppCacheKind, RedisCommandBody, RedisGet, RedisSubscribe};
-use protocol::resp::{Command, Frame, Grammar, Reply, Request, Scanner, Version};
+use protocol::resp::{Command, Frame, Grammar, Limits, Reply, Request, ScanError, Scanner, Version};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -54,8 +66,9 @@ enum HubMeta {
 /// A command's place in the order of replies.
 #[derive(Debug)]
 enum Slot {
-    /// Forwarded to the hub's Redis.
-    Hub { seq: u64, meta: HubMeta, permit: OwnedSemaphorePermit },
+    /// Forwarded to the hub's Redis; `answer`, if any, learns whether the hub's reply was a
+    /// success (not when the connection's replies pass through unchecked).
+    Hub { seq: u64, meta: HubMeta, permit: OwnedSemaphorePermit, answer: Option<oneshot::Sender<bool>> },
     /// Answered by the proxy (an agent's answer, or an error), through [`Done`].
     Local { seq: u64, permit: OwnedSemaphorePermit },
     /// The proxy's `PING` to the hub on this connection: `answer` learns whether it succeeded
@@ -121,6 +134,8 @@ where
         cancel: cancel.clone(),
         authorized: false,
         unpaired: false,
+        authenticated: false,
+        open: false,
     };
     reader.run(client_rd, tokio::io::BufWriter::new(hub_wr)).await;
     let _ = writer.await;
@@ -180,6 +195,12 @@ struct Reader {
     authorized: bool,
     /// A command made the hub's frames pass through (pub/sub in RESP2, `MONITOR`, ...).
     unpaired: bool,
+    /// The hub's Redis takes the client as authenticated: its frames are bounded by the
+    /// configured limits, not Redis's pre-authentication ones (see the module docs).
+    authenticated: bool,
+    /// The hub's Redis answered the first `PING` (its default user needs no password): what a
+    /// `RESET` returns the connection to.
+    open: bool,
 }
 
 impl Reader {
@@ -188,16 +209,25 @@ impl Reader {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let mut scanner = Scanner::new(Grammar::Command, self.proxy.config.limits);
+        // Whether the hub takes the client as authenticated before any AUTH: asked before a
+        // byte of the client is read, so that its first command is bounded as Redis would.
+        self.open = self.authorize(&mut hub).await.is_ok();
+        self.authenticated = self.open;
+        let mut scanner = Scanner::new(Grammar::Command, self.limits());
         let mut buf = BytesMut::with_capacity(16 << 10);
         loop {
             loop {
+                scanner.set_limits(self.limits());
                 let frame = match scanner.scan(&buf) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(error) => {
-                        // Redis answers a protocol error and closes; so does the proxy.
-                        self.fail(&error.to_string()).await;
+                        // Redis answers a protocol error and closes; so does the proxy, once
+                        // what came before is forwarded (its replies come first).
+                        let _ = hub.flush().await;
+                        let message = refusal(&error, self.authenticated);
+                        tracing::debug!(conn = %self.id, authenticated = self.authenticated, %message, "Redis proxy client refused");
+                        self.fail(&message).await;
                         return;
                     }
                 };
@@ -205,6 +235,7 @@ impl Reader {
                 let request = match Request::decode(raw) {
                     Ok(r) => r,
                     Err(error) => {
+                        let _ = hub.flush().await;
                         self.fail(&error.to_string()).await;
                         return;
                     }
@@ -226,6 +257,13 @@ impl Reader {
                 Ok(_) => {}
             }
         }
+    }
+
+    /// The bounds on the client's next command: the configured ones once it has
+    /// authenticated, Redis's pre-authentication ones until then.
+    fn limits(&self) -> Limits {
+        let limits = self.proxy.config.limits;
+        if self.authenticated { limits } else { limits.unauthenticated() }
     }
 
     /// A numbered slot's permit, waiting while too many commands are unanswered.
@@ -255,9 +293,21 @@ impl Reader {
             return false;
         }
         let command = request.command();
-        if matches!(command, Command::Hello(_) | Command::Reset) || request.name() == "AUTH" {
+        let auth = request.name() == "AUTH";
+        if matches!(command, Command::Hello(_) | Command::Reset) || auth {
             // The connection's identity may change: check it again before the next agent read.
             self.authorized = false;
+        }
+        if matches!(command, Command::Reset) {
+            // Redis's RESET returns the connection to the default user.
+            self.authenticated = self.open;
+        }
+        if !self.authenticated && (auth || matches!(command, Command::Hello(_))) {
+            let meta = match command {
+                Command::Hello(version) => HubMeta::Hello(version),
+                _ => HubMeta::Plain,
+            };
+            return self.authenticate(request.raw(), meta, hub).await;
         }
         match command {
             Command::Empty => true,
@@ -349,14 +399,48 @@ impl Reader {
             && self.done.send(Done { seq, replies: vec![reply], close: false }).is_ok()
     }
 
+    /// Forwards `AUTH` or `HELLO` of a client that has not authenticated and waits for the hub's
+    /// answer (at most the request timeout) before the next command is read: a success makes
+    /// the client authenticated. `false` ends the connection.
+    async fn authenticate<W: AsyncWrite + Unpin>(&mut self, raw: &Bytes, meta: HubMeta, hub: &mut W) -> bool {
+        let (answer, result) = oneshot::channel();
+        if !self.forward_with(raw, meta, Some(answer), hub).await {
+            return false;
+        }
+        if hub.flush().await.is_err() {
+            self.cancel.cancel();
+            return false;
+        }
+        let timeout = self.proxy.config.request_timeout;
+        tokio::select! {
+            () = self.cancel.cancelled() => return false,
+            answered = tokio::time::timeout(timeout, result) => {
+                // No answer in time, or none the proxy can check: still not authenticated.
+                self.authenticated = matches!(answered, Ok(Ok(true)));
+            }
+        }
+        true
+    }
+
     /// Forwards `raw` to the hub's Redis, its reply expected as `meta` says.
     async fn forward<W: AsyncWrite + Unpin>(&mut self, raw: &Bytes, meta: HubMeta, hub: &mut W) -> bool {
+        self.forward_with(raw, meta, None, hub).await
+    }
+
+    /// [`Self::forward`], `answer` learning whether the reply was a success.
+    async fn forward_with<W: AsyncWrite + Unpin>(
+        &mut self,
+        raw: &Bytes,
+        meta: HubMeta,
+        answer: Option<oneshot::Sender<bool>>,
+        hub: &mut W,
+    ) -> bool {
         if meta == HubMeta::Unpaired {
             self.unpaired = true;
         }
         let Some((seq, permit)) = self.permit().await else { return false };
         // The slot first: the writer must know of it before the reply can arrive.
-        if self.slots.send(Slot::Hub { seq, meta, permit }).is_err() {
+        if self.slots.send(Slot::Hub { seq, meta, permit, answer }).is_err() {
             return false;
         }
         if hub.write_all(raw).await.is_err() {
@@ -546,6 +630,19 @@ async fn keep_alive(proxy: RedisProxy, conn: String, agent: String, cancel: Canc
     }
 }
 
+/// What the client is told when its bytes are refused: Redis's own words for the bounds before
+/// authentication (`ERR Protocol error: unauthenticated multibulk length`, `... bulk length`,
+/// networking.c since Redis 6.2.6), the scanner's otherwise.
+fn refusal(error: &ScanError, authenticated: bool) -> String {
+    match error {
+        ScanError::TooManyElements { .. } if !authenticated => {
+            "Protocol error: unauthenticated multibulk length".into()
+        }
+        ScanError::BulkTooLong { .. } if !authenticated => "Protocol error: unauthenticated bulk length".into(),
+        other => other.to_string(),
+    }
+}
+
 /// The message of an error frame (`-NOAUTH Authentication required.` without `-` and CRLF).
 fn error_text(frame: &[u8]) -> String {
     let text = frame.strip_prefix(b"-").and_then(|f| f.strip_suffix(b"\r\n")).unwrap_or(b"ERR the hub's Redis refused");
@@ -578,6 +675,8 @@ struct Writer<W> {
     expect: VecDeque<(u64, HubMeta)>,
     /// Who waits for the reply to each probe.
     probes: HashMap<u64, oneshot::Sender<Result<(), String>>>,
+    /// Who waits to learn whether a forwarded command succeeded (`AUTH` before authentication).
+    answers: HashMap<u64, oneshot::Sender<bool>>,
     /// The protocol version as the hub's replies so far set it, and as the client has seen it.
     hub_version: Version,
     write_version: Version,
@@ -601,6 +700,7 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             permits: HashMap::new(),
             expect: VecDeque::new(),
             probes: HashMap::new(),
+            answers: HashMap::new(),
             hub_version: Version::Resp2,
             write_version: Version::Resp2,
             passthrough: None,
@@ -688,8 +788,12 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             Slot::Local { seq, permit } => {
                 self.permits.insert(seq, permit);
             }
-            Slot::Hub { seq, meta, permit } => {
+            Slot::Hub { seq, meta, permit, answer } => {
                 self.permits.insert(seq, permit);
+                // Dropped unanswered where replies pass through: its reply cannot be told apart.
+                if let Some(answer) = answer.filter(|_| self.passthrough.is_none() && meta != HubMeta::Unpaired) {
+                    self.answers.insert(seq, answer);
+                }
                 if self.passthrough.is_some() {
                     self.ready.insert(seq, Ready::default());
                 } else if meta == HubMeta::Unpaired {
@@ -726,6 +830,9 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             };
         };
         let ok = !frame.frame.is_error();
+        if let Some(answer) = self.answers.remove(&seq) {
+            let _ = answer.send(ok);
+        }
         if meta == HubMeta::Probe {
             // The slot is already ready (it writes nothing); only its caller learns the result.
             if let Some(answer) = self.probes.remove(&seq) {
@@ -800,9 +907,9 @@ mod tests {
     async fn replies_keep_the_order_of_commands() {
         let sem = Arc::new(Semaphore::new(16));
         let mut w = Writer::new(Vec::new(), CancellationToken::new());
-        w.register(Slot::Hub { seq: 1, meta: HubMeta::Hello(Some(3)), permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 1, meta: HubMeta::Hello(Some(3)), permit: permit(&sem), answer: None });
         w.register(Slot::Local { seq: 2, permit: permit(&sem) });
-        w.register(Slot::Hub { seq: 3, meta: HubMeta::Plain, permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 3, meta: HubMeta::Plain, permit: permit(&sem), answer: None });
         w.hub_frame(frame(b"%1\r\n$5\r\nproto\r\n:3\r\n")).await.ok();
         w.hub_frame(frame(b"+OK\r\n")).await.ok();
         w.hub_frame(frame(b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$0\r\n\r\n")).await.ok();
@@ -825,8 +932,8 @@ mod tests {
         let sem = Arc::new(Semaphore::new(16));
         let mut w = Writer::new(Vec::new(), CancellationToken::new());
         w.register(Slot::Local { seq: 1, permit: permit(&sem) });
-        w.register(Slot::Hub { seq: 2, meta: HubMeta::Unpaired, permit: permit(&sem) });
-        w.register(Slot::Hub { seq: 3, meta: HubMeta::Plain, permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 2, meta: HubMeta::Unpaired, permit: permit(&sem), answer: None });
+        w.register(Slot::Hub { seq: 3, meta: HubMeta::Plain, permit: permit(&sem), answer: None });
         w.hub_frame(frame(b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n")).await.ok();
         w.write_due().await.ok();
         assert!(w.out.is_empty(), "held behind the unanswered slot 1");
@@ -845,7 +952,7 @@ mod tests {
         let mut w = Writer::new(Vec::new(), CancellationToken::new());
         let (tx, rx) = oneshot::channel();
         w.register(Slot::Probe { seq: 1, permit: permit(&sem), answer: tx });
-        w.register(Slot::Hub { seq: 2, meta: HubMeta::Plain, permit: permit(&sem) });
+        w.register(Slot::Hub { seq: 2, meta: HubMeta::Plain, permit: permit(&sem), answer: None });
         w.hub_frame(frame(b"-NOAUTH Authentication required.\r\n")).await.ok();
         w.hub_frame(frame(b"-NOAUTH Authentication required.\r\n")).await.ok();
         w.write_due().await.ok();
@@ -861,5 +968,169 @@ mod tests {
     async fn a_reply_to_no_command_closes_the_connection() {
         let mut w = Writer::new(Vec::new(), CancellationToken::new());
         assert!(w.hub_frame(frame(b"+OK\r\n")).await.is_err());
+    }
+
+    /// A stand-in for the hub's Redis: with `password`, every command but `AUTH`, `HELLO ...
+    /// AUTH` and `RESET` gets `NOAUTH` until `AUTH` gives it; records the commands' names.
+    async fn fake_hub(password: Option<&'static str>) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut authed = password.is_none();
+                    let mut scanner = Scanner::new(Grammar::Command, Limits::default());
+                    let mut buf = BytesMut::new();
+                    while tcp.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {
+                        while let Ok(Some(f)) = scanner.scan(&buf) {
+                            let req = Request::decode(buf.split_to(f.len).freeze()).expect("a command");
+                            let name = req.name();
+                            log.lock().expect("log").push(name.clone());
+                            let pass = match name.as_str() {
+                                "AUTH" => req.args().last().cloned(),
+                                "HELLO" if req.args().len() >= 5 => req.args().get(4).cloned(),
+                                _ => None,
+                            };
+                            let reply: &[u8] = match (name.as_str(), pass) {
+                                (_, Some(p)) if password.is_some_and(|pw| p == pw.as_bytes()) => {
+                                    authed = true;
+                                    if name == "HELLO" { b"%1\r\n$5\r\nproto\r\n:2\r\n" } else { b"+OK\r\n" }
+                                }
+                                (_, Some(_)) => b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+                                ("RESET", _) => {
+                                    authed = password.is_none();
+                                    b"+RESET\r\n"
+                                }
+                                _ if !authed => b"-NOAUTH Authentication required.\r\n",
+                                ("PING", _) => b"+PONG\r\n",
+                                _ => b"+OK\r\n",
+                            };
+                            if tcp.write_all(reply).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    /// The proxy in front of the hub's Redis at `upstream`, serving one in-memory connection.
+    fn proxy_connection(upstream: &str) -> tokio::io::DuplexStream {
+        let kube =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().expect("uri"))).expect("client");
+        let hub = Arc::new(crate::sync::hub::Hub::new(crate::PrincipalConfig::new("argocd"), "uid".into(), kube));
+        let mut config = super::super::RedisProxyConfig::new(upstream);
+        config.request_timeout = std::time::Duration::from_secs(5);
+        let proxy = RedisProxy::new(hub, Arc::new(super::super::Exchange::default()), config);
+        let (client, server) = tokio::io::duplex(64 << 10);
+        tokio::spawn(serve(proxy, server, CancellationToken::new()));
+        client
+    }
+
+    fn command(args: &[&[u8]]) -> Vec<u8> {
+        Request::from_args(args.iter().map(|a| Bytes::copy_from_slice(a)).collect()).raw().to_vec()
+    }
+
+    /// The next `n` replies, or what came before the connection closed.
+    async fn replies(client: &mut tokio::io::DuplexStream, n: usize) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut scanner = Scanner::new(Grammar::Reply, Limits::default());
+        let (mut buf, mut out) = (BytesMut::new(), Vec::new());
+        while out.len() < n {
+            if let Some(f) = scanner.scan(&buf).expect("RESP") {
+                out.push(String::from_utf8_lossy(&buf.split_to(f.len)).into_owned());
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, client.read_buf(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => break,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("no reply within 5 s; got {out:?} and {buf:?}"),
+            }
+        }
+        out
+    }
+
+    /// Whether the proxy closed the connection (within 5 s).
+    async fn closed(client: &mut tokio::io::DuplexStream) -> bool {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+        matches!(read, Ok(Ok(0)))
+    }
+
+    /// Before AUTH, Redis's bounds: a declared 500 MiB argument or 11 arguments are refused on
+    /// the header with Redis's own error, the connection closed, nothing forwarded.
+    #[tokio::test]
+    async fn before_authentication_large_commands_are_refused_on_their_header() {
+        let (hub, seen) = fake_hub(Some("pw")).await;
+        let mut huge = command(&[b"SET", b"k"]);
+        huge[1] = b'3';
+        huge.extend_from_slice(b"$524288000\r\n");
+        huge.extend_from_slice(&[b'x'; 32 << 10]);
+        let mut client = proxy_connection(&hub);
+        client.write_all(&huge).await.expect("write");
+        assert_eq!(replies(&mut client, 1).await, ["-ERR Protocol error: unauthenticated bulk length\r\n"]);
+        assert!(closed(&mut client).await, "closed after the error");
+
+        let mut client = proxy_connection(&hub);
+        client.write_all(b"*11\r\n").await.expect("write");
+        assert_eq!(replies(&mut client, 1).await, ["-ERR Protocol error: unauthenticated multibulk length\r\n"]);
+        assert!(closed(&mut client).await, "closed after the error");
+
+        // A wrong password does not lift them.
+        let mut client = proxy_connection(&hub);
+        client.write_all(&command(&[b"AUTH", b"nope"])).await.expect("write");
+        client.write_all(&command(&[b"SET", b"k", &[b'v'; 16385]])).await.expect("write");
+        let got = replies(&mut client, 2).await;
+        assert!(got[0].starts_with("-WRONGPASS"), "{got:?}");
+        assert_eq!(got[1], "-ERR Protocol error: unauthenticated bulk length\r\n");
+        assert!(!seen.lock().expect("log").iter().any(|c| c == "SET"), "nothing refused reached the hub");
+    }
+
+    /// Once the hub accepted AUTH (even pipelined with what follows) or HELLO ... AUTH, 11
+    /// arguments and values over 16 KiB pass; after RESET, the bounds apply again.
+    #[tokio::test]
+    async fn authenticated_clients_may_send_more_and_larger_arguments() {
+        let (hub, _) = fake_hub(Some("pw")).await;
+        let eleven: Vec<&[u8]> = [&b"MSET"[..]].into_iter().chain(std::iter::repeat_n(&b"a"[..], 10)).collect();
+        let mut client = proxy_connection(&hub);
+        let mut pipelined = command(&[b"AUTH", b"pw"]);
+        pipelined.extend(command(&eleven));
+        pipelined.extend(command(&[b"SET", b"k", &[b'v'; 20 << 10]]));
+        pipelined.extend(command(&[b"RESET"]));
+        pipelined.extend(command(&eleven));
+        client.write_all(&pipelined).await.expect("write");
+        let got = replies(&mut client, 5).await;
+        assert_eq!(
+            got,
+            [
+                "+OK\r\n",
+                "+OK\r\n",
+                "+OK\r\n",
+                "+RESET\r\n",
+                "-ERR Protocol error: unauthenticated multibulk length\r\n"
+            ]
+        );
+
+        let mut client = proxy_connection(&hub);
+        client.write_all(&command(&[b"HELLO", b"2", b"AUTH", b"default", b"pw"])).await.expect("write");
+        client.write_all(&command(&[b"SET", b"k", &[b'v'; 20 << 10]])).await.expect("write");
+        assert_eq!(replies(&mut client, 2).await[1], "+OK\r\n");
+    }
+
+    /// With no password on the hub's Redis every client is authenticated from the start, as
+    /// in Redis.
+    #[tokio::test]
+    async fn without_a_password_on_the_hub_every_client_is_authenticated() {
+        let (hub, _) = fake_hub(None).await;
+        let mut client = proxy_connection(&hub);
+        client.write_all(&command(&[b"SET", b"k", &[b'v'; 20 << 10]])).await.expect("write");
+        let eleven: Vec<&[u8]> = [&b"MSET"[..]].into_iter().chain(std::iter::repeat_n(&b"a"[..], 10)).collect();
+        client.write_all(&command(&eleven)).await.expect("write");
+        assert_eq!(replies(&mut client, 2).await, ["+OK\r\n", "+OK\r\n"]);
     }
 }

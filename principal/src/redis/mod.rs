@@ -57,7 +57,10 @@ pub struct RedisProxyConfig {
     /// How many client connections it holds, their TLS handshake time, and how long one may go
     /// without a byte either way ([`crate::transport::limits`]).
     pub connections: crate::transport::limits::ListenerLimits,
-    /// Bounds on one frame, either way.
+    /// Bounds on one frame, either way: an authenticated client's commands and the hub's
+    /// replies (default: frames of at most 128 MiB, see `DEFAULT_MAX_FRAME_BYTES`). A client that has
+    /// not authenticated gets Redis's own tighter bounds
+    /// ([`protocol::resp::Limits::unauthenticated`]).
     pub limits: protocol::resp::Limits,
     /// Commands of one connection unanswered at once; then its commands are not read until
     /// replies go out.
@@ -66,6 +69,12 @@ pub struct RedisProxyConfig {
     /// unchanged.
     pub max_tree_bytes: usize,
 }
+
+/// The largest frame by default, 128 MiB: a quarter of Redis's own `proto-max-bulk-len`, and
+/// several times the largest value Argo CD's server reads or writes (gzip'd resource trees
+/// and managed resources, tens of MiB at most: what they are made of comes from the
+/// repo-server in gRPC messages of at most 200 MB, and gzip shrinks such JSON several times).
+const DEFAULT_MAX_FRAME_BYTES: usize = 128 << 20;
 
 impl RedisProxyConfig {
     /// The defaults, for the hub's Redis at `upstream` (plaintext).
@@ -82,7 +91,7 @@ impl RedisProxyConfig {
                 crate::transport::limits::Listener::RedisProxy,
                 crate::transport::limits::Timeouts::default(),
             ),
-            limits: protocol::resp::Limits::default(),
+            limits: protocol::resp::Limits { max_frame_bytes: DEFAULT_MAX_FRAME_BYTES, ..Default::default() },
             max_pipeline: 256,
             max_tree_bytes: 64 << 20,
         }

@@ -10,8 +10,12 @@
 //! resumable: called again with more bytes, it continues where it stopped, so a large frame
 //! arriving in many reads is scanned once, not once per read. It never recurses (nesting is an
 //! explicit stack bounded by [`Limits::max_depth`]) and refuses a frame as soon as its
-//! declared sizes exceed [`Limits::max_frame_bytes`], so a peer cannot make the proxy buffer
-//! without bound.
+//! declared sizes exceed [`Limits::max_frame_bytes`], [`Limits::max_elements`] or
+//! [`Limits::max_bulk`], so a peer cannot make the proxy buffer without bound: the refusal
+//! comes from the header (`*11`, `$524288000`), before any byte of the body is read.
+//!
+//! [`Limits::unauthenticated`] are Redis's own bounds for a client that has not authenticated
+//! (10 arguments of at most 16 KiB each, since Redis 6.2.6, CVE-2021-32675).
 
 /// Bounds on one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,11 +26,43 @@ pub struct Limits {
     pub max_depth: usize,
     /// Longest header or simple line (default 64 KiB, Redis's inline limit).
     pub max_line: usize,
+    /// Most elements one aggregate may declare, e.g. a command's arguments (default: no bound
+    /// but [`Self::max_frame_bytes`]).
+    pub max_elements: usize,
+    /// Longest bulk string (a streamed string: each chunk) one may declare (default: no bound
+    /// but [`Self::max_frame_bytes`]).
+    pub max_bulk: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_frame_bytes: 512 << 20, max_depth: 32, max_line: 64 << 10 }
+        Self {
+            max_frame_bytes: 512 << 20,
+            max_depth: 32,
+            max_line: 64 << 10,
+            max_elements: usize::MAX,
+            max_bulk: usize::MAX,
+        }
+    }
+}
+
+impl Limits {
+    /// Most arguments Redis accepts in a command from a client that has not authenticated.
+    pub const UNAUTHENTICATED_ARGS: usize = 10;
+    /// Longest argument Redis accepts from a client that has not authenticated (16 KiB).
+    pub const UNAUTHENTICATED_BULK: usize = 16 << 10;
+
+    /// These limits, tightened to what Redis accepts from a client that has not authenticated
+    /// ([`Self::UNAUTHENTICATED_ARGS`] arguments of at most [`Self::UNAUTHENTICATED_BULK`]
+    /// bytes; Redis answers `ERR Protocol error: unauthenticated multibulk length` or
+    /// `... bulk length` and closes the connection).
+    #[must_use]
+    pub fn unauthenticated(self) -> Self {
+        Self {
+            max_elements: self.max_elements.min(Self::UNAUTHENTICATED_ARGS),
+            max_bulk: self.max_bulk.min(Self::UNAUTHENTICATED_BULK),
+            ..self
+        }
     }
 }
 
@@ -55,6 +91,22 @@ pub enum ScanError {
     #[error("Protocol error: a frame of at least {declared} bytes, more than the {max} allowed")]
     TooLarge {
         /// What the frame needs at least.
+        declared: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An aggregate declaring more elements than [`Limits::max_elements`].
+    #[error("Protocol error: an aggregate of {declared} elements, more than the {max} allowed")]
+    TooManyElements {
+        /// The count declared.
+        declared: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A bulk string declared longer than [`Limits::max_bulk`].
+    #[error("Protocol error: a bulk string of {declared} bytes, more than the {max} allowed")]
+    BulkTooLong {
+        /// The length declared.
         declared: usize,
         /// The limit.
         max: usize,
@@ -149,6 +201,12 @@ impl Scanner {
     #[must_use]
     pub fn new(grammar: Grammar, limits: Limits) -> Self {
         Self { grammar, limits, pos: 0, stack: Vec::new(), chunks: false, kind: None }
+    }
+
+    /// Changes the limits from the next frame on (the proxy relaxes them once a client has
+    /// authenticated, tightens them again after `RESET`). Call between frames.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     /// Scans `buf`, which starts with the current frame and holds at least the bytes given on
@@ -274,6 +332,14 @@ impl Scanner {
         Ok(())
     }
 
+    /// Whether a bulk string (or chunk) of `len` bytes is within [`Limits::max_bulk`].
+    fn bulk_fits(&self, len: usize) -> Result<(), ScanError> {
+        if len > self.limits.max_bulk {
+            return Err(ScanError::BulkTooLong { declared: len, max: self.limits.max_bulk });
+        }
+        Ok(())
+    }
+
     fn element(&mut self, buf: &[u8]) -> Result<Step, ScanError> {
         let Some(&ty) = buf.get(self.pos) else { return Ok(Step::NeedMore) };
         self.check_type(ty)?;
@@ -301,6 +367,7 @@ impl Scanner {
                     return Ok(Step::Scalar(header));
                 }
                 let len = parse_len(line)?;
+                self.bulk_fits(len)?;
                 let total = header.saturating_add(len).saturating_add(2);
                 self.fits(total)?;
                 let end = self.pos + total;
@@ -321,7 +388,11 @@ impl Scanner {
                     // RESP2's null array; for a command, an empty one.
                     return Ok(Step::Scalar(header));
                 }
-                let count = parse_len(line)? as u64;
+                let declared = parse_len(line)?;
+                if declared > self.limits.max_elements {
+                    return Err(ScanError::TooManyElements { declared, max: self.limits.max_elements });
+                }
+                let count = declared as u64;
                 let elements = if matches!(ty, b'%' | b'|') { count.saturating_mul(2) } else { count };
                 // Every element takes at least three bytes: refuse a count that cannot fit.
                 let least = usize::try_from(elements.saturating_mul(3)).unwrap_or(usize::MAX);
@@ -366,6 +437,7 @@ impl Scanner {
         if len == 0 {
             return Ok(Some((header, true)));
         }
+        self.bulk_fits(len)?;
         let total = header.saturating_add(len).saturating_add(2);
         self.fits(total)?;
         let end = self.pos + total;
@@ -490,7 +562,7 @@ mod tests {
         assert!(matches!(err(Grammar::Reply, b"$x\r\n", d), ScanError::BadLength(_)));
         assert!(matches!(err(Grammar::Reply, b"_x\r\n", d), ScanError::BadLine("null")));
         assert!(matches!(err(Grammar::Reply, b".\r\n", d), ScanError::UnexpectedType { found: '.', .. }));
-        let small = Limits { max_frame_bytes: 64, max_depth: 3, max_line: 8 };
+        let small = Limits { max_frame_bytes: 64, max_depth: 3, max_line: 8, ..Limits::default() };
         assert!(matches!(err(Grammar::Reply, b"$100\r\n", small), ScanError::TooLarge { .. }));
         assert!(matches!(err(Grammar::Reply, b"*1000\r\n", small), ScanError::TooLarge { .. }));
         assert!(matches!(err(Grammar::Reply, b"*1\r\n*1\r\n*1\r\n*1\r\n", small), ScanError::TooDeep { max: 3 }));
@@ -498,6 +570,47 @@ mod tests {
         // Deep nesting never recurses: refused at the limit, however deep the input.
         let deep = b"*1\r\n".repeat(100_000);
         assert!(matches!(err(Grammar::Reply, &deep, d), ScanError::TooDeep { .. }));
+    }
+
+    /// Redis's bounds for a client that has not authenticated refuse a command on its header:
+    /// the count of arguments, the declared length of one; nothing of the body is needed.
+    #[test]
+    fn unauthenticated_limits_refuse_on_the_declared_sizes() {
+        let pre = Limits::default().unauthenticated();
+        let scan = |limits, bytes: &[u8]| Scanner::new(Grammar::Command, limits).scan(bytes);
+        assert_eq!(scan(pre, b"*11\r\n"), Err(ScanError::TooManyElements { declared: 11, max: 10 }));
+        assert_eq!(
+            scan(pre, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$16385\r\n"),
+            Err(ScanError::BulkTooLong { declared: 16385, max: 16384 })
+        );
+        // 500 MiB declared, a few bytes sent: refused at once, not awaited.
+        assert_eq!(
+            scan(pre, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$524288000\r\nxxxx"),
+            Err(ScanError::BulkTooLong { declared: 524_288_000, max: 16384 })
+        );
+        // Exactly at the bounds: 10 arguments of 16 KiB.
+        let value = vec![b'v'; Limits::UNAUTHENTICATED_BULK];
+        let mut at_bounds = b"*10\r\n".to_vec();
+        for _ in 0..10 {
+            at_bounds.extend_from_slice(format!("${}\r\n", value.len()).as_bytes());
+            at_bounds.extend_from_slice(&value);
+            at_bounds.extend_from_slice(b"\r\n");
+        }
+        assert_eq!(scan(pre, &at_bounds).expect("valid").map(|f| f.len), Some(at_bounds.len()));
+        // The same scanner relaxed (the client authenticated) takes 11 arguments and more.
+        let mut s = Scanner::new(Grammar::Command, pre);
+        assert!(s.scan(b"*11\r\n").is_err());
+        let mut s = Scanner::new(Grammar::Command, pre);
+        assert_eq!(s.scan(b"*1\r\n$4\r\nPING\r\n").expect("valid").map(|f| f.len), Some(14));
+        s.set_limits(Limits::default());
+        let big = format!("*11\r\n{}", "$1\r\na\r\n".repeat(10)) + "$20000\r\n";
+        assert_eq!(s.scan(big.as_bytes()).expect("valid"), None, "waits for the 20000 bytes");
+        // The bounds hold for replies too: declared map pairs, streamed chunks.
+        let tight = Limits { max_elements: 5, max_bulk: 16, ..Limits::default() };
+        let reply = |bytes: &[u8]| Scanner::new(Grammar::Reply, tight).scan(bytes);
+        assert_eq!(reply(b"%6\r\n"), Err(ScanError::TooManyElements { declared: 6, max: 5 }));
+        assert_eq!(reply(b"$?\r\n;17\r\n"), Err(ScanError::BulkTooLong { declared: 17, max: 16 }));
+        assert_eq!(reply(b"!17\r\n"), Err(ScanError::BulkTooLong { declared: 17, max: 16 }));
     }
 
     #[test]
