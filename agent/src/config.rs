@@ -152,6 +152,12 @@ pub struct AgentConfig {
     /// Execute the principal's resource-proxy requests (`--enable-resource-proxy`, upstream's
     /// default on); off, each is answered 403 saying so.
     pub enable_resource_proxy: bool,
+    /// Run the principal's terminal requests (`kubectl exec`, Argo CD's web terminal) in pods of
+    /// this cluster (`--enable-web-terminal`, default off: a terminal runs any command with the
+    /// pod's privileges, so the operator opts in, as Argo CD's own `exec.enabled`); off, each is
+    /// refused 403 saying so. Only pods an Application of this agent manages are reachable either
+    /// way.
+    pub enable_web_terminal: bool,
     /// This cluster's Argo CD Redis, which answers the principal's Redis-proxy requests
     /// (`--redis-addr` and friends); `None`: each is answered with an error saying so.
     pub redis: Option<RedisConfig>,
@@ -205,6 +211,7 @@ impl AgentConfig {
             adoption_policy: AdoptionPolicy::default(),
             on_recreate: RecreateAction::default(),
             enable_resource_proxy: true,
+            enable_web_terminal: false,
             redis: None,
         }
     }

@@ -19,6 +19,11 @@
 //! principal resends is ignored; one that comes after the stream ended, which the principal
 //! sends to resume after this agent restarted, is served), and at most [`SESSIONS`] stream at
 //! once.
+//!
+//! Only pods an Application of this agent manages are read (the rule of resource-proxy reads,
+//! [`crate::live::Live::managed_pod`]); any other is refused with the `Status` saying why
+//! (upstream reads any pod). Each request is checked once; a resume the principal asks for is a
+//! new request.
 
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -117,6 +122,10 @@ async fn stream(spoke: &Arc<Spoke>, live: &Live, req: &ContainerLogRequest) {
         let why =
             format!("the resource proxy is disabled on agent {:?} (--enable-resource-proxy=false)", spoke.config.name);
         refuse(spoke, &req.uuid, &status_body(403, &why)).await;
+        return;
+    }
+    if let Err((_, status)) = live.managed_pod(&**spoke, &req.namespace, &req.pod_name).await {
+        refuse(spoke, &req.uuid, &status).await;
         return;
     }
     let Ok(_slot) = SLOTS.clone().try_acquire_owned() else {

@@ -13,10 +13,12 @@
 //! abandoned (its exec connection closed).
 //!
 //! Refused, with a `Status` the client shows: with `--enable-resource-proxy=false`, on an
-//! autonomous agent (as upstream: terminals are for managed agents), and for a pod that is not
-//! *managed* by the rules resource-proxy reads follow ([`crate::live`]: tracked by an Argo CD
-//! Application, or owned through a chain of at most 5 links by an object that is). Sessions
-//! run in the background; a request the principal resends is carried once.
+//! autonomous agent (as upstream: terminals are for managed agents), unless the operator turned
+//! terminals on (`--enable-web-terminal`, default off: a terminal runs any command with the
+//! pod's privileges; upstream has no switch), and for a pod that is not *managed* by the rules
+//! resource-proxy reads follow ([`crate::live`]: tracked by an Application of this agent that
+//! exists and deploys here, or owned through a chain of at most 5 links by an object that is).
+//! Sessions run in the background; a request the principal resends is carried once.
 
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -149,10 +151,18 @@ async fn carry(
     if spoke.config.mode != crate::config::AgentMode::Managed {
         return refuse(403, format!("terminals are served by managed agents only; agent {name:?} is autonomous"));
     }
+    if !spoke.config.enable_web_terminal {
+        return refuse(
+            403,
+            format!(
+                "terminals are off on agent {name:?}: its operator enables them with --enable-web-terminal (ARGOCD_AGENT_ENABLE_WEB_TERMINAL)"
+            ),
+        );
+    }
     if req.namespace.is_empty() || req.pod_name.is_empty() || req.command.iter().all(String::is_empty) {
         return refuse(400, "a terminal request needs a namespace, a pod and a command".to_owned());
     }
-    if let Err((_, status)) = live.managed_pod(&req.namespace, &req.pod_name).await {
+    if let Err((_, status)) = live.managed_pod(spoke, &req.namespace, &req.pod_name).await {
         return Outcome::Done(Some(status));
     }
     let params = AttachParams {
@@ -340,9 +350,81 @@ mod tests {
         assert!(status["message"].as_str().is_some_and(|m| m.contains("--enable-resource-proxy=false")), "{status}");
         let status = refusal(AgentConfig::new("http://127.0.0.1:1", "agent-1", AgentMode::Autonomous)).await;
         assert!(status["message"].as_str().is_some_and(|m| m.contains("managed agents only")), "{status}");
-        // Whether the pod is managed cannot be known (the cluster is unreachable): refused.
+        // Off unless the operator turns terminals on.
         let status = refusal(AgentConfig::new("http://127.0.0.1:1", "agent-1", AgentMode::Managed)).await;
+        assert_eq!(status["code"], 403, "{status}");
+        assert!(status["message"].as_str().is_some_and(|m| m.contains("--enable-web-terminal")), "{status}");
+        // Whether the pod is managed cannot be known (the cluster is unreachable): refused.
+        let mut enabled = AgentConfig::new("http://127.0.0.1:1", "agent-1", AgentMode::Managed);
+        enabled.enable_web_terminal = true;
+        let status = refusal(enabled).await;
         assert_eq!(status["status"], "Failure", "{status}");
+    }
+
+    /// The session's end for a terminal into `pod` of namespace `monitoring` on `cluster`.
+    async fn outcome(spoke: &Spoke, live: &Live, pod: &str) -> Outcome {
+        let req = ContainerTerminalRequest {
+            uuid: "u".into(),
+            namespace: "monitoring".into(),
+            pod_name: pod.into(),
+            command: vec!["sh".into()],
+            stdout: true,
+            ..Default::default()
+        };
+        let (tx, _rx) = mpsc::channel(4);
+        carry(spoke, live, &req, &mut quiet(), &tx).await
+    }
+
+    #[tokio::test]
+    async fn exec_needs_the_switch_and_an_existing_application_owning_the_pod() {
+        use crate::config::{AgentConfig, AgentMode};
+        let cluster = crate::live::tests::Cluster::start().await;
+        for (name, id) in [("web-0", "web:/Pod:monitoring/web-0"), ("stray", "ghost:/Pod:monitoring/stray")] {
+            cluster
+                .create(
+                    "/api/v1/namespaces/monitoring/pods",
+                    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name, "annotations": {"argocd.argoproj.io/tracking-id": id}},
+                        "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
+                )
+                .await;
+        }
+        let live = Live::new(cluster.client.clone(), "argocd");
+        let web: protocol::argocd::Application = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "argocd"},
+            "spec": {"destination": {"name": "in-cluster", "namespace": "monitoring"}}}))
+        .expect("an Application");
+        let status = |outcome: Outcome| -> serde_json::Value {
+            match outcome {
+                Outcome::Done(Some(status)) => serde_json::from_str(&status).expect("a Status"),
+                other => panic!("not refused: {other:?}"),
+            }
+        };
+
+        // Off by default, even for a pod an Application owns.
+        let config = AgentConfig::new("http://127.0.0.1:1", "agent-1", AgentMode::Managed);
+        let off = Spoke::new(config.clone(), cluster.client.clone());
+        off.managed.set_source(("argocd".into(), "web".into()), web.clone());
+        let refused = status(outcome(&off, &live, "web-0").await);
+        assert_eq!(refused["code"], 403, "{refused}");
+        assert!(refused["message"].as_str().is_some_and(|m| m.contains("--enable-web-terminal")), "{refused}");
+
+        // On: a pod whose tracking annotation names an Application that does not exist is refused.
+        let mut enabled = config;
+        enabled.enable_web_terminal = true;
+        let on = Spoke::new(enabled, cluster.client.clone());
+        on.managed.set_source(("argocd".into(), "web".into()), web);
+        let refused = status(outcome(&on, &live, "stray").await);
+        assert_eq!(refused["code"], 403, "{refused}");
+        assert!(
+            refused["message"].as_str().is_some_and(|m| m.contains("Application argocd/ghost, which agent")),
+            "{refused}"
+        );
+        // The owned pod passes the checks: the exec itself is tried (this API server runs no pods).
+        let tried = outcome(&on, &live, "web-0").await;
+        if let Outcome::Done(Some(status)) = &tried {
+            assert!(!status.contains("not managed") && !status.contains("--enable-web-terminal"), "{status}");
+        }
     }
 
     #[test]

@@ -119,6 +119,11 @@ pub struct Args {
     /// upstream); off, each is answered 403 saying so.
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY")]
     pub enable_resource_proxy: Option<bool>,
+    /// Run the principal's terminal requests (`kubectl exec`, Argo CD's web terminal) in pods of
+    /// this cluster that an Application of this agent manages (default: off; needs the resource
+    /// proxy on and RBAC `create` on `pods/exec`).
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEB_TERMINAL", default_value_t = false)]
+    pub enable_web_terminal: bool,
     /// Managed: destination-based mapping (the principal's must be on too): Applications keep
     /// the hub namespace they come from, which must be this agent's namespace or one
     /// --allowed-namespaces covers.
@@ -505,6 +510,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.adoption_policy = args.adoption_policy;
     config.on_recreate = args.on_application_recreate;
     config.enable_resource_proxy = args.enable_resource_proxy != Some(false);
+    config.enable_web_terminal = args.enable_web_terminal;
     config.redis = Some(args.redis.config(&secrets).await?);
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;
     if config.label_selector.is_some() && mode == agent::AgentMode::Managed {

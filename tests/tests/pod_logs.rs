@@ -33,6 +33,8 @@ async fn start() -> Result<(Topology, Kubectl, Kubectl, tempfile::TempDir)> {
     let t = Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?;
     let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
     t.ctl(&["agent", "create", AGENT, "--resource-proxy-server", &proxy.to_string()])?;
+    // The Application the pods' tracking ids name.
+    tests::live::application_on_agent(&t, AGENT, "shop").await?;
     ensure_namespace(&t.spoke(AGENT)?, NS).await?;
     let scratch = tempfile::tempdir()?;
     let proxied = Kubectl::new(&tests::live::cluster_kubeconfig(&t, AGENT, scratch.path()).await?)?;

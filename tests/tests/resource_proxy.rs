@@ -30,6 +30,8 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
     let scratch = tempfile::tempdir()?;
     for agent in ["agent-a", "agent-b"] {
         t.ctl(&["agent", "create", agent, "--resource-proxy-server", &proxy.to_string()])?;
+        // The Application the tracked objects below name.
+        tests::live::application_on_agent(&t, agent, "gb").await?;
     }
 
     // On agent-a's cluster: a tracked ConfigMap, one Argo CD does not manage, one owned by the
@@ -44,6 +46,14 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
         )
         .await?;
     cms.create(&PostParams::default(), &configmap("plain", json!({}), None)?).await?;
+    // Helm's standard label naming an Application agent-a does not have.
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.clone(), "guestbook")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "grafana-admin",
+                "labels": {"app.kubernetes.io/instance": "grafana"}}, "stringData": {"password": "hunter2"}}))?,
+        )
+        .await?;
     let owner = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "tracked",
         "uid": tracked.metadata.uid.clone().context("uid")?});
     cms.create(&PostParams::default(), &configmap("owned", json!({}), Some(owner.clone()))?).await?;
@@ -98,6 +108,11 @@ async fn kubectl_reaches_managed_resources_of_the_right_agent_through_the_proxy(
     // Refusals arrive as Status bodies kubectl prints.
     let refused = a.fails(["get", "configmap", "plain", "-n", "guestbook"]).await?;
     ensure!(refused.stderr.contains("Forbidden") && refused.stderr.contains("not managed"), "{refused}");
+    let refused = a.fails(["get", "secret", "grafana-admin", "-n", "guestbook"]).await?;
+    ensure!(
+        refused.stderr.contains("Forbidden") && refused.stderr.contains("Application argocd/grafana"),
+        "a label naming no Application of the agent: {refused}"
+    );
     let refused = a.fails(["get", "configmaps", "-n", "guestbook"]).await?;
     ensure!(refused.stderr.contains("only events can be listed"), "{refused}");
     let missing = a.fails(["get", "configmap", "nope", "-n", "guestbook"]).await?;
@@ -174,6 +189,7 @@ async fn realkube_resource_proxy_follows_owner_chains_and_subresources() -> Resu
     let t = Topology::start_with_options(&[("rp1", Mode::Managed)], options).await?;
     let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
     t.ctl(&["agent", "create", "rp1", "--resource-proxy-server", &proxy.to_string()])?;
+    tests::live::application_on_agent(&t, "rp1", "gb").await?;
     let scratch = tempfile::tempdir()?;
     let kubectl = Kubectl::new(&tests::live::cluster_kubeconfig(&t, "rp1", scratch.path()).await?)?;
 
@@ -251,6 +267,18 @@ async fn realkube_resource_proxy_follows_owner_chains_and_subresources() -> Resu
         .await?;
     let now = deployments.get("ui").await?;
     ensure!(now.spec.replicas == Some(3), "scaled through the proxy");
+    // A CRD is readable once an Application of the agent lists it (Argo CD applies CRDs
+    // without tracking them, upstream #873), not before.
+    let refused = kubectl.fails(["get", "crd", "applications.argoproj.io"]).await?;
+    ensure!(refused.stderr.contains("Forbidden"), "{refused}");
+    tests::apps::apps(&spoke, ARGOCD_NS)
+        .patch(
+            "gb",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"resources": [{"group": "apiextensions.k8s.io",
+                "version": "v1", "kind": "CustomResourceDefinition", "name": "applications.argoproj.io"}]}})),
+        )
+        .await?;
     let crd = kubectl.ok(["get", "crd", "applications.argoproj.io", "-o", "name"]).await?;
     ensure!(crd.contains("applications.argoproj.io"), "{crd}");
     let secret = kubectl.fails(["get", "secret", "-n", ARGOCD_NS, "argocd-agent-client-tls"]).await?;

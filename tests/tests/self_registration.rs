@@ -88,6 +88,7 @@ async fn agents_register_themselves_and_argocd_reaches_them_with_the_token() -> 
     );
 
     // The bearer token routes to sr-a; the client certificate alone names no agent.
+    tests::live::application_on_agent(&t, "sr-a", "gb").await?;
     let spoke = t.spoke("sr-a")?;
     ensure_namespace(&spoke, "guestbook").await?;
     let cms: Api<ConfigMap> = Api::namespaced(spoke, "guestbook");

@@ -62,13 +62,31 @@ async fn read_until(reader: &mut (impl tokio::io::AsyncRead + Unpin), needle: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_through_the_proxy_reaches_managed_pods_of_the_agent() -> Result<()> {
-    let options = StartOptions { resource_proxy: true, simulate_pods: true, ..StartOptions::default() };
+    // Terminals are off unless the agent's operator turns them on.
+    let options = StartOptions {
+        resource_proxy: true,
+        simulate_pods: true,
+        agent_args: vec!["--enable-web-terminal".into()],
+        ..StartOptions::default()
+    };
     let mut t =
         Topology::start_with_options(&[(AGENT, Mode::Managed), (AUTONOMOUS, Mode::Autonomous)], options).await?;
     let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
     for agent in [AGENT, AUTONOMOUS] {
         t.ctl(&["agent", "create", agent, "--resource-proxy-server", &proxy.to_string()])?;
     }
+    // The Application the pods' tracking ids name: the principal's on the managed agent, one
+    // the autonomous agent sent up on the other.
+    tests::live::application_on_agent(&t, AGENT, "shop").await?;
+    let autonomous_app = tests::fixtures::app_with_path("shop", tests::topology::ARGOCD_NS, "live")?;
+    tests::apps::apps(&t.spoke(AUTONOMOUS)?, tests::topology::ARGOCD_NS)
+        .create(&PostParams::default(), &autonomous_app)
+        .await?;
+    let hub_apps = tests::apps::apps(&t.hub(), AUTONOMOUS);
+    wait_for_async(DEFAULT_TIMEOUT, "the autonomous agent's Application on the hub", || async {
+        Ok(hub_apps.get_opt("shop").await?.map(|_| ()))
+    })
+    .await?;
     let spoke = t.spoke(AGENT)?;
     ensure_namespace(&spoke, NS).await?;
     let pods: Api<Pod> = Api::namespaced(spoke, NS);

@@ -255,4 +255,12 @@ impl crate::host::Host for Spoke {
     fn mailbox(&self) -> &Mailbox {
         &self.mailbox
     }
+    fn application(&self, namespace: &str, name: &str) -> Option<Application> {
+        match self.config.mode {
+            crate::config::AgentMode::Managed => self.managed.source(&(namespace.to_owned(), name.to_owned())),
+            crate::config::AgentMode::Autonomous => {
+                self.sent.get(name).filter(|a| a.metadata.namespace.as_deref().unwrap_or(self.ns()) == namespace)
+            }
+        }
+    }
 }

@@ -339,7 +339,7 @@ impl Quickstart {
         for (agent, mode, context) in
             [(MANAGED_AGENT, "managed", MANAGED), (AUTONOMOUS_AGENT, "autonomous", AUTONOMOUS)]
         {
-            let agent_args: Vec<String> = [
+            let mut agent_args: Vec<String> = [
                 "agent",
                 "--agent-mode",
                 mode,
@@ -361,6 +361,10 @@ impl Quickstart {
             .iter()
             .map(|s| (*s).to_string())
             .collect();
+            if mode == "managed" {
+                // The demo execs into its Pod through the principal; terminals are off by default.
+                agent_args.push("--enable-web-terminal".to_owned());
+            }
             let (child, _) = ChildProc::start(
                 &format!("{agent} agent"),
                 &agent_args,
