@@ -417,8 +417,13 @@ pub fn update(t: Target<'_>, existing: &Value, mut obj: Value, part: Part) -> Ap
         }
     }
     t.validate(&new)?;
+    // Without a status subresource, kube-apiserver counts a change of status as a change of the
+    // object: Argo CD's Applications (whose status Argo CD and upstream's principal write through
+    // the main resource) bump `generation` on every status write.
+    let changed =
+        spec_changed(existing, &new) || (!t.rtype.status_subresource && existing.get("status") != new.get("status"));
     if part == Part::Main
-        && spec_changed(existing, &new)
+        && changed
         && let Some(g) = existing["metadata"]["generation"].as_i64()
     {
         meta_mut(&mut new).insert("generation".into(), json!(g + 1));

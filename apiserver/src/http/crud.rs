@@ -190,11 +190,10 @@ pub(crate) async fn delete(ctx: &Ctx, name: &str, content_type: &str, body: &[u8
     let applied = delete_one(ctx, name, pre).await?;
     // Kubernetes answers an immediate delete with a Success Status, except for the kinds whose
     // storage returns the deleted object (pods, services); a delete that only marks the object
-    // (finalizers, namespaces) answers with the object.
+    // (finalizers, namespaces) answers with the object. A dry run answers as the delete would.
     let returns_object = ctx.rtype.group.is_empty() && matches!(ctx.rtype.plural.as_str(), "pods" | "services");
     if let Applied::Deleted(obj) = &applied
         && !returns_object
-        && !ctx.dry_run
     {
         let mut details = json!({"name": name, "kind": ctx.rtype.plural, "uid": meta_str(obj, "uid")});
         if !ctx.rtype.group.is_empty() {
