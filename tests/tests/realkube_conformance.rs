@@ -69,6 +69,11 @@ impl Server {
 
     async fn send(&self, method: &str, path: &str, content_type: &str, body: &Value) -> Result<Answer> {
         let bytes = if body.is_null() { Vec::new() } else { serde_json::to_vec(body)? };
+        self.send_bytes(method, path, content_type, bytes).await
+    }
+
+    /// A request with a body of any bytes (protobuf, or JSON that is `null`).
+    async fn send_bytes(&self, method: &str, path: &str, content_type: &str, bytes: Vec<u8>) -> Result<Answer> {
         let req = http::Request::builder()
             .method(method)
             .uri(path)
@@ -92,6 +97,27 @@ impl Server {
     /// A request whose answer is recorded (code, reason, causes, normalised object).
     async fn step(&mut self, step: &str, method: &str, path: &str, content_type: &str, body: Value) -> Result<Value> {
         let a = self.send(method, path, content_type, &body).await?;
+        let mut fact = json!({"code": a.code, "body": normalize(&a.body)});
+        if !a.warnings.is_empty() {
+            let mut w = a.warnings.clone();
+            w.sort();
+            fact["warnings"] = json!(w);
+        }
+        self.record(step, fact);
+        self.raw.push((step.to_string(), a.body.clone()));
+        Ok(a.body)
+    }
+
+    /// [`Server::step`] with a body of raw bytes.
+    async fn step_bytes(
+        &mut self,
+        step: &str,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<Value> {
+        let a = self.send_bytes(method, path, content_type, body).await?;
         let mut fact = json!({"code": a.code, "body": normalize(&a.body)});
         if !a.warnings.is_empty() {
             let mut w = a.warnings.clone();
@@ -270,6 +296,10 @@ const DOCUMENTED: &[(&str, &str)] = &[
     (
         "crud: unknown resource is NotFound",
         "both answer 404; kube-apiserver's body is the text `404 page not found`, ours a NotFound Status",
+    ),
+    (
+        "client-go: protobuf create of a Pod",
+        "protobuf bodies are decoded for Namespace, Secret, ConfigMap, Service, Event, Lease and DeleteOptions; a Pod in protobuf is 415 here (send JSON)",
     ),
     (
         "patch: server-side apply",
@@ -599,6 +629,252 @@ async fn patches(s: &mut Server) -> Result<()> {
     let merged =
         api.patch("patched", &PatchParams::default(), &Patch::Merge(json!({"spec": {"project": "kube-rs"}}))).await?;
     s.record("patch: kube-rs merge", normalize(&serde_json::to_value(&merged)?));
+    Ok(())
+}
+
+/// Protobuf wire encoding by hand (not the embedded server's decoder): `tag` as a
+/// length-delimited field.
+fn pb(tag: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![(tag << 3) | 2];
+    let mut n = bytes.len();
+    while n >= 0x80 {
+        out.push(u8::try_from(n & 0x7f).unwrap_or(0) | 0x80);
+        n >>= 7;
+    }
+    out.push(u8::try_from(n).unwrap_or(0));
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// A Kubernetes protobuf body as client-go's protobuf serializer writes it: the `k8s\0` magic,
+/// then a `runtime.Unknown` naming `api_version` and `kind`, with `raw` as the object's message.
+fn pb_body(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
+    let type_meta = [pb(1, api_version.as_bytes()), pb(2, kind.as_bytes())].concat();
+    let unknown = [pb(1, &type_meta), pb(2, raw), pb(3, b""), pb(4, b"")].concat();
+    [b"k8s\0".as_slice(), &unknown].concat()
+}
+
+/// What client-go sends that other clients do not: JSON patches kube-apiserver's json-patch v4
+/// accepts beyond RFC 6902 (upstream argocd-agent writes an Application's first status with
+/// `replace /status`), and the protobuf bodies of its typed clients for built-in kinds
+/// (`DeleteOptions` on every delete, objects on create and update).
+async fn client_go_bodies(s: &mut Server) -> Result<()> {
+    let ct = "application/json";
+    let jp = "application/json-patch+json";
+    s.step("client-go: create an app without status", "POST", APPS, ct, app("cg", json!({}))).await?;
+    let path = format!("{APPS}/cg");
+    let steps: &[(&str, &str, Value)] = &[
+        (
+            "client-go: json patch replace of a missing /status",
+            "",
+            json!([{"op": "replace", "path": "/status", "value": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}}]),
+        ),
+        ("client-go: json patch null", "", Value::Null),
+        ("client-go: json patch empty", "", json!([])),
+        (
+            "client-go: json patch replace of a missing member",
+            "",
+            json!([{"op": "replace", "path": "/spec/syncPolicy", "value": {"automated": {"prune": true}}}]),
+        ),
+        (
+            "client-go: json patch negative indexes",
+            "",
+            json!([
+                {"op": "add", "path": "/spec/info", "value": [{"name": "a", "value": "1"}, {"name": "b", "value": "2"}]},
+                {"op": "replace", "path": "/spec/info/-1", "value": {"name": "c", "value": "3"}},
+                {"op": "remove", "path": "/spec/info/-2"},
+                {"op": "add", "path": "/spec/info/-1", "value": {"name": "d", "value": "4"}},
+                {"op": "add", "path": "/spec/info/+0", "value": {"name": "e", "value": "5"}},
+            ]),
+        ),
+        (
+            "client-go: json patch replace past the end of an array",
+            "",
+            json!([{"op": "replace", "path": "/spec/info/9", "value": {"name": "x", "value": "x"}}]),
+        ),
+        ("client-go: json patch remove of a missing member", "", json!([{"op": "remove", "path": "/spec/nothing"}])),
+        (
+            "client-go: json patch move from a missing member",
+            "",
+            json!([{"op": "move", "from": "/spec/nothing", "path": "/spec/project"}]),
+        ),
+        (
+            "client-go: json patch copy of a missing member",
+            "",
+            json!([{"op": "copy", "from": "/spec/nothing", "path": "/spec/revisionHistoryLimit"}]),
+        ),
+        (
+            "client-go: json patch test of a missing member against null",
+            "",
+            json!([{"op": "test", "path": "/spec/nothing", "value": null}, {"op": "test", "path": "/spec/nothing"}]),
+        ),
+        (
+            "client-go: json patch with an unknown op",
+            "",
+            json!([{"op": "merge", "path": "/spec/project", "value": "x"}]),
+        ),
+        ("client-go: json patch with a null operation", "", json!([null])),
+        ("client-go: json patch without a path", "", json!([{"op": "add", "value": 1}])),
+        ("client-go: json patch whose op is not a string", "", json!([{"op": 1, "path": "/spec/project"}])),
+        (
+            "client-go: json patch whose op is not a string, fieldValidation=Ignore",
+            "?fieldValidation=Ignore",
+            json!([{"op": 1, "path": "/spec/project"}]),
+        ),
+        ("client-go: json patch that is an object", "", json!({"op": "add", "path": "/spec/project", "value": "x"})),
+        ("client-go: json patch with a non-object operation", "", json!(["add"])),
+        (
+            "client-go: json patch path without a leading slash",
+            "",
+            json!([{"op": "replace", "path": "x/spec/project", "value": "slashless"}]),
+        ),
+        (
+            "client-go: json patch with an unknown member warns",
+            "",
+            json!([{"op": "replace", "path": "/spec/project", "value": "warned", "extra": 1}]),
+        ),
+        (
+            "client-go: json patch with an unknown member, fieldValidation=Strict",
+            "?fieldValidation=Strict",
+            json!([{"op": "replace", "path": "/spec/project", "value": "strict", "extra": 1}]),
+        ),
+        (
+            "client-go: json patch escapes",
+            "",
+            json!([{"op": "add", "path": "/metadata/annotations", "value": {}},
+                   {"op": "add", "path": "/metadata/annotations/example.com~1a~01", "value": "v"}]),
+        ),
+    ];
+    for (step, query, body) in steps {
+        let bytes = serde_json::to_vec(body)?;
+        s.step_bytes(step, "PATCH", &format!("{path}{query}"), jp, bytes).await?;
+    }
+
+    // DELETEs with protobuf DeleteOptions, as client-go's typed clients send them.
+    let pbct = "application/vnd.kubernetes.protobuf";
+    let secrets = "/api/v1/namespaces/conformance/secrets";
+    for name in ["pb-s1", "pb-s2", "pb-s3"] {
+        let a = s.send("POST", secrets, ct, &json!({"metadata": {"name": name}, "data": {"k": "dg=="}})).await?;
+        ensure!(a.code == 201, "{}: {}", s.name, a.body);
+    }
+    let s1 = format!("{secrets}/pb-s1");
+    let opts = |fields: &[Vec<u8>]| pb_body("v1", "DeleteOptions", &fields.concat());
+    let precondition_uid = |uid: &str| pb(2, &pb(1, uid.as_bytes()));
+    s.step_bytes(
+        "client-go: protobuf delete, wrong uid precondition",
+        "DELETE",
+        &s1,
+        pbct,
+        opts(&[precondition_uid("nope")]),
+    )
+    .await?;
+    s.step_bytes("client-go: protobuf delete, dryRun", "DELETE", &s1, pbct, opts(&[pb(5, b"All")])).await?;
+    let after = s.send("GET", &s1, ct, &Value::Null).await?;
+    s.record("client-go: protobuf delete, dryRun deletes nothing", json!(after.code));
+    s.step_bytes("client-go: protobuf delete, dryRun of another value", "DELETE", &s1, pbct, opts(&[pb(5, b"Some")]))
+        .await?;
+    s.step_bytes(
+        "client-go: protobuf delete, unknown propagationPolicy",
+        "DELETE",
+        &s1,
+        pbct,
+        opts(&[pb(4, b"Sideways")]),
+    )
+    .await?;
+    s.step_bytes(
+        "client-go: protobuf delete, orphanDependents with propagationPolicy",
+        "DELETE",
+        &s1,
+        pbct,
+        opts(&[vec![3 << 3, 1], pb(4, b"Orphan")]),
+    )
+    .await?;
+    s.step_bytes("client-go: protobuf delete, not DeleteOptions", "DELETE", &s1, pbct, pb_body("v1", "Secret", b""))
+        .await?;
+    s.step_bytes("client-go: protobuf delete, no magic", "DELETE", &s1, pbct, b"{}".to_vec()).await?;
+    s.step_bytes("client-go: protobuf delete, garbage", "DELETE", &s1, pbct, b"k8s\0\xff\xff".to_vec()).await?;
+    let uid = after.body["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    s.step_bytes(
+        "client-go: protobuf delete, right uid and Background",
+        "DELETE",
+        &s1,
+        pbct,
+        opts(&[precondition_uid(&uid), pb(4, b"Background")]),
+    )
+    .await?;
+    s.step_bytes("client-go: protobuf delete, empty", "DELETE", &format!("{secrets}/pb-s2"), pbct, opts(&[])).await?;
+    let meta_envelope = pb_body("meta.k8s.io/v1", "DeleteOptions", b"");
+    s.step_bytes(
+        "client-go: protobuf delete, meta.k8s.io/v1",
+        "DELETE",
+        &format!("{secrets}/pb-s3"),
+        pbct,
+        meta_envelope,
+    )
+    .await?;
+    // A JSON body's dryRun (kube-rs and kubectl send it there) decides; with a body, the query's
+    // dryRun does not count.
+    let cm = |name: &str| json!({"metadata": {"name": name, "labels": {"pbdc": "1"}}, "data": {"k": "v"}});
+    for name in ["pb-c1", "pb-c2", "pb-c3"] {
+        s.send("POST", CONFIGMAPS, ct, &cm(name)).await?;
+    }
+    s.step(
+        "client-go: json delete, dryRun in the body",
+        "DELETE",
+        &format!("{CONFIGMAPS}/pb-c1"),
+        ct,
+        json!({"dryRun": ["All"]}),
+    )
+    .await?;
+    let after = s.send("GET", &format!("{CONFIGMAPS}/pb-c1"), ct, &Value::Null).await?;
+    s.record("client-go: json delete, dryRun in the body deletes nothing", json!(after.code));
+    s.step(
+        "client-go: json delete, a body without dryRun overrides the query",
+        "DELETE",
+        &format!("{CONFIGMAPS}/pb-c1?dryRun=All"),
+        ct,
+        json!({"kind": "DeleteOptions", "apiVersion": "v1"}),
+    )
+    .await?;
+    let after = s.send("GET", &format!("{CONFIGMAPS}/pb-c1"), ct, &Value::Null).await?;
+    s.record("client-go: json delete, a body without dryRun deleted", json!(after.code));
+    let a = s.send_bytes("DELETE", &format!("{CONFIGMAPS}?labelSelector=pbdc%3D1"), pbct, opts(&[])).await?;
+    let left = s.send("GET", &format!("{CONFIGMAPS}?labelSelector=pbdc%3D1"), ct, &Value::Null).await?;
+    s.record(
+        "client-go: protobuf deletecollection",
+        json!({"code": a.code, "left": left.body["items"].as_array().map(Vec::len)}),
+    );
+    // Other groups: client-go names its own group version in the envelope.
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/conformance/leases";
+    s.send("POST", leases, ct, &json!({"metadata": {"name": "pb-lease"}, "spec": {"holderIdentity": "a"}})).await?;
+    s.step_bytes(
+        "client-go: protobuf delete of a Lease",
+        "DELETE",
+        &format!("{leases}/pb-lease"),
+        pbct,
+        pb_body("coordination.k8s.io/v1", "DeleteOptions", b""),
+    )
+    .await?;
+    s.send("POST", APPS, ct, &app("cg-delete", json!({}))).await?;
+    s.step_bytes(
+        "client-go: protobuf delete of an Application",
+        "DELETE",
+        &format!("{APPS}/cg-delete"),
+        pbct,
+        pb_body("argoproj.io/v1alpha1", "DeleteOptions", b""),
+    )
+    .await?;
+    // A typed create of a built-in kind not decoded here.
+    let container = [pb(1, b"c"), pb(2, b"registry.example.com/app:1")].concat();
+    let pod = [pb(1, &pb(1, b"pb-pod")), pb(2, &pb(2, &container))].concat();
+    s.step_bytes(
+        "client-go: protobuf create of a Pod",
+        "POST",
+        "/api/v1/namespaces/conformance/pods",
+        pbct,
+        pb_body("v1", "Pod", &pod),
+    )
+    .await?;
     Ok(())
 }
 
@@ -968,6 +1244,7 @@ async fn run_all(s: &mut Server) -> Result<()> {
     crud_and_errors(s).await?;
     schema_pruning_and_validation(s).await?;
     patches(s).await?;
+    client_go_bodies(s).await?;
     paging_and_selectors(s).await?;
     watches(s).await?;
     status_subresource(s).await?;
