@@ -370,6 +370,9 @@ async fn a_stuck_replica_is_cut_off_after_the_bounded_wait_and_resyncs() -> anyh
     b.stop().await
 }
 
+/// What the scripted active's `Subscribe` stream sends, as the test pushes it.
+type EventQueue = mpsc::Receiver<Result<ReplicatedEvent, tonic::Status>>;
+
 /// A scripted active principal for one replica: its `GetSnapshot` answers are given in order
 /// (the last one repeats), its `Subscribe` stream sends what the test pushes, and it records
 /// the replica's latest ACK.
@@ -377,7 +380,7 @@ async fn a_stuck_replica_is_cut_off_after_the_bounded_wait_and_resyncs() -> anyh
 struct ScriptedActive {
     snapshots: Arc<std::sync::Mutex<Vec<ReplicationSnapshot>>>,
     snapshot_calls: Arc<std::sync::atomic::AtomicUsize>,
-    stream: Arc<std::sync::Mutex<Option<mpsc::Receiver<Result<ReplicatedEvent, tonic::Status>>>>>,
+    stream: Arc<std::sync::Mutex<Option<EventQueue>>>,
     acked: Arc<watch::Sender<Option<u64>>>,
 }
 
