@@ -16,6 +16,9 @@ fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str)
 }
 
+/// Upstream's `last-updated` annotation, which its principal stamps on every write of a hub copy.
+const LAST_UPDATED: &str = "argocd-agent.argoproj.io/last-updated";
+
 #[tokio::test]
 async fn autonomous_app_lifecycle_create_update_status_operation_delete() {
     let env = Env::new(AgentMode::Autonomous).await;
@@ -26,10 +29,13 @@ async fn autonomous_app_lifecycle_create_update_status_operation_delete() {
     let copy = wait_obj(&hub, "guestbook", "hub copy created", |_| true).await;
     assert_eq!(annotation(&copy, "argocd.argoproj.io/source-uid"), Some(spoke_uid.as_str()));
     assert_eq!(copy.pointer("/spec/project").and_then(Value::as_str), Some("agent-1-default"));
-    assert_eq!(copy.pointer("/spec/destination/name").and_then(Value::as_str), Some(AGENT));
+    // As upstream: the agent's cluster by name, no server, the spoke's namespace kept.
+    assert_eq!(copy.pointer("/spec/destination"), Some(&json!({"name": AGENT, "namespace": "guestbook"})));
+    assert!(annotation(&copy, LAST_UPDATED).is_some(), "the create is stamped: {copy}");
 
     merge(&spoke, "guestbook", json!({"spec": {"source": {"path": "v2"}}})).await;
-    wait_obj(&hub, "guestbook", "spec update up", |v| path(v) == Some("v2")).await;
+    let updated = wait_obj(&hub, "guestbook", "spec update up", |v| path(v) == Some("v2")).await;
+    assert!(annotation(&updated, LAST_UPDATED).is_some(), "the update is stamped: {updated}");
 
     merge(&spoke, "guestbook", json!({"status": {"health": {"status": "Healthy"}}})).await;
     wait_obj(&hub, "guestbook", "status up", |v| {
@@ -137,12 +143,16 @@ async fn autonomous_appprojects_flow_up_as_renamed_copies() {
     assert_eq!(annotation(&copy, "argocd.argoproj.io/source-uid"), created.metadata.uid.as_deref());
     assert_eq!(copy.pointer("/spec/sourceNamespaces/0").and_then(Value::as_str), Some(AGENT));
     assert_eq!(copy.pointer("/spec/destinations/0/name").and_then(Value::as_str), Some(AGENT));
+    assert!(annotation(&copy, LAST_UPDATED).is_some(), "the project copy is stamped: {copy}");
     assert_eq!(
         copy.pointer("/spec/roles/0/policies/0").and_then(Value::as_str),
         Some("p, proj:agent-1-dev:admin, applications, get, agent-1-dev/agent-1/*, allow")
     );
     merge(&spoke, "dev", json!({"spec": {"description": "two"}})).await;
-    wait_obj(&hub, "agent-1-dev", "project update up", |v| v.pointer("/spec/description") == Some(&json!("two"))).await;
+    let updated =
+        wait_obj(&hub, "agent-1-dev", "project update up", |v| v.pointer("/spec/description") == Some(&json!("two")))
+            .await;
+    assert!(annotation(&updated, LAST_UPDATED).is_some(), "the project update is stamped: {updated}");
     delete(&spoke, "dev").await;
     wait_gone(&hub, "agent-1-dev", "project delete up").await;
     env.shutdown().await;

@@ -38,7 +38,7 @@ async fn managed_app_lifecycle_create_update_status_operation_delete() {
         v.pointer("/status/health/status").and_then(Value::as_str) == Some("Healthy")
     })
     .await;
-    assert!(annotation(&h, "argocd-agent.argoproj-labs.io/last-updated").is_some());
+    assert!(annotation(&h, "argocd-agent.argoproj.io/last-updated").is_some(), "upstream's key: {h}");
     assert_eq!(path(&h), Some("helm-guestbook"), "status write must not touch the spec");
 
     merge(&hub, "guestbook", json!({"operation": {"sync": {"revision": "HEAD"}}})).await;

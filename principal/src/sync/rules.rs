@@ -1,8 +1,9 @@
 //! The sync core's pure rules: what a copy of an object looks like on the other side, whether an
-//! object belongs to an agent, what changed between two versions. No state and no I/O: the
-//! indexes, the routes and resync build on them, and their tests need nothing but objects.
+//! object belongs to an agent, what changed between two versions. No state and no I/O (the clock
+//! aside, for the `last-updated` stamp): the indexes, the routes and resync build on them, and
+//! their tests need nothing but objects.
 
-use protocol::argocd::annotations::{LAST_UPDATED, NOTIFIED, REFRESH, SOURCE_UID};
+use protocol::argocd::annotations::{LAST_UPDATED_KEYS, NOTIFIED, REFRESH, SOURCE_UID, stamp_last_updated};
 use protocol::argocd::{AppProject, Application, ApplicationDestination, ObjectMeta};
 
 use crate::config::{Mapping, glob_match};
@@ -22,11 +23,12 @@ pub(crate) fn is_autonomous_copy(app: &Application) -> bool {
 }
 
 /// Whether the parts the source of truth owns (spec, labels, annotations other than the
-/// bookkeeping ones, finalizers, deletion) differ.
+/// bookkeeping ones, finalizers, deletion) differ. Both `last-updated` keys are bookkeeping: an
+/// object stamped by an earlier version of ours differs from its copy in nothing else.
 pub(crate) fn owned_parts_differ(a: &Application, b: &Application) -> bool {
     let annotations = |app: &Application| {
         let mut m = app.metadata.annotations.clone().unwrap_or_default();
-        for k in [LAST_UPDATED, NOTIFIED, REFRESH] {
+        for k in LAST_UPDATED_KEYS.into_iter().chain([NOTIFIED, REFRESH]) {
             m.remove(k);
         }
         m
@@ -48,6 +50,18 @@ pub(crate) fn termination_requested(prev: Option<&Application>, cur: &Applicatio
     cur.is_terminating() && !prev.is_some_and(Application::is_terminating)
 }
 
+/// Stamps `meta` as written by the principal now (`last-updated`, upstream's key; the key of
+/// earlier versions removed). Upstream's managers stamp every principal write of an agent's data:
+/// status, and the hub copies of autonomous agents' Applications and AppProjects.
+pub(crate) fn stamp_written(meta: &mut ObjectMeta) {
+    stamp_last_updated(meta, &now());
+}
+
+/// Now, as the principal writes timestamps (RFC 3339, UTC, whole seconds).
+pub(crate) fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 /// Clears the fields a new copy must not carry over from the object it was made from.
 pub(crate) fn clear_server_fields(m: &mut protocol::argocd::ObjectMeta) {
     m.uid = None;
@@ -67,7 +81,10 @@ pub(crate) fn refresh_requested(prev: Option<&Application>, cur: &Application) -
 }
 
 /// The hub copy of an autonomous agent's Application: namespace `<agent>`, `source-uid` = the
-/// agent's UID, project `<agent>-<project>`, destination the agent's cluster, no owner refs.
+/// agent's UID, project `<agent>-<project>`, no owner refs, and the destination the agent's
+/// cluster: as upstream (`principal/event.go`), `name` is the agent's and `server` is cleared,
+/// while `namespace` and every other destination field stay as the agent has them (the hub's
+/// Argo CD shows and renders the Application into that namespace).
 pub(crate) fn to_hub_copy(agent: &str, incoming: &Application) -> Application {
     let mut app = incoming.clone();
     let source_uid = incoming.metadata.uid.clone().unwrap_or_default();
@@ -78,7 +95,9 @@ pub(crate) fn to_hub_copy(agent: &str, incoming: &Application) -> Application {
     if let Some(project) = app.spec.project.as_mut() {
         *project = format!("{agent}-{project}");
     }
-    app.spec.destination = Some(ApplicationDestination { name: Some(agent.to_owned()), ..Default::default() });
+    let destination = app.spec.destination.get_or_insert_with(ApplicationDestination::default);
+    destination.name = Some(agent.to_owned());
+    destination.server = None;
     app
 }
 
@@ -251,5 +270,47 @@ mod tests {
         assert_eq!(copy.spec.destination.as_ref().and_then(|d| d.name.as_deref()), Some("agent-1"));
         assert_eq!(copy.status, spoke.status);
         assert_eq!(agent_side_spec("agent-1", &copy).spec.project.as_deref(), Some("default"));
+    }
+
+    /// Upstream names the agent's cluster and clears `server`; the namespace (where the hub's
+    /// Argo CD renders the Application) and every other destination field stay.
+    #[test]
+    fn hub_copy_keeps_the_destination_but_names_the_agents_cluster() {
+        let spoke: Application = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "argocd", "uid": "spoke-uid"},
+            "spec": {"project": "default", "destination": {
+                "server": "https://kubernetes.default.svc", "namespace": "guestbook", "futureField": {"x": 1}}},
+        }))
+        .unwrap_or_default();
+        let copy = to_hub_copy("agent-1", &spoke);
+        let dest = serde_json::to_value(copy.spec.destination.as_ref()).unwrap_or_default();
+        assert_eq!(dest, serde_json::json!({"name": "agent-1", "namespace": "guestbook", "futureField": {"x": 1}}));
+        // By name only (no server) is replaced too; no destination at all gets the agent's name.
+        let mut named = spoke.clone();
+        named.spec.destination =
+            Some(ApplicationDestination { name: Some(IN_CLUSTER_NAME.into()), ..Default::default() });
+        let copy = to_hub_copy("agent-1", &named);
+        assert_eq!(copy.spec.destination.and_then(|d| d.name).as_deref(), Some("agent-1"));
+        let mut bare = spoke;
+        bare.spec.destination = None;
+        let dest = to_hub_copy("agent-1", &bare).spec.destination.unwrap_or_default();
+        assert_eq!((dest.name.as_deref(), dest.server, dest.namespace), (Some("agent-1"), None, None));
+        // The copy is stable: made again from itself (as resync and the revert compare), it is equal.
+        let copy = to_hub_copy("agent-1", &named);
+        assert_eq!(to_hub_copy("agent-1", &copy).spec.destination, copy.spec.destination);
+    }
+
+    #[test]
+    fn either_last_updated_key_is_bookkeeping() {
+        use protocol::argocd::annotations::{LAST_UPDATED, LEGACY_LAST_UPDATED};
+        let app = Application::default();
+        for key in [LAST_UPDATED, LEGACY_LAST_UPDATED, NOTIFIED] {
+            let mut stamped = app.clone();
+            stamped.metadata.set_annotation(key, "2026-12-02T12:00:00Z");
+            assert!(!owned_parts_differ(&app, &stamped), "{key}");
+        }
+        let mut stamped = app.clone();
+        stamp_written(&mut stamped.metadata);
+        assert!(stamped.metadata.annotation(LAST_UPDATED).is_some_and(|t| t.ends_with('Z')));
     }
 }

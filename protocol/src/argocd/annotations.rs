@@ -10,8 +10,17 @@ pub const NAMESPACE_REMAPPED: &str = "argocd.argoproj.io/namespace-remapped";
 pub const SOURCE_UID_MISMATCH_POLICY: &str = "argocd.argoproj.io/source-uid-mismatch-policy";
 /// Per-resource override of `--adoption-policy`.
 pub const ADOPTION_POLICY: &str = "argocd.argoproj.io/adoption-policy";
-/// Stamped by the principal when it writes agent status.
-pub const LAST_UPDATED: &str = "argocd-agent.argoproj-labs.io/last-updated";
+/// When the principal last wrote the object (RFC 3339), stamped on every principal write of an
+/// agent's data to the hub: a managed agent's status (and its errors), an autonomous agent's
+/// Application and AppProject copies. Upstream's key (`internal/manager/application` and
+/// `internal/manager/appproject`, `LastUpdatedAnnotation`, the same since v0.5.0).
+pub const LAST_UPDATED: &str = "argocd-agent.argoproj.io/last-updated";
+/// The key earlier versions of ours stamped instead of [`LAST_UPDATED`]. Still read
+/// ([`last_updated`], and left out of comparisons beside it); [`stamp_last_updated`] removes it,
+/// so an object stamped by an earlier version moves to upstream's key on its next write.
+pub const LEGACY_LAST_UPDATED: &str = "argocd-agent.argoproj-labs.io/last-updated";
+/// Both `last-updated` keys, for code that must treat them alike (bookkeeping, not content).
+pub const LAST_UPDATED_KEYS: [&str; 2] = [LAST_UPDATED, LEGACY_LAST_UPDATED];
 /// The agent a cluster secret belongs to.
 pub const AGENT_NAME: &str = "argocd-agent.argoproj-labs.io/agent-name";
 /// Marks a cluster secret created by self-registration.
@@ -30,3 +39,38 @@ pub const TRACKING_ID: &str = "argocd.argoproj.io/tracking-id";
 pub const LAST_APPLIED_CONFIGURATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// The label selecting repository secrets (`repository` or `repo-creds`).
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+
+/// When the principal last wrote the object: [`LAST_UPDATED`], else the [`LEGACY_LAST_UPDATED`]
+/// an earlier version of ours stamped.
+#[must_use]
+pub fn last_updated(meta: &super::ObjectMeta) -> Option<&str> {
+    meta.annotation(LAST_UPDATED).or_else(|| meta.annotation(LEGACY_LAST_UPDATED))
+}
+
+/// Stamps `meta` as written at `now` (RFC 3339) under upstream's [`LAST_UPDATED`] key, and
+/// removes the [`LEGACY_LAST_UPDATED`] key of earlier versions.
+pub fn stamp_last_updated(meta: &mut super::ObjectMeta, now: &str) {
+    meta.remove_annotation(LEGACY_LAST_UPDATED);
+    meta.set_annotation(LAST_UPDATED, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::argocd::ObjectMeta;
+
+    #[test]
+    fn last_updated_is_upstreams_key_and_the_earlier_one_is_still_read() {
+        assert_eq!(LAST_UPDATED, "argocd-agent.argoproj.io/last-updated");
+        let mut meta = ObjectMeta::default();
+        assert_eq!(last_updated(&meta), None);
+        meta.set_annotation(LEGACY_LAST_UPDATED, "2026-01-01T00:00:00Z");
+        assert_eq!(last_updated(&meta), Some("2026-01-01T00:00:00Z"), "stamped by an earlier version of ours");
+        stamp_last_updated(&mut meta, "2026-12-02T12:00:00Z");
+        assert_eq!(meta.annotation(LAST_UPDATED), Some("2026-12-02T12:00:00Z"));
+        assert_eq!(meta.annotation(LEGACY_LAST_UPDATED), None, "the earlier key moves to upstream's");
+        assert_eq!(last_updated(&meta), Some("2026-12-02T12:00:00Z"));
+        meta.set_annotation(LEGACY_LAST_UPDATED, "2026-01-01T00:00:00Z");
+        assert_eq!(last_updated(&meta), Some("2026-12-02T12:00:00Z"), "upstream's key first");
+    }
+}

@@ -4,15 +4,17 @@
 use link::Gone;
 use protocol::EventType;
 use protocol::argocd::Application;
-use protocol::argocd::annotations::NOTIFIED;
+use protocol::argocd::annotations::{LAST_UPDATED, NOTIFIED};
 use protocol::kube_store::StoreError;
 
 use crate::sync::hub::{Hub, Key, key_of};
 use crate::sync::rules::{
-    agent_side_spec, clear_server_fields, operation_appeared, refresh_requested, termination_requested, to_hub_copy,
+    agent_side_spec, clear_server_fields, operation_appeared, refresh_requested, stamp_written, termination_requested,
+    to_hub_copy,
 };
 
-/// `create` / `spec-update` from an autonomous agent: create or update the hub copy.
+/// `create` / `spec-update` from an autonomous agent: create or update the hub copy, stamped
+/// `last-updated` when written (an update that changes nothing is not written).
 pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application) -> Result<(), StoreError> {
     let copy = to_hub_copy(agent, incoming);
     let key = key_of(&copy.metadata);
@@ -20,6 +22,7 @@ pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application)
     hub.autonomous.set_source(key.clone(), copy.clone());
     let mut create = copy.clone();
     create.metadata.deletion_timestamp = None;
+    stamp_written(&mut create.metadata);
     if !hub.apps.create(agent, &name, &create).await? {
         hub.apps
             .update::<Application, _>(agent, &name, |cur| {
@@ -32,7 +35,14 @@ pub(crate) async fn agent_upsert(hub: &Hub, agent: &str, incoming: &Application)
                 if let Some(n) = notified {
                     next.metadata.set_annotation(NOTIFIED, n);
                 }
+                // The current stamp is kept for the comparison; a write gets a new one.
+                if let Some(stamp) = cur.metadata.annotation(LAST_UPDATED) {
+                    next.metadata.set_annotation(LAST_UPDATED, stamp);
+                }
                 let changed = next != *cur;
+                if changed {
+                    stamp_written(&mut next.metadata);
+                }
                 *cur = next;
                 changed
             })
@@ -82,6 +92,9 @@ pub(crate) async fn hub_copy_changed(
             .update::<Application, _>(&agent, &name, |c| {
                 let changed = c.spec != src.spec;
                 c.spec.clone_from(&src.spec);
+                if changed {
+                    stamp_written(&mut c.metadata);
+                }
                 changed
             })
             .await?;
@@ -124,6 +137,7 @@ pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(),
     }
     tracing::info!(agent = %key.0, name = %key.1, "recreating an autonomous agent's Application deleted on the hub");
     clear_server_fields(&mut src.metadata);
+    stamp_written(&mut src.metadata);
     hub.apps.create(&key.0, &key.1, &src).await?;
     Ok(())
 }

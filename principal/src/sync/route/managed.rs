@@ -1,13 +1,15 @@
 //! Managed mode (upstream §4.2): the hub owns Applications; specs flow down, status flows up.
 
 use protocol::argocd::Application;
-use protocol::argocd::annotations::{LAST_UPDATED, NAMESPACE_REMAPPED, REFRESH};
+use protocol::argocd::annotations::{
+    LAST_UPDATED, LEGACY_LAST_UPDATED, NAMESPACE_REMAPPED, REFRESH, stamp_last_updated,
+};
 use protocol::kube_store::StoreError;
 use protocol::{EventType, Target, merge_patch};
 
 use crate::config::AgentMode;
 use crate::sync::hub::{Hub, StatusBase, StatusPathCounters};
-use crate::sync::rules::{operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
+use crate::sync::rules::{now, operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {
@@ -110,7 +112,7 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
     let name = incoming.metadata.name.as_deref().unwrap_or_default();
     let ns = hub.managed_namespace(agent, incoming.metadata.namespace.as_deref());
     let key = (ns.to_owned(), name.to_owned());
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = now();
     // The conditional patch's base is a version the watch showed for this agent (or the
     // principal's own write to it), so a patch never lands on another agent's Application.
     if hub.seen_apps.seen_satisfies(&key, |seen| owned_by(hub, agent, seen)) == Some(false) {
@@ -147,7 +149,7 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
                     hub_app.metadata.remove_annotation(REFRESH);
                 }
             }
-            hub_app.metadata.set_annotation(LAST_UPDATED, now.clone());
+            stamp_last_updated(&mut hub_app.metadata, &now);
             true
         })
         .await?;
@@ -160,7 +162,8 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
 }
 
 /// The merge patch that writes `incoming`'s status and operation over `base`, valid only while
-/// the hub is still at `base`'s resourceVersion. `None` when there is nothing to change.
+/// the hub is still at `base`'s resourceVersion, stamped `last-updated` (the key of earlier
+/// versions removed). `None` when there is nothing to change.
 fn status_patch(base: &StatusBase, incoming: &Application, now: &str) -> Option<serde_json::Value> {
     let status = merge_patch::diff(&base.status, &serde_json::to_value(&incoming.status).ok()?);
     let operation = merge_patch::diff(&base.operation, &serde_json::to_value(&incoming.operation).ok()?);
@@ -170,6 +173,7 @@ fn status_patch(base: &StatusBase, incoming: &Application, now: &str) -> Option<
     let mut patch = serde_json::json!({"metadata": {"resourceVersion": base.resource_version, "annotations": {
         REFRESH: incoming.metadata.annotation(REFRESH),
         LAST_UPDATED: now,
+        LEGACY_LAST_UPDATED: null,
     }}});
     for (field, diff) in [("status", status), ("operation", operation)] {
         if let Some(d) = diff {
@@ -194,9 +198,10 @@ pub(crate) async fn agent_deleted(hub: &Hub, agent: &str, incoming: &Application
 }
 
 /// `.error` from a managed agent: the hub Application gets health `Degraded` and a condition
-/// of type `AgentError` with the agent's message (upstream `principal/event.go:388-421`).
+/// of type `AgentError` with the agent's message (upstream `principal/event.go:388-421`), stamped
+/// `last-updated` as upstream's `UpdateStatus` stamps it.
 pub(crate) async fn agent_error(hub: &Hub, agent: &str, err: &protocol::payload::ErrorData) -> Result<(), StoreError> {
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = now();
     let ns = hub.managed_namespace(agent, Some(&err.resource_namespace));
     hub.apps
         .update::<Application, _>(ns, &err.resource_name, |app| {
@@ -215,6 +220,7 @@ pub(crate) async fn agent_error(hub: &Hub, agent: &str, err: &protocol::payload:
                 }
                 None => *conditions = serde_json::json!([condition]),
             }
+            stamp_last_updated(&mut app.metadata, &now);
             true
         })
         .await?;
@@ -285,7 +291,8 @@ mod tests {
         assert_eq!(seen.metadata.namespace.as_deref(), Some("argocd-agent"), "namespace mapping ignores the mark");
         assert_eq!(seen.metadata.annotation(NAMESPACE_REMAPPED), None, "but never writes it");
 
-        // The status patch carries the refresh and last-updated annotations only.
+        // The status patch carries the refresh and last-updated annotations only (and removes
+        // the last-updated key of earlier versions).
         let base = StatusBase {
             resource_version: "1".into(),
             status: serde_json::Value::Null,
@@ -297,7 +304,8 @@ mod tests {
         let mut annotations: Vec<&String> =
             patch["metadata"]["annotations"].as_object().into_iter().flat_map(|a| a.keys()).collect();
         annotations.sort();
-        assert_eq!(annotations, [LAST_UPDATED, REFRESH]);
+        assert_eq!(annotations, [LEGACY_LAST_UPDATED, LAST_UPDATED, REFRESH]);
+        assert_eq!(patch["metadata"]["annotations"][LEGACY_LAST_UPDATED], serde_json::Value::Null);
     }
 
     #[test]

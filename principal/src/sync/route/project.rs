@@ -2,12 +2,13 @@
 //! go to every managed agent they match, as an agent-specific copy.
 
 use protocol::argocd::AppProject;
+use protocol::argocd::annotations::LAST_UPDATED;
 use protocol::kube_store::StoreError;
 use protocol::{Event, EventType, Target};
 
 use crate::config::AgentMode;
 use crate::sync::hub::Hub;
-use crate::sync::rules::{agent_copy, autonomous_hub_copy, matches_agent};
+use crate::sync::rules::{agent_copy, autonomous_hub_copy, matches_agent, stamp_written};
 
 pub(crate) fn event_for(hub: &Hub, ty: EventType, project: &AppProject, agent: &str) -> Option<Event> {
     let copy = agent_copy(project, agent, hub.config.mapping());
@@ -47,19 +48,31 @@ pub(crate) fn hub_project_deleted(hub: &Hub, project: &AppProject) {
     }
 }
 
-/// `create` / `spec-update` of an AppProject from an autonomous agent.
+/// `create` / `spec-update` of an AppProject from an autonomous agent: the hub copy, stamped
+/// `last-updated` when written (as upstream's AppProject manager stamps the principal's writes).
 pub(crate) async fn agent_project_upsert(hub: &Hub, agent: &str, incoming: &AppProject) -> Result<(), StoreError> {
     let ns = hub.config.namespace.clone();
     let copy = autonomous_hub_copy(agent, incoming, &ns);
     let name = copy.metadata.name.clone().unwrap_or_default();
-    if !hub.projects.create(&ns, &name, &copy).await? {
+    let mut created = copy.clone();
+    stamp_written(&mut created.metadata);
+    if !hub.projects.create(&ns, &name, &created).await? {
         hub.projects
             .update::<AppProject, _>(&ns, &name, |cur| {
                 let before = cur.clone();
+                let stamp = cur.metadata.annotation(LAST_UPDATED).map(str::to_owned);
                 cur.spec.clone_from(&copy.spec);
                 cur.metadata.labels.clone_from(&copy.metadata.labels);
                 cur.metadata.annotations.clone_from(&copy.metadata.annotations);
-                *cur != before
+                // The current stamp is kept for the comparison; a write gets a new one.
+                if let Some(stamp) = stamp {
+                    cur.metadata.set_annotation(LAST_UPDATED, stamp);
+                }
+                let changed = *cur != before;
+                if changed {
+                    stamp_written(&mut cur.metadata);
+                }
+                changed
             })
             .await?;
     }
