@@ -1429,7 +1429,7 @@ fn upstream_spire_values_render_and_the_binaries_take_them() {
             method.and_then(Value::as_str).map(str::to_owned).as_ref()
         );
         let auth_key = if chart == AGENT_CHART { "agent.creds" } else { "principal.auth" };
-        assert!(data.get(auth_key).is_none(), "{values}: {auth_key} is left empty with SPIRE, as upstream");
+        assert!(!data.contains_key(auth_key), "{values}: {auth_key} is left empty with SPIRE, as upstream");
         let mut deployment = find(&docs, "Deployment", chart).expect("deployment").clone();
         let pod = &deployment["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["volumeMounts"][0]["mountPath"], "/run/spire/agent-sockets", "{values}");
