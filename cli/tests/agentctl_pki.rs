@@ -406,3 +406,38 @@ fn contexts_and_namespaces_come_from_flags_and_env() {
     let err = c.fails(&[&["pki", "init", "--principal-namespace", "missing"][..], &FAST].concat());
     assert!(err.contains("create namespace missing"), "{err}");
 }
+
+/// `pki issue ha-admin`: the client certificate `argocd-agentctl ha --tls-cert/--tls-key/--tls-ca`
+/// presents to a principal's HA admin endpoint (CN ha-admin, what
+/// `--ha-admin-auth 'mtls:subject:^CN=ha-admin(,|$)'` admits), with the CA beside it.
+#[test]
+fn pki_issue_ha_admin_writes_the_admin_client_cert_with_its_ca() {
+    let c = Cluster::start();
+    let ca_pem = init(&c);
+    let ca_der = der_of(&ca_pem);
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).unwrap();
+    let out_dir = c.dir.path().join("admin");
+    let out_dir = out_dir.to_str().unwrap();
+    let out = c.ok(&[&["pki", "issue", "ha-admin", "--out-dir", out_dir][..], &FAST].concat());
+    assert!(out.contains("argocd/argocd-agent-ha-admin-tls created"), "{out}");
+
+    let secret = c.must_secret("argocd", "argocd-agent-ha-admin-tls");
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert_eq!(keys_of(&secret), BTreeSet::from(["ca.crt".to_owned(), "tls.crt".to_owned(), "tls.key".to_owned()]));
+    assert_eq!(field(&secret, "ca.crt"), ca_pem);
+    let der = der_of(&field(&secret, "tls.crt"));
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    cert.verify_signature(Some(ca.public_key())).expect("signed by the CA");
+    assert_eq!(cn(&cert), "ha-admin");
+    let eku = cert.extended_key_usage().unwrap().unwrap().value;
+    assert!(eku.client_auth && !eku.server_auth);
+    for file in ["ca.crt", "ha-admin.crt", "ha-admin.key"] {
+        assert!(std::path::Path::new(out_dir).join(file).is_file(), "--out-dir wrote {file}");
+    }
+
+    let err = c.fails(&[&["pki", "issue", "ha-admin"][..], &FAST].concat());
+    assert!(err.contains("--upsert"), "{err}");
+    c.ok(&[&["pki", "issue", "ha-admin", "--upsert", "--common-name", "ops-admin"][..], &FAST].concat());
+    let der = der_of(&field(&c.must_secret("argocd", "argocd-agent-ha-admin-tls"), "tls.crt"));
+    assert_eq!(cn(&x509_parser::parse_x509_certificate(&der).unwrap().1), "ops-admin");
+}
