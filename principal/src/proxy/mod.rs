@@ -144,7 +144,7 @@ impl ResourceProxy {
             &listener,
             &cancel,
             "resource proxy",
-            &gate,
+            || gate.admit(),
             |tcp, remote, mut admission| {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.borrow().clone());
                 let proxy = self.clone();

@@ -136,7 +136,7 @@ impl RedisProxy {
             &listener,
             &cancel,
             "Redis proxy",
-            &gate,
+            || gate.admit(),
             |tcp, remote, mut admission| {
                 let proxy = self.clone();
                 let cancel = cancel.clone();

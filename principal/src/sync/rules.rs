@@ -3,7 +3,7 @@
 //! aside, for the `last-updated` stamp): the indexes, the routes and resync build on them, and
 //! their tests need nothing but objects.
 
-use protocol::argocd::annotations::{LAST_UPDATED_KEYS, NOTIFIED, REFRESH, SOURCE_UID, stamp_last_updated};
+use protocol::argocd::annotations::{LAST_UPDATED_KEYS, NOTIFIED, REFRESH, SOURCE_UID};
 use protocol::argocd::{AppProject, Application, ApplicationDestination, ObjectMeta};
 
 use crate::config::{Mapping, glob_match};
@@ -54,7 +54,7 @@ pub(crate) fn termination_requested(prev: Option<&Application>, cur: &Applicatio
 /// earlier versions removed). Upstream's managers stamp every principal write of an agent's data:
 /// status, and the hub copies of autonomous agents' Applications and AppProjects.
 pub(crate) fn stamp_written(meta: &mut ObjectMeta) {
-    stamp_last_updated(meta, &now());
+    meta.stamp_last_updated(&now());
 }
 
 /// Now, as the principal writes timestamps (RFC 3339, UTC, whole seconds).

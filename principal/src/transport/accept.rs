@@ -1,6 +1,7 @@
 //! The accept loop of the principal's own TCP listeners (the resource proxy, the Redis proxy, the
 //! gated incoming connections of its gRPC servers): each connection admitted under its
-//! listener's cap ([`super::limits::Gate`]; over it, closed at once) and served in its own task,
+//! listener's cap (`admit`, the listener's gate in `super::limits`; over it, closed at once) and
+//! served in its own task,
 //! a failing `accept` (out of file descriptors and the like) paused on rather than spun on,
 //! finished tasks reaped as they end, and a bounded TLS handshake.
 
@@ -12,21 +13,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::limits::{Admission, Gate};
-
-/// Accepts connections on `listener` until `cancel` fires, each admitted by `gate` (or closed at
-/// once when the listener is full) and handed with its admission to `serve` in its own task.
+/// Accepts connections on `listener` until `cancel` fires, each admitted by `admit` (or closed
+/// at once when it answers `None`: the listener is full) and handed with its admission to
+/// `serve` in its own task.
 /// Returns the tasks still running, for the caller to wait on or shut down. `listener_name`
 /// names the listener in logs.
-pub(crate) async fn until_cancelled<F, Fut>(
+pub(crate) async fn until_cancelled<A, F, Fut>(
     listener: &TcpListener,
     cancel: &CancellationToken,
     listener_name: &'static str,
-    gate: &Gate,
+    admit: impl Fn() -> Option<A>,
     mut serve: F,
 ) -> JoinSet<()>
 where
-    F: FnMut(TcpStream, SocketAddr, Admission) -> Fut,
+    F: FnMut(TcpStream, SocketAddr, A) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut connections = JoinSet::new();
@@ -44,7 +44,7 @@ where
             }
         };
         // Over the cap: dropped here, so closed before anything is read from it.
-        let Some(admission) = gate.admit() else { continue };
+        let Some(admission) = admit() else { continue };
         let _ = tcp.set_nodelay(true);
         connections.spawn(serve(tcp, remote, admission));
         // Reap finished connections so the set does not grow with every one ever served.

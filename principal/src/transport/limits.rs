@@ -502,8 +502,12 @@ where
     let acceptor = tokio::spawn({
         let cancel = cancel.clone();
         async move {
-            let mut pending =
-                super::accept::until_cancelled(&listener, &cancel, name, &gate, |tcp, remote, admission| {
+            let mut pending = super::accept::until_cancelled(
+                &listener,
+                &cancel,
+                name,
+                || gate.admit(),
+                |tcp, remote, admission| {
                     let prepared = prepare(tcp, remote, admission);
                     let tx = tx.clone();
                     async move {
@@ -512,8 +516,9 @@ where
                             let _ = tx.send(Ok(io)).await;
                         }
                     }
-                })
-                .await;
+                },
+            )
+            .await;
             pending.shutdown().await;
         }
     });
@@ -701,13 +706,18 @@ pub async fn serve_http_listener<S, ResBody>(
 {
     let gate = Gate::new(name, limits);
     let bounds = HttpBounds { timeouts: limits.timeouts, idle: limits.timeouts.idle };
-    let mut connections =
-        super::accept::until_cancelled(&listener, &cancel, name, &gate, |tcp, _remote, mut admission| {
+    let mut connections = super::accept::until_cancelled(
+        &listener,
+        &cancel,
+        name,
+        || gate.admit(),
+        |tcp, _remote, mut admission| {
             admission.authenticated();
             let (service, cancel) = (service.clone(), cancel.clone());
             async move { serve_http(Gated::new(tcp, admission), service, bounds, &cancel).await }
-        })
-        .await;
+        },
+    )
+    .await;
     while connections.join_next().await.is_some() {}
 }
 

@@ -16,7 +16,7 @@ pub const ADOPTION_POLICY: &str = "argocd.argoproj.io/adoption-policy";
 /// `internal/manager/appproject`, `LastUpdatedAnnotation`, the same since v0.5.0).
 pub const LAST_UPDATED: &str = "argocd-agent.argoproj.io/last-updated";
 /// The key earlier versions of ours stamped instead of [`LAST_UPDATED`]. Still read
-/// ([`last_updated`], and left out of comparisons beside it); [`stamp_last_updated`] removes it,
+/// (`ObjectMeta::last_updated`, and left out of comparisons beside it); `ObjectMeta::stamp_last_updated` removes it,
 /// so an object stamped by an earlier version moves to upstream's key on its next write.
 pub const LEGACY_LAST_UPDATED: &str = "argocd-agent.argoproj-labs.io/last-updated";
 /// Both `last-updated` keys, for code that must treat them alike (bookkeeping, not content).
@@ -40,20 +40,6 @@ pub const LAST_APPLIED_CONFIGURATION: &str = "kubectl.kubernetes.io/last-applied
 /// The label selecting repository secrets (`repository` or `repo-creds`).
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 
-/// When the principal last wrote the object: [`LAST_UPDATED`], else the [`LEGACY_LAST_UPDATED`]
-/// an earlier version of ours stamped.
-#[must_use]
-pub fn last_updated(meta: &super::ObjectMeta) -> Option<&str> {
-    meta.annotation(LAST_UPDATED).or_else(|| meta.annotation(LEGACY_LAST_UPDATED))
-}
-
-/// Stamps `meta` as written at `now` (RFC 3339) under upstream's [`LAST_UPDATED`] key, and
-/// removes the [`LEGACY_LAST_UPDATED`] key of earlier versions.
-pub fn stamp_last_updated(meta: &mut super::ObjectMeta, now: &str) {
-    meta.remove_annotation(LEGACY_LAST_UPDATED);
-    meta.set_annotation(LAST_UPDATED, now);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,14 +49,14 @@ mod tests {
     fn last_updated_is_upstreams_key_and_the_earlier_one_is_still_read() {
         assert_eq!(LAST_UPDATED, "argocd-agent.argoproj.io/last-updated");
         let mut meta = ObjectMeta::default();
-        assert_eq!(last_updated(&meta), None);
+        assert_eq!(meta.last_updated(), None);
         meta.set_annotation(LEGACY_LAST_UPDATED, "2026-01-01T00:00:00Z");
-        assert_eq!(last_updated(&meta), Some("2026-01-01T00:00:00Z"), "stamped by an earlier version of ours");
-        stamp_last_updated(&mut meta, "2026-12-02T12:00:00Z");
+        assert_eq!(meta.last_updated(), Some("2026-01-01T00:00:00Z"), "stamped by an earlier version of ours");
+        meta.stamp_last_updated("2026-12-02T12:00:00Z");
         assert_eq!(meta.annotation(LAST_UPDATED), Some("2026-12-02T12:00:00Z"));
         assert_eq!(meta.annotation(LEGACY_LAST_UPDATED), None, "the earlier key moves to upstream's");
-        assert_eq!(last_updated(&meta), Some("2026-12-02T12:00:00Z"));
+        assert_eq!(meta.last_updated(), Some("2026-12-02T12:00:00Z"));
         meta.set_annotation(LEGACY_LAST_UPDATED, "2026-01-01T00:00:00Z");
-        assert_eq!(last_updated(&meta), Some("2026-12-02T12:00:00Z"), "upstream's key first");
+        assert_eq!(meta.last_updated(), Some("2026-12-02T12:00:00Z"), "upstream's key first");
     }
 }

@@ -51,6 +51,23 @@ pub struct ObjectMeta {
 }
 
 impl ObjectMeta {
+    /// When the principal last wrote the object: upstream's
+    /// [`LAST_UPDATED`](super::annotations::LAST_UPDATED), else the
+    /// [`LEGACY_LAST_UPDATED`](super::annotations::LEGACY_LAST_UPDATED) an earlier version of
+    /// ours stamped.
+    #[must_use]
+    pub fn last_updated(&self) -> Option<&str> {
+        self.annotation(super::annotations::LAST_UPDATED)
+            .or_else(|| self.annotation(super::annotations::LEGACY_LAST_UPDATED))
+    }
+
+    /// Stamps the object as written at `now` (RFC 3339) under upstream's key, and removes the
+    /// key of earlier versions of ours.
+    pub fn stamp_last_updated(&mut self, now: &str) {
+        self.remove_annotation(super::annotations::LEGACY_LAST_UPDATED);
+        self.set_annotation(super::annotations::LAST_UPDATED, now);
+    }
+
     /// The value of annotation `key`.
     #[must_use]
     pub fn annotation(&self, key: &str) -> Option<&str> {

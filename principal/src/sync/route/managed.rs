@@ -1,9 +1,7 @@
 //! Managed mode (upstream §4.2): the hub owns Applications; specs flow down, status flows up.
 
 use protocol::argocd::Application;
-use protocol::argocd::annotations::{
-    LAST_UPDATED, LEGACY_LAST_UPDATED, NAMESPACE_REMAPPED, REFRESH, stamp_last_updated,
-};
+use protocol::argocd::annotations::{LAST_UPDATED, LEGACY_LAST_UPDATED, NAMESPACE_REMAPPED, REFRESH};
 use protocol::kube_store::StoreError;
 use protocol::{EventType, Target, merge_patch};
 
@@ -149,7 +147,7 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
                     hub_app.metadata.remove_annotation(REFRESH);
                 }
             }
-            stamp_last_updated(&mut hub_app.metadata, &now);
+            hub_app.metadata.stamp_last_updated(&now);
             true
         })
         .await?;
@@ -220,7 +218,7 @@ pub(crate) async fn agent_error(hub: &Hub, agent: &str, err: &protocol::payload:
                 }
                 None => *conditions = serde_json::json!([condition]),
             }
-            stamp_last_updated(&mut app.metadata, &now);
+            app.metadata.stamp_last_updated(&now);
             true
         })
         .await?;
