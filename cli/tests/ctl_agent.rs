@@ -286,7 +286,8 @@ fn agent_list_inspect_and_print_tls() {
     let json: serde_json::Value = serde_json::from_str(&c.ok(&["agent", "inspect", "agent-1"])).unwrap();
     assert_eq!(json["server"], "https://argocd-agent-resource-proxy:9090?agentName=agent-1");
     assert_eq!(json["name"], "agent-1");
-    assert_eq!(json["subject"], "CN=agent-1,O=DO NOT USE IN PRODUCTION");
+    // The resource-proxy client mark (OU) is what tells this certificate from an agent's.
+    assert_eq!(json["subject"], "OU=argocd-agent-resource-proxy-client,CN=agent-1,O=DO NOT USE IN PRODUCTION");
     assert_eq!(json["issuer"], "CN=argocd-agent-ca,O=DO NOT USE IN PRODUCTION");
     assert_eq!(json["skipReconcile"], true);
     assert_eq!(json["sha256"].as_str().unwrap().len(), 64);

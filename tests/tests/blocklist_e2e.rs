@@ -68,7 +68,7 @@ async fn refusals(t: &Topology, method: Method) -> Result<u64> {
 }
 
 fn refusal_labels(method: Method) -> String {
-    format!("method=\"{}\",reason=\"refused_by_principal\"", method.name())
+    format!("method=\"{}\",reason=\"not_admitted\"", method.name())
 }
 
 /// Where the running agent serves `/healthz`, once it has bound it.
