@@ -164,6 +164,9 @@ async fn main() -> Res<()> {
     let t = Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?;
     let proxy_addr = t.resource_proxy_addr().context("the resource proxy")?;
     t.ctl(&["agent", "create", AGENT, "--resource-proxy-server", &proxy_addr.to_string()])?;
+    // The objects below are tracked by Application `gb`: the agent serves only what an
+    // Application of its own manages.
+    tests::live::application_on_agent(&t, AGENT, "gb").await?;
     let spoke = t.spoke(AGENT)?;
     ensure_namespace(&spoke, "guestbook").await?;
     let direct: Api<ConfigMap> = Api::namespaced(spoke.clone(), "guestbook");
