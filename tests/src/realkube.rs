@@ -7,8 +7,9 @@
 //! collector, no namespace controller: a deleted namespace stays `Terminating`), no scheduler
 //! and no kubelet. Tests here only rely on what the API server itself does.
 //!
-//! Argo CD v3.5.1's own CRDs are installed from `../shared/data/argocd-crds-v3.5.1/` at run
-//! time ([`RealCluster::install_argocd_crds`]); our least-privilege RBAC from `install/rbac/`
+//! Argo CD's own CRDs (v3.5.1 and v3.6.1, [`ArgoCdRelease`]) are installed from
+//! `../shared/data/argocd-crds-v<version>/` at run time ([`RealCluster::install_argocd_crds_of`]);
+//! our least-privilege RBAC from `install/rbac/`
 //! ([`RealCluster::apply_file`]), and [`RealCluster::service_account_kubeconfig`] mints a
 //! ServiceAccount token (TokenRequest) for the principal or an agent to run with.
 
@@ -32,28 +33,65 @@ use crate::wait::Poller;
 /// How long etcd and kube-apiserver may take to become ready on two busy cores.
 const START: Duration = Duration::from_secs(90);
 
-/// Where Argo CD's CRDs are read from (never copied into this repository).
+/// Where Argo CD's CRDs are read from (never copied into this repository): a directory holding
+/// one `argocd-crds-v<version>/` directory per [`ArgoCdRelease`].
 pub const ARGOCD_CRDS_DIR_ENV: &str = "ARGOCD_CRDS_DIR";
 
-/// Argo CD v3.5.1's CRDs: `$ARGOCD_CRDS_DIR`, else `shared/data/argocd-crds-v3.5.1` in the
-/// nearest directory above the workspace that has it (`../shared/data/...` for a clone beside
-/// the shared data).
+/// An Argo CD release whose CRDs the real-control-plane tests install. Both are tested:
+/// the differential conformance suite runs once per release, and the topologies pick one
+/// ([`crate::topology::StartOptions::argocd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArgoCdRelease {
+    /// v3.5.1, the release the suite's real Argo CD binaries are built from.
+    #[default]
+    V3_5_1,
+    /// v3.6.1, the newest line.
+    V3_6_1,
+}
+
+impl ArgoCdRelease {
+    /// Every release tested, oldest first.
+    pub const ALL: [Self; 2] = [Self::V3_5_1, Self::V3_6_1];
+
+    /// `3.5.1`, `3.6.1`.
+    #[must_use]
+    pub const fn version(self) -> &'static str {
+        match self {
+            Self::V3_5_1 => "3.5.1",
+            Self::V3_6_1 => "3.6.1",
+        }
+    }
+}
+
+/// Argo CD v3.5.1's CRDs ([`argocd_crds_dir_of`] the default release).
+///
+/// # Errors
+/// As [`argocd_crds_dir_of`].
+pub fn argocd_crds_dir() -> anyhow::Result<PathBuf> {
+    argocd_crds_dir_of(ArgoCdRelease::default())
+}
+
+/// The CRDs of `release`: `argocd-crds-v<version>` in `$ARGOCD_CRDS_DIR`, else in
+/// `shared/data/` of the nearest directory above the workspace that has it
+/// (`../shared/data/...` for a clone beside the shared data).
 ///
 /// # Errors
 /// The directory does not exist (the message says where it was looked for).
-pub fn argocd_crds_dir() -> anyhow::Result<PathBuf> {
+pub fn argocd_crds_dir_of(release: ArgoCdRelease) -> anyhow::Result<PathBuf> {
+    let name = format!("argocd-crds-v{}", release.version());
     if let Some(dir) = std::env::var_os(ARGOCD_CRDS_DIR_ENV) {
-        let dir = PathBuf::from(dir);
+        let dir = PathBuf::from(dir).join(&name);
         if !dir.is_dir() {
-            bail!("{ARGOCD_CRDS_DIR_ENV}={} is not a directory", dir.display());
+            bail!("{} is not a directory ({ARGOCD_CRDS_DIR_ENV} must hold {name}/)", dir.display());
         }
         return Ok(dir);
     }
     let root = workspace_root();
-    let tail = Path::new("shared").join("data").join("argocd-crds-v3.5.1");
+    let tail = Path::new("shared").join("data").join(&name);
     root.ancestors().skip(1).map(|a| a.join(&tail)).find(|d| d.is_dir()).with_context(|| {
         format!(
-            "Argo CD v3.5.1's CRDs are not in {} or any directory above it (set {ARGOCD_CRDS_DIR_ENV} to the directory holding them)",
+            "Argo CD v{}'s CRDs are not in {} or any directory above it (set {ARGOCD_CRDS_DIR_ENV} to the directory holding {name}/)",
+            release.version(),
             root.join("..").join(&tail).display()
         )
     })
@@ -271,13 +309,21 @@ impl RealCluster {
         Ok(())
     }
 
-    /// Install Argo CD v3.5.1's own CRDs ([`argocd_crds_dir`]) and wait until each is
-    /// `Established`.
+    /// Install Argo CD v3.5.1's own CRDs and wait until each is `Established`.
+    ///
+    /// # Errors
+    /// As [`Self::install_argocd_crds_of`].
+    pub async fn install_argocd_crds(&self) -> anyhow::Result<()> {
+        self.install_argocd_crds_of(ArgoCdRelease::default()).await
+    }
+
+    /// Install the CRDs of `release` ([`argocd_crds_dir_of`]) and wait until each is
+    /// `Established` and served.
     ///
     /// # Errors
     /// The CRDs are missing, rejected, or not established in time.
-    pub async fn install_argocd_crds(&self) -> anyhow::Result<()> {
-        let dir = argocd_crds_dir()?;
+    pub async fn install_argocd_crds_of(&self, release: ArgoCdRelease) -> anyhow::Result<()> {
+        let dir = argocd_crds_dir_of(release)?;
         self.apply_file(&dir)?;
         let crds: kube::Api<
             k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,

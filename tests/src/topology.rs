@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::apiserver::ApiServerProcess;
 use crate::bin_path::{workspace_binary, workspace_root};
 use crate::process::ChildProcess;
-use crate::realkube::RealCluster;
+use crate::realkube::{ArgoCdRelease, RealCluster};
 use crate::wait::wait_for;
 
 /// Namespace of the principal on the hub and of Argo CD on the spokes.
@@ -51,7 +51,8 @@ pub enum ClusterKind {
     /// `argocd-agent apiserver` (fast, our own implementation).
     #[default]
     Embedded,
-    /// etcd + kube-apiserver built from Kubernetes' Go modules, Argo CD v3.5.1's CRDs,
+    /// etcd + kube-apiserver built from Kubernetes' Go modules, Argo CD's CRDs
+    /// ([`StartOptions::argocd`]),
     /// processes bound to our least-privilege RBAC.
     Real,
 }
@@ -103,6 +104,8 @@ pub struct StartOptions {
     /// Run the principal with this open-file limit (`RLIMIT_NOFILE`, soft and hard, set by
     /// util-linux's `prlimit`): for tests of what it does when descriptors run short.
     pub principal_open_files: Option<u64>,
+    /// Whose CRDs a real kube-apiserver serves (an embedded one has its own).
+    pub argocd: ArgoCdRelease,
 }
 
 impl Default for StartOptions {
@@ -118,6 +121,7 @@ impl Default for StartOptions {
             simulate_pods: false,
             hub_apiserver_args: Vec::new(),
             principal_open_files: None,
+            argocd: ArgoCdRelease::default(),
         }
     }
 }
@@ -151,8 +155,9 @@ impl Cluster {
         role: &str,
         extra_rbac: &[&str],
         simulate_pods: bool,
+        argocd: ArgoCdRelease,
     ) -> anyhow::Result<Self> {
-        Self::start_with_args(kind, data_dir, role, extra_rbac, simulate_pods, &[]).await
+        Self::start_with_args(kind, data_dir, role, extra_rbac, simulate_pods, argocd, &[]).await
     }
 
     /// [`Self::start`]; a real kube-apiserver also gets `apiserver_args`.
@@ -162,6 +167,7 @@ impl Cluster {
         role: &str,
         extra_rbac: &[&str],
         simulate_pods: bool,
+        argocd: ArgoCdRelease,
         apiserver_args: &[String],
     ) -> anyhow::Result<Self> {
         match kind {
@@ -172,7 +178,7 @@ impl Cluster {
             ClusterKind::Real => {
                 let options = crate::realkube::RealClusterOptions { apiserver_args: apiserver_args.to_vec() };
                 let cluster = RealCluster::start_with(options).await?;
-                cluster.install_argocd_crds().await?;
+                cluster.install_argocd_crds_of(argocd).await?;
                 cluster.ensure_namespace(ARGOCD_NS).await?;
                 let rbac = rbac_dir();
                 cluster.apply_file(&rbac.join(format!("{role}.yaml")))?;
@@ -426,6 +432,7 @@ impl Topology {
             "principal",
             &hub_rbac,
             false,
+            options.argocd,
             &options.hub_apiserver_args,
         )
         .await?;
@@ -439,7 +446,8 @@ impl Topology {
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
             let spoke_dir = dir.path().join(format!("spoke-{name}"));
-            let spoke = Cluster::start(clusters.spokes, spoke_dir, "agent", &spoke_rbac, options.simulate_pods).await?;
+            let spoke = Cluster::start(clusters.spokes, spoke_dir, "agent", &spoke_rbac, options.simulate_pods, options.argocd)
+                .await?;
             slots.insert(
                 (*name).to_string(),
                 AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },

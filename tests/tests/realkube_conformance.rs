@@ -1,6 +1,7 @@
 //! Differential conformance of the embedded API server: one sequence of kube-rs and kubectl
 //! requests, each scenario written once, run against a real kube-apiserver (etcd + kube-apiserver
-//! v1.37 with Argo CD v3.5.1's own CRDs) and against `argocd-agent apiserver` with the same CRDs.
+//! v1.37 with Argo CD's own CRDs, once with v3.5.1's and once with v3.6.1's) and against `argocd-agent apiserver`
+//! with the same CRDs.
 //! Each run records the facts that matter (status code, reason, field causes, the object's
 //! shape after pruning and defaulting, watch event order) and the two records must be equal.
 //!
@@ -20,7 +21,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, P
 use serde_json::{Value, json};
 use tests::apiserver::ApiServerProcess;
 use tests::kubectl::Kubectl;
-use tests::realkube::{RealCluster, argocd_crds_dir};
+use tests::realkube::{ArgoCdRelease, RealCluster, argocd_crds_dir_of};
 use tests::wait::Poller;
 
 const NS: &str = "conformance";
@@ -234,7 +235,7 @@ fn encode(v: &str) -> String {
 
 /// Create or replace each of Argo CD's CRDs (the embedded server has its own schema-less ones
 /// from the start; the real one has none) and wait until they are served.
-async fn install_crds(s: &Server) -> Result<()> {
+async fn install_crds(s: &Server, release: ArgoCdRelease) -> Result<()> {
     let crds: Api<DynamicObject> = Api::all_with(
         s.client(),
         &ApiResource::from_gvk_with_plural(
@@ -242,7 +243,7 @@ async fn install_crds(s: &Server) -> Result<()> {
             "customresourcedefinitions",
         ),
     );
-    let dir = argocd_crds_dir()?;
+    let dir = argocd_crds_dir_of(release)?;
     for file in ["application-crd.yaml", "appproject-crd.yaml", "applicationset-crd.yaml"] {
         let text = std::fs::read_to_string(dir.join(file))?;
         let mut crd: DynamicObject = serde_yaml::from_str(&text)?;
@@ -268,7 +269,7 @@ async fn install_crds(s: &Server) -> Result<()> {
     }
 }
 
-async fn start_servers() -> Result<(Server, Server)> {
+async fn start_servers(release: ArgoCdRelease) -> Result<(Server, Server)> {
     let (real, embedded) = tokio::join!(RealCluster::start(), ApiServerProcess::start());
     let (real, embedded) = (real?, embedded?);
     let mut servers = Vec::new();
@@ -280,7 +281,7 @@ async fn start_servers() -> Result<(Server, Server)> {
             Backend::Embedded(e) => e.kubectl()?,
         };
         let s = Server { name, backend, kubectl, facts: Vec::new(), raw: Vec::new() };
-        install_crds(&s).await?;
+        install_crds(&s, release).await?;
         let ns = s.send("POST", "/api/v1/namespaces", "application/json", &json!({"metadata": {"name": NS}})).await?;
         ensure!(ns.code == 201, "{}: cannot create namespace {NS}: {}", s.name, ns.body);
         servers.push(s);
@@ -1254,9 +1255,9 @@ async fn run_all(s: &mut Server) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn realkube_conformance_embedded_matches_kube_apiserver() -> Result<()> {
-    let (mut real, mut embedded) = start_servers().await?;
+/// Both servers with the CRDs of `release`, every scenario on each, then compared.
+async fn conformance(release: ArgoCdRelease) -> Result<()> {
+    let (mut real, mut embedded) = start_servers(release).await?;
     let (r, e) = tokio::join!(run_all(&mut real), run_all(&mut embedded));
     r.context("on the real server")?;
     e.context("on the embedded server")?;
@@ -1264,10 +1265,20 @@ async fn realkube_conformance_embedded_matches_kube_apiserver() -> Result<()> {
         for s in [&real, &embedded] {
             let raw: serde_json::Map<String, Value> = s.raw.iter().cloned().collect();
             std::fs::write(
-                std::path::Path::new(&dir).join(format!("{}.json", s.name)),
+                std::path::Path::new(&dir).join(format!("{}-v{}.json", s.name, release.version())),
                 serde_json::to_vec_pretty(&raw)?,
             )?;
         }
     }
-    compare(&real, &embedded)
+    compare(&real, &embedded).with_context(|| format!("with Argo CD v{}'s CRDs", release.version()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_conformance_embedded_matches_kube_apiserver_argocd_3_5() -> Result<()> {
+    conformance(ArgoCdRelease::V3_5_1).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realkube_conformance_embedded_matches_kube_apiserver_argocd_3_6() -> Result<()> {
+    conformance(ArgoCdRelease::V3_6_1).await
 }

@@ -11,6 +11,7 @@ use anyhow::{Context as _, Result, ensure};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tests::apps::{apps, assert_quiet, converge as wait_app, gone, path_is, set_path};
+use tests::realkube::ArgoCdRelease;
 use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology};
 use tests::wait_until_async;
 
@@ -23,7 +24,9 @@ fn app(name: &str, ns: &str, path: &str) -> Result<DynamicObject> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn realkube_managed_lifecycle_operation_finalizers_and_reverts() -> Result<()> {
     const FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
-    let t = Topology::start_on(&[("rm1", Mode::Managed)], Clusters::REAL, true).await?;
+    // On the newest line's CRDs (the other real-server tests run v3.5.1's).
+    let options = StartOptions { clusters: Clusters::REAL, argocd: ArgoCdRelease::V3_6_1, ..StartOptions::default() };
+    let t = Topology::start_with_options(&[("rm1", Mode::Managed)], options).await?;
     let hub = apps(&t.hub(), "rm1");
     let spoke = apps(&t.spoke("rm1")?, ARGOCD_NS);
 
@@ -105,7 +108,8 @@ async fn realkube_managed_lifecycle_operation_finalizers_and_reverts() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn realkube_hub_with_embedded_spokes_both_modes() -> Result<()> {
-    let t = Topology::start_on(&[("xm", Mode::Managed), ("xa", Mode::Autonomous)], Clusters::REAL_HUB, true).await?;
+    let options = StartOptions { clusters: Clusters::REAL_HUB, argocd: ArgoCdRelease::V3_6_1, ..StartOptions::default() };
+    let t = Topology::start_with_options(&[("xm", Mode::Managed), ("xa", Mode::Autonomous)], options).await?;
     let (hub_m, spoke_m) = (apps(&t.hub(), "xm"), apps(&t.spoke("xm")?, ARGOCD_NS));
     let (hub_a, spoke_a) = (apps(&t.hub(), "xa"), apps(&t.spoke("xa")?, ARGOCD_NS));
     hub_m.create(&PostParams::default(), &app("down", "xm", "v1")?).await?;
