@@ -8,6 +8,7 @@
 pub mod annotations;
 pub mod application;
 pub mod appproject;
+pub mod cluster_info;
 pub mod core;
 pub mod meta;
 
