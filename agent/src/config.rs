@@ -126,6 +126,10 @@ pub struct AgentConfig {
     /// Periodic resync interval (`--resync-interval`; `None` = off, the default): see
     /// [`crate::resync`].
     pub resync_interval: Option<Duration>,
+    /// How often this cluster's Argo CD cluster info is read and, when it changed, reported
+    /// to the principal (`--cache-refresh-interval`, upstream's 10 s; `None` = never): see
+    /// [`crate::cluster_cache`]. Needs [`Self::redis`].
+    pub cache_refresh_interval: Option<Duration>,
     /// Managed: destination-based mapping (`--destination-based-mapping`, §4.9): an Application
     /// keeps the hub namespace it comes from (this agent's [`Self::namespace`] or one
     /// [`Self::allowed_namespaces`] covers) instead of moving to [`Self::namespace`], and the
@@ -203,6 +207,7 @@ impl AgentConfig {
             label_selector: None,
             compression: false,
             resync_interval: None,
+            cache_refresh_interval: Some(Duration::from_secs(10)),
             destination_based_mapping: false,
             create_namespace: false,
             allowed_namespaces: Vec::new(),

@@ -254,6 +254,10 @@ async fn serve(spoke: &Arc<Spoke>, halves: &Halves, stream: Stream, cancel: &Can
     // Ends with the stream: the next one starts its own.
     let _periodic =
         spoke.config.resync_interval.map(|every| AbortOnDrop(tokio::spawn(crate::resync::every(spoke.clone(), every))));
+    // This cluster's cache counts for the hub's Argo CD, while the stream lasts.
+    let _cache_report = spoke.config.cache_refresh_interval.filter(|_| halves.redis.is_configured()).map(|every| {
+        AbortOnDrop(tokio::spawn(crate::cluster_cache::every(spoke.clone(), halves.redis.clone(), every)))
+    });
     let silence_limit = spoke.config.stream_silence_limit();
     loop {
         match link::recv::next(&mut inbound, cancel, silence_limit).await {

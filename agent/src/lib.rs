@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod cluster_cache;
 pub mod compression;
 pub mod config;
 pub mod connection;

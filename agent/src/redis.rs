@@ -179,6 +179,21 @@ impl Redis {
         Ok(manager)
     }
 
+    /// `GET key` on this cluster's Redis, for the agent's own reads (its cluster cache report,
+    /// [`crate::cluster_cache`]): the value or a miss.
+    pub(crate) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
+        let mut conn = self.connection().await?;
+        tokio::time::timeout(REDIS_TIMEOUT, redis::cmd("GET").arg(key).query_async(&mut conn))
+            .await
+            .map_err(|_| format!("reading {key:?} took longer than {REDIS_TIMEOUT:?}"))?
+            .map_err(|e| format!("GET {key:?}: {e}"))
+    }
+
+    /// Whether a Redis is configured.
+    pub(crate) fn is_configured(&self) -> bool {
+        self.client.is_some()
+    }
+
     /// The key (or channel) as this agent's Argo CD names it.
     fn local_key<'a, H: Host>(spoke: &H, key: &'a str) -> std::borrow::Cow<'a, str> {
         if spoke.config().destination_based_mapping { key.into() } else { strip_app_namespace(key) }

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+mod clusterinfo;
 pub mod config;
 pub mod error;
 pub mod ha;
@@ -46,6 +47,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use authz::Permit;
+pub use clusterinfo::{ClusterInfoConfig, ClusterInfoError, ClusterInfoWriter, HubRedisTls};
 pub use config::{AgentMode, PrincipalConfig};
 pub use ident::{Caller, IdentityFn, StreamGrant, auth_layer_identity, insecure_metadata_identity};
 pub use proxy::{ProxyConfig, ResourceProxy};
@@ -117,6 +119,7 @@ impl Principal {
         let wings = service::eventstream::Wings {
             proxy: Arc::new(proxy::Tables::default()),
             redis: Arc::new(redis::Exchange::default()),
+            clusters: Arc::new(clusterinfo::ClusterInfos::default()),
             ha: ha::Slot::default(),
         };
         Ok(Self { hub, wings, authorizer, blocklist })
@@ -180,6 +183,17 @@ impl Principal {
     #[must_use]
     pub fn redis_proxy(&self, config: RedisProxyConfig) -> RedisProxy {
         RedisProxy::new(self.hub.clone(), self.wings.redis.clone(), config)
+    }
+
+    /// The writer of each agent's cluster info (connection state, cache counts, version) into
+    /// the hub's Argo CD Redis at `config` (upstream's cluster manager cache); run it with
+    /// [`ClusterInfoWriter::run`] beside the server.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterInfoError`] when the Redis client cannot be built from `config`.
+    pub fn cluster_info_writer(&self, config: ClusterInfoConfig) -> Result<ClusterInfoWriter, ClusterInfoError> {
+        ClusterInfoWriter::new(self.hub.clone(), self.wings.clusters.clone(), config)
     }
 
     /// Makes this principal one of a cross-hub HA pair (`--ha-*`, [`ha`]): agents are served
@@ -249,7 +263,11 @@ impl Principal {
     /// with `Unauthenticated`.
     #[must_use]
     pub fn session_hook(&self) -> SessionHook {
-        SessionHook { hub: self.hub.clone(), authorizer: self.authorizer.clone() }
+        SessionHook {
+            hub: self.hub.clone(),
+            authorizer: self.authorizer.clone(),
+            clusters: self.wings.clusters.clone(),
+        }
     }
 
     /// How many managed agents' status writes took each path so far: the conditional patch,
@@ -424,6 +442,8 @@ pub struct AgentAuth {
 pub struct SessionHook {
     hub: Arc<Hub>,
     authorizer: Arc<authz::Authorizer>,
+    /// The agent's version goes into its cluster info.
+    clusters: Arc<clusterinfo::ClusterInfos>,
 }
 
 impl std::fmt::Debug for SessionHook {
@@ -449,6 +469,7 @@ impl auth::SessionHook for SessionHook {
     async fn on_authenticated(&self, session: &auth::NewSession) -> Result<(), tonic::Status> {
         let identity = &session.identity;
         self.hub.note_agent_version(identity.name().as_str(), &session.agent_version);
+        self.clusters.note_version(identity.name().as_str(), &session.agent_version);
         if let Some(registration) = &self.hub.config.self_registration {
             let agent = identity.name().as_str();
             match registration.ensure(&self.hub.secrets.client(), &self.hub.config.namespace, agent).await {

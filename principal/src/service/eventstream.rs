@@ -43,7 +43,7 @@ use crate::peer::{AgentPeer, StreamHandle};
 use crate::sync::hub::Hub;
 use crate::sync::inbound;
 use crate::sync::resync;
-use crate::{ha, proxy, redis};
+use crate::{clusterinfo, ha, proxy, redis};
 
 /// Events buffered between the sender task and the transport; the sender waits when it is
 /// full (nothing is dropped; the outbox holds the rest).
@@ -62,6 +62,8 @@ pub(crate) struct Wings {
     pub(crate) proxy: Arc<proxy::Tables>,
     /// What the Redis proxy's requests and subscriptions wait for.
     pub(crate) redis: Arc<redis::Exchange>,
+    /// Each agent's cluster info for the hub's Argo CD (connection state, cache counts).
+    pub(crate) clusters: Arc<clusterinfo::ClusterInfos>,
     /// The cross-hub HA controller, once attached.
     pub(crate) ha: ha::Slot,
 }
@@ -90,11 +92,30 @@ impl Wings {
         })
     }
 
-    /// `agent`'s stream ended and no other replaced it: the proxies fail what waits for it.
+    /// Takes `ev` if it is the agent's cluster cache report (`cluster-cache-info-update`),
+    /// for its cluster info; at once, as upstream never replicates it. `None`: not one.
+    fn cluster_cache_info(&self, agent: &str, ev: &Event) -> Option<Result<(), crate::error::InboundError>> {
+        if ev.target != Target::ClusterCacheInfoUpdate || ev.event_type != EventType::ClusterCacheInfoUpdate {
+            return None;
+        }
+        Some(match ev.payload() {
+            Ok(Payload::ClusterCacheInfo(info)) => {
+                tracing::debug!(%agent, ?info, "cluster cache info");
+                self.clusters.reported(agent, info);
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        })
+    }
+
+    /// `agent`'s stream ended and no other replaced it: the proxies fail what waits for it,
+    /// and its cluster info says it is disconnected.
     fn agent_detached(&self, agent: &AgentPeer) {
         if !agent.is_connected() {
             self.redis.agent_gone(agent.name());
             self.proxy.agent_gone(agent.name());
+            self.clusters.disconnected(agent.name(), chrono::Utc::now());
         }
     }
 }
@@ -148,7 +169,7 @@ async fn on_message(hub: &Hub, wings: &Wings, session: &AgentPeer, msg: WireEven
         Inbound::Undecodable => return false,
     };
     let span = crate::otel::received_span(session, &ev);
-    if let Some(result) = wings.answer(session.name(), &ev) {
+    if let Some(result) = wings.answer(session.name(), &ev).or_else(|| wings.cluster_cache_info(session.name(), &ev)) {
         link::recv::settle(session.mailbox(), &ev, &result);
         return true;
     }
@@ -327,6 +348,7 @@ async fn serve_stream(
 ) {
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
     crate::metrics::global().agent_connected(session.name());
+    wings.clusters.connected(session.name(), chrono::Utc::now());
     if hub.config.namespace_create_enable
         && session.mode() == AgentMode::Autonomous
         && hub.config.namespace_create_pattern.as_ref().is_none_or(|p| p.is_match(session.name()))
