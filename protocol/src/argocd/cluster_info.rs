@@ -231,11 +231,9 @@ mod tests {
         );
     }
 
-    /// The bytes Go's `json.NewEncoder(w).Encode(&v1alpha1.ClusterInfo{...})` writes, derived
-    /// from the struct tags in Argo CD v3.5.1's `types.go` and `metav1.Time.MarshalJSON`.
-    #[test]
-    fn encodes_as_go_does() {
-        let connected = ClusterInfo {
+    /// The info of the Argo CD vectors (`testdata/cluster_info_argocd_v3.5.1.tsv`).
+    fn argo_cd_vector_info() -> ClusterInfo {
+        ClusterInfo {
             connection_state: ConnectionState {
                 status: STATUS_SUCCESSFUL.into(),
                 message: "Agent: 'agent-a' is connected with principal <v0.1.0 & co>".into(),
@@ -249,8 +247,14 @@ mod tests {
             },
             applications_count: 3,
             api_versions: vec![],
-        };
-        let text = String::from_utf8(encode(&connected, false)).expect("utf-8");
+        }
+    }
+
+    /// The bytes Go's `json.NewEncoder(w).Encode(&v1alpha1.ClusterInfo{...})` writes, derived
+    /// from the struct tags in Argo CD v3.5.1's `types.go` and `metav1.Time.MarshalJSON`.
+    #[test]
+    fn encodes_as_go_does() {
+        let text = String::from_utf8(encode(&argo_cd_vector_info(), false)).expect("utf-8");
         assert_eq!(
             text,
             concat!(
@@ -266,6 +270,41 @@ mod tests {
             empty,
             "{\"connectionState\":{\"status\":\"\",\"message\":\"\",\"attemptedAt\":null},\"cacheInfo\":{},\"applicationsCount\":0}\n"
         );
+    }
+
+    /// What real Argo CD v3.5.1 stored (its cache code on a real redis-server): the same key and
+    /// TTL; uncompressed, our bytes are Go's byte for byte; gzipped, the same text inside (gzip
+    /// streams differ by compressor); both decode to the info (times in whole seconds).
+    #[test]
+    fn matches_real_argo_cd_v3_5_1() {
+        let server = "https://127.0.0.1:9090?agentName=agent-a";
+        let mut info = argo_cd_vector_info();
+        let mut whole = info.clone();
+        whole.connection_state.modified_at = Some(at("2026-12-02T17:31:23Z"));
+        let gunzip = |bytes: &[u8]| {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).expect("gunzip");
+            out
+        };
+        let mut rows = 0;
+        for line in include_str!("testdata/cluster_info_argocd_v3.5.1.tsv").lines().filter(|l| !l.starts_with('#')) {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [compression, stored_key, ttl, value] = fields[..] else { panic!("row {line:?}") };
+            let stored = hex::decode(value).expect("hex");
+            let gzip = compression == "gzip";
+            assert_eq!(stored_key, key(server, gzip));
+            assert_eq!(ttl, TTL_SECONDS.to_string());
+            assert_eq!(decode(&stored, gzip).expect("decode"), whole);
+            if gzip {
+                assert_eq!(gunzip(&encode(&info, true)), gunzip(&stored));
+            } else {
+                assert_eq!(encode(&info, false), stored, "byte for byte");
+            }
+            rows += 1;
+        }
+        assert_eq!(rows, 2);
+        info.connection_state.modified_at = None;
+        assert!(decode(&encode(&info, true), true).expect("decode").connection_state.modified_at.is_none());
     }
 
     #[test]
