@@ -11,6 +11,7 @@
 
 pub mod apiserver;
 pub mod apps;
+pub mod argocd;
 pub mod bench;
 pub mod bin_path;
 pub mod consistency;
