@@ -992,6 +992,105 @@ async fn paging_and_selectors(s: &mut Server) -> Result<()> {
     Ok(())
 }
 
+/// Field selectors per kind (kube-apiserver's field label conversions): Events by their
+/// `involvedObject` as Argo CD's Events tab asks (`involvedObject.name=..,involvedObject.uid=..,
+/// involvedObject.namespace=..`), `reason`, `type`, `source` (the component, else
+/// `reportingComponent`); Pods, Secrets, Services and Namespaces by their own fields; and the
+/// 400 for a field a kind does not have, whose message (two shapes) is compared too.
+async fn field_selectors_by_kind(s: &mut Server) -> Result<()> {
+    let ct = "application/json";
+    let events = "/api/v1/namespaces/conformance/events";
+    let event = |name: &str, involved: Value, extra: Value| {
+        let mut e = json!({"metadata": {"name": name}, "involvedObject": involved, "message": "m"});
+        merge(&mut e, &extra);
+        e
+    };
+    for body in [
+        event(
+            "fs-a",
+            json!({"kind": "Pod", "name": "web", "namespace": NS, "uid": "u-1", "apiVersion": "v1",
+                "fieldPath": "spec.containers{web}"}),
+            json!({"reason": "Pulled", "type": "Normal", "source": {"component": "kubelet"}}),
+        ),
+        event(
+            "fs-b",
+            json!({"kind": "ConfigMap", "name": "cfg", "namespace": NS, "uid": "u-2", "apiVersion": "v1",
+                "resourceVersion": "7"}),
+            json!({"reason": "Synced", "type": "Warning", "reportingComponent": "argocd-agent"}),
+        ),
+        event(
+            "fs-c",
+            json!({"kind": "Pod", "name": "web-2", "namespace": NS, "uid": "u-3", "apiVersion": "v1"}),
+            json!({"reason": "Pulled", "type": "Normal", "source": {"component": "kubelet"},
+                "reportingComponent": "other"}),
+        ),
+    ] {
+        let a = s.send("POST", events, ct, &body).await?;
+        ensure!(a.code == 201, "{}: {}", s.name, a.body);
+    }
+    let names = |v: &Value, prefix: &str| -> Vec<String> {
+        let mut n: Vec<String> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        n.sort();
+        n
+    };
+    let cases: [(&str, &str, &str); 22] = [
+        (events, "fs-", "involvedObject.name=web,involvedObject.uid=u-1,involvedObject.namespace=conformance"),
+        (events, "fs-", "involvedObject.kind=Pod,involvedObject.namespace=conformance"),
+        (events, "fs-", "involvedObject.kind!=Pod"),
+        (events, "fs-", "involvedObject.apiVersion==v1,involvedObject.fieldPath=spec.containers{web}"),
+        (events, "fs-", "involvedObject.resourceVersion=7"),
+        (events, "fs-", "reason=Pulled,type!=Warning"),
+        (events, "fs-", "source=kubelet"),
+        (events, "fs-", "source=argocd-agent"),
+        (events, "fs-", "reportingComponent=other"),
+        (events, "fs-", "metadata.name=fs-b"),
+        (events, "fs-", "involvedObject.nope=x"),
+        (events, "fs-", "spec.nodeName=x"),
+        ("/api/v1/namespaces/conformance/pods", "", "spec.nodeName=n1,status.phase=Running"),
+        ("/api/v1/namespaces/conformance/pods", "", "spec.restartPolicy=Always,spec.hostNetwork=false"),
+        ("/api/v1/namespaces/conformance/pods", "", "spec.containers=x"),
+        ("/api/v1/namespaces/conformance/secrets", "", "type=kubernetes.io/tls"),
+        ("/api/v1/namespaces/conformance/secrets", "", "data=x"),
+        ("/api/v1/namespaces/conformance/services", "", "spec.type=ClusterIP"),
+        ("/api/v1/namespaces", NS, "status.phase=Active"),
+        ("/api/v1/namespaces", NS, "metadata.namespace=x"),
+        (CONFIGMAPS, "", "spec.nodeName=x"),
+        (APPS, "", "spec.project=default"),
+    ];
+    for (path, prefix, sel) in cases {
+        let a = s.send("GET", &format!("{path}?fieldSelector={}", encode(sel)), ct, &Value::Null).await?;
+        let mut fact = json!({"code": a.code});
+        if a.code == 200 {
+            fact["names"] = json!(if prefix.is_empty() { Vec::new() } else { names(&a.body, prefix) });
+        } else {
+            fact["reason"] = a.body["reason"].clone();
+            fact["message"] = a.body["message"].clone();
+        }
+        s.record(&format!("selector: field {sel:?} on {path}"), fact);
+    }
+    // A watch selects by the same fields.
+    let list = s.send("GET", events, ct, &Value::Null).await?;
+    let rv = list.body["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+    let later = event(
+        "fs-d",
+        json!({"kind": "Pod", "name": "web", "namespace": NS, "uid": "u-1", "apiVersion": "v1"}),
+        json!({"reason": "Started", "type": "Normal"}),
+    );
+    let a = s.send("POST", events, ct, &later).await?;
+    ensure!(a.code == 201, "{}: {}", s.name, a.body);
+    let watched =
+        watch_events(s, &format!("{events}?fieldSelector={}", encode("involvedObject.uid=u-1,reason=Started")), &rv, 1)
+            .await?;
+    s.record("selector: field on a watch of events", json!(watched));
+    Ok(())
+}
+
 /// Events of a watch from `rv` until `count` events (bookmarks skipped) or the server ends it.
 async fn watch_events(s: &Server, path: &str, rv: &str, count: usize) -> Result<Vec<Value>> {
     let sep = if path.contains('?') { '&' } else { '?' };
@@ -1247,6 +1346,7 @@ async fn run_all(s: &mut Server) -> Result<()> {
     patches(s).await?;
     client_go_bodies(s).await?;
     paging_and_selectors(s).await?;
+    field_selectors_by_kind(s).await?;
     watches(s).await?;
     status_subresource(s).await?;
     finalizers_and_namespaces(s).await?;

@@ -17,7 +17,8 @@ use crate::object::meta_str;
 /// Whether an object passes the request's label and field selectors.
 pub(crate) fn matches(params: &Params, obj: &Value) -> bool {
     let labels = obj.get("metadata").and_then(|m| m.get("labels")).and_then(Value::as_object);
-    params.labels.as_ref().is_none_or(|s| s.matches(labels)) && params.fields.as_ref().is_none_or(|s| s.matches(obj))
+    params.labels.as_ref().is_none_or(|s| s.matches(labels))
+        && params.fields.as_ref().is_none_or(|s| params.selectable.matches(s, obj))
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -2,6 +2,7 @@
 
 mod crud;
 mod ctx;
+mod fields;
 mod list;
 pub mod query;
 pub mod route;
@@ -229,7 +230,15 @@ async fn resource(
     rp: ResourcePath,
     req: Request<Body>,
 ) -> ApiResult<Response> {
-    let params = query::parse(req.uri().query())?;
+    let mut params = query::parse(req.uri().query())?;
+    params.selectable = fields::Selectable::of(&rtype);
+    // As kube-apiserver: only collection reads and deletes check the selector's fields.
+    if let Some(selector) = &params.fields
+        && rp.name.is_none()
+        && matches!(*req.method(), Method::GET | Method::DELETE)
+    {
+        params.selectable.check(selector)?;
+    }
     let method = req.method().clone();
     let namespace = rp.namespace.clone().unwrap_or_default();
     let ctx = ctx::Ctx {

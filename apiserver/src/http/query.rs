@@ -9,8 +9,10 @@ use crate::selector::{FieldSelector, LabelSelector};
 pub struct Params {
     /// `labelSelector`.
     pub labels: Option<LabelSelector>,
-    /// `fieldSelector`.
+    /// `fieldSelector` (its fields checked against the kind's by the handler).
     pub fields: Option<FieldSelector>,
+    /// Which fields `fields` may name and what they read on this kind's objects.
+    pub(crate) selectable: super::fields::Selectable,
     /// `watch=true|1`.
     pub watch: bool,
     /// `resourceVersion`.
@@ -57,7 +59,7 @@ pub fn parse(query: Option<&str>) -> ApiResult<Params> {
                 );
             }
             "fieldSelector" if !v.trim().is_empty() => {
-                p.fields = Some(FieldSelector::parse(&v).map_err(|e| ApiError::bad_request(e.to_string()))?);
+                p.fields = Some(FieldSelector::parse_any_field(&v).map_err(|e| ApiError::bad_request(e.to_string()))?);
             }
             "watch" => p.watch = boolean("watch", &v)?,
             "resourceVersion" if !v.is_empty() => p.resource_version = Some(v.into_owned()),

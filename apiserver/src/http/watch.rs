@@ -182,6 +182,7 @@ pub(crate) fn serve(ctx: &Ctx, namespace: Option<&str>, params: &Params, table: 
         params: Params {
             labels: params.labels.clone(),
             fields: params.fields.clone(),
+            selectable: params.selectable,
             timeout_seconds: params.timeout_seconds,
             allow_bookmarks: params.allow_bookmarks,
             ..Params::default()

@@ -89,6 +89,22 @@ impl FieldSelector {
     /// unescaped `,` / `=` in a value; [`SelectorError::UnsupportedField`] for
     /// any field other than `metadata.name` and `metadata.namespace`.
     pub fn parse(selector: &str) -> Result<Self, SelectorError> {
+        let parsed = Self::parse_any_field(selector)?;
+        if let Some(unsupported) = parsed.unsupported_field(&SUPPORTED_FIELDS) {
+            return Err(SelectorError::UnsupportedField { field: unsupported.to_owned() });
+        }
+        Ok(parsed)
+    }
+
+    /// Parses a field selector without checking which fields it names: for a server that knows
+    /// per kind which fields are selectable (kube-apiserver's field label conversions), which then
+    /// checks them with [`FieldSelector::unsupported_field`] and matches with
+    /// [`FieldSelector::matches_with`].
+    ///
+    /// # Errors
+    ///
+    /// [`SelectorError::FieldSyntax`] and [`SelectorError::FieldValue`] as [`FieldSelector::parse`].
+    pub fn parse_any_field(selector: &str) -> Result<Self, SelectorError> {
         let mut terms = split_field_terms(selector);
         terms.sort_unstable();
         let mut requirements = Vec::with_capacity(terms.len());
@@ -103,9 +119,6 @@ impl FieldSelector {
             })?;
             requirements.push(FieldRequirement { field: field.to_owned(), operator, value });
         }
-        if let Some(unsupported) = requirements.iter().find(|r| !SUPPORTED_FIELDS.contains(&r.field.as_str())) {
-            return Err(SelectorError::UnsupportedField { field: unsupported.field.clone() });
-        }
         requirements.sort();
         requirements.dedup();
         Ok(FieldSelector { requirements })
@@ -116,6 +129,23 @@ impl FieldSelector {
     /// reads as the empty string, as in Kubernetes.
     pub fn matches(&self, obj: &Value) -> bool {
         self.requirements.iter().all(|r| r.matches(obj))
+    }
+
+    /// Whether every requirement holds, reading each field's value with `value` (which answers
+    /// `""` for a field the object does not have, as Kubernetes' `fields.Set`).
+    pub fn matches_with<'v>(&self, mut value: impl FnMut(&str) -> std::borrow::Cow<'v, str>) -> bool {
+        self.requirements.iter().all(|r| {
+            let actual = value(&r.field);
+            match r.operator {
+                FieldOperator::Equals => actual == r.value.as_str(),
+                FieldOperator::NotEquals => actual != r.value.as_str(),
+            }
+        })
+    }
+
+    /// The first field (in canonical order) that is not in `supported`, if any.
+    pub fn unsupported_field(&self, supported: &[&str]) -> Option<&str> {
+        self.requirements.iter().map(|r| r.field.as_str()).find(|f| !supported.contains(f))
     }
 
     /// Whether the selector has no requirements and so matches everything.

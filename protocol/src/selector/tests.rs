@@ -307,6 +307,26 @@ fn field_selector_errors() {
     assert!(matches!(FieldSelector::parse("=a"), Err(SelectorError::UnsupportedField { .. })));
 }
 
+#[test]
+fn any_field_parses_and_matches_with_a_lookup() {
+    let f = FieldSelector::parse_any_field("involvedObject.name=web,reason!=Failed").unwrap();
+    assert_eq!(f.unsupported_field(&["involvedObject.name", "reason"]), None);
+    assert_eq!(f.unsupported_field(&["reason"]), Some("involvedObject.name"));
+    let obj = json!({"involvedObject": {"name": "web"}, "reason": "Pulled"});
+    let lookup = |field: &str| {
+        let mut v = &obj;
+        for part in field.split('.') {
+            v = &v[part];
+        }
+        std::borrow::Cow::Borrowed(v.as_str().unwrap_or(""))
+    };
+    assert!(f.matches_with(lookup));
+    assert!(!FieldSelector::parse_any_field("reason=Failed").unwrap().matches_with(lookup));
+    assert!(matches!(FieldSelector::parse_any_field("reason"), Err(SelectorError::FieldSyntax { .. })));
+    // `parse` still takes only the metadata fields.
+    assert!(matches!(FieldSelector::parse("reason=x"), Err(SelectorError::UnsupportedField { .. })));
+}
+
 // --- properties ---
 
 fn name_part() -> impl Strategy<Value = String> {
