@@ -99,6 +99,11 @@ pub struct Args {
     /// of what it holds, specs included; the principal answers only when something differs.
     #[arg(long, env = "ARGOCD_AGENT_RESYNC_INTERVAL", default_value = "0")]
     pub resync_interval: String,
+    /// How often this cluster's Argo CD cluster info (cache counts, Kubernetes version) is read
+    /// from its Redis and, when it changed, reported to the principal for the hub's Argo CD
+    /// (upstream's default 10s; 0 = never).
+    #[arg(long, env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL", default_value = "10s")]
+    pub cache_refresh_interval: String,
     /// How often the client certificate, key and the principal's CA (files or Secrets) are read
     /// again; a change is used from the next connection, without a restart (0: read once).
     #[arg(long, env = "ARGOCD_AGENT_TLS_RELOAD_INTERVAL", default_value = crate::runtime::reload::DEFAULT_INTERVAL)]
@@ -188,6 +193,8 @@ impl Args {
         crate::runtime::reload::interval(&self.tls_reload_interval)?;
         crate::flags::parse_duration(&self.resync_interval)
             .with_context(|| format!("--resync-interval {:?}", self.resync_interval))?;
+        crate::flags::parse_duration(&self.cache_refresh_interval)
+            .with_context(|| format!("--cache-refresh-interval {:?}", self.cache_refresh_interval))?;
         crate::flags::label_selector(self.label_selector.as_deref())?;
         let dbm = self.destination_based_mapping == Some(true);
         if dbm && self.agent_mode == "autonomous" {
@@ -501,6 +508,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.compression = args.enable_compression;
     config.resync_interval = Some(crate::flags::parse_duration(&args.resync_interval).context("--resync-interval")?)
         .filter(|d| !d.is_zero());
+    config.cache_refresh_interval =
+        Some(crate::flags::parse_duration(&args.cache_refresh_interval).context("--cache-refresh-interval")?)
+            .filter(|d| !d.is_zero());
     config.namespace = args.namespace.clone();
     config.destination_based_mapping = args.destination_based_mapping == Some(true);
     config.create_namespace = args.create_namespace == Some(true);

@@ -39,14 +39,18 @@ pub struct PrincipalRedis {
     /// that have not authenticated get Redis's bounds: 10 arguments of 16 KiB.
     #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_FRAME_BYTES")]
     pub redis_proxy_max_frame_bytes: Option<usize>,
-    /// Accepted, no effect: Argo CD authenticates to the hub's Redis itself, through the proxy.
-    #[arg(long, env = "REDIS_PASSWORD", hide = true)]
+    /// Password of the hub's Redis, for the agents' cluster info the principal writes there
+    /// (Argo CD's own clients authenticate themselves through the proxy).
+    #[arg(long, env = "REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
-    /// Accepted, no effect (see --redis-password).
-    #[arg(long, env = "REDIS_CREDS_DIR_PATH", hide = true)]
+    /// Directory with the hub Redis's credentials instead: files `auth` (password) and optional
+    /// `auth_username`.
+    #[arg(long, env = "REDIS_CREDS_DIR_PATH")]
     pub redis_creds_dir_path: Option<String>,
-    /// Accepted (gzip or none), no effect: values pass the proxy as they are.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE", hide = true)]
+    /// How the hub's Argo CD compresses its cache (gzip, Argo CD's default, or none; must match
+    /// Argo CD's --redis-compression): the agents' cluster info is written so. Values passing
+    /// the proxy are never touched.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE")]
     pub redis_compression_type: Option<String>,
     /// TLS on the Redis proxy's listener and to the hub's Redis.
     #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_ENABLED")]
@@ -104,21 +108,93 @@ impl PrincipalRedis {
             !(self.redis_ca_path.is_some() && self.redis_tls_insecure == Some(true)),
             "--redis-ca-path and --redis-tls-insecure: only one way of checking the hub Redis's certificate"
         );
+        anyhow::ensure!(
+            self.redis_creds_dir_path.as_deref().is_none_or(str::is_empty)
+                || self.redis_password.as_deref().is_none_or(str::is_empty),
+            "--redis-creds-dir-path cannot be combined with --redis-password (as upstream)"
+        );
         let mut notes = Vec::new();
-        for (flag, set) in [
-            ("--redis-password", self.redis_password.is_some()),
-            ("--redis-creds-dir-path", self.redis_creds_dir_path.is_some()),
-            ("--redis-compression-type", self.redis_compression_type.is_some()),
-        ] {
-            if set {
-                notes.push(format!(
-                    "{flag} has no effect here: the principal writes nothing to Redis itself; Argo CD authenticates \
-                     to the hub's Redis through the Redis proxy, and values pass it as they are"
-                ));
-            }
+        if self.cluster_info_address().is_none()
+            && (self.redis_password.is_some() || self.redis_creds_dir_path.is_some())
+        {
+            notes.push(
+                "--redis-password/--redis-creds-dir-path have no effect without --redis-server-address: the principal \
+                 writes no cluster info then"
+                    .to_owned(),
+            );
         }
         Ok(notes)
     }
+
+    /// The hub's Redis the agents' cluster info is written to: `--redis-server-address`, or
+    /// upstream's default when the Redis proxy is served without it. `None`: none is written.
+    fn cluster_info_address(&self) -> Option<String> {
+        match self.redis_server_address.as_deref().filter(|a| !a.is_empty()) {
+            Some(address) => Some(address.to_owned()),
+            None => self.enabled().then(|| DEFAULT_REDIS.to_owned()),
+        }
+    }
+
+    /// The hub Redis's user and password: `--redis-password`, or the files of
+    /// `--redis-creds-dir-path` (upstream's principal reads only `auth`; an `auth_username`
+    /// is used too, as Argo CD's own clients use it).
+    fn credentials(&self) -> anyhow::Result<(Option<String>, Option<String>)> {
+        let Some(dir) = self.redis_creds_dir_path.as_deref().filter(|d| !d.is_empty()) else {
+            return Ok((None, self.redis_password.clone().filter(|p| !p.is_empty())));
+        };
+        let dir = std::path::Path::new(dir);
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).map(|s| s.trim().to_owned());
+        let password = read("auth").with_context(|| format!("--redis-creds-dir-path {}: auth", dir.display()))?;
+        let username = read("auth_username").ok().filter(|u| !u.is_empty());
+        Ok((username, Some(password)))
+    }
+
+    /// How the hub Redis's certificate is checked (`--redis-tls-enabled`); `None`: plaintext.
+    async fn hub_tls(&self, secrets: &Secrets) -> anyhow::Result<Option<principal::HubRedisTls>> {
+        if self.redis_tls_enabled != Some(true) {
+            return Ok(None);
+        }
+        if self.redis_tls_insecure == Some(true) {
+            return Ok(Some(principal::HubRedisTls::Insecure));
+        }
+        let ca = pem_from(
+            self.redis_ca_path.as_deref(),
+            "--redis-ca-path",
+            secrets,
+            &self.redis_ca_secret_name,
+            &["ca.crt"],
+            "--redis-ca-secret-name",
+        )
+        .await?;
+        Ok(Some(principal::HubRedisTls::Ca(ca)))
+    }
+}
+
+/// Starts writing the agents' cluster info into the hub's Argo CD Redis (upstream's cluster
+/// manager cache), when the flags name that Redis.
+///
+/// # Errors
+/// The credentials or the CA cannot be read, or the Redis client cannot be built.
+pub async fn write_cluster_info(
+    flags: &PrincipalRedis,
+    secrets: &Secrets,
+    principal: &principal::Principal,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let Some(address) = flags.cluster_info_address() else {
+        tracing::info!(
+            "agents' cluster info is not written to the hub's Argo CD Redis: set --redis-server-address \
+             (docs/configuration.md)"
+        );
+        return Ok(());
+    };
+    let mut config = principal::ClusterInfoConfig::new(address);
+    (config.username, config.password) = flags.credentials()?;
+    config.tls = flags.hub_tls(secrets).await.context("--redis-tls-enabled: the hub Redis's CA")?;
+    config.gzip = flags.redis_compression_type.as_deref().is_none_or(|c| c.is_empty() || c == "gzip");
+    let writer = principal.cluster_info_writer(config)?;
+    tokio::spawn(writer.run(cancel.clone()));
+    Ok(())
 }
 
 /// TLS settings the principal's listener shares with the Redis proxy's.
@@ -143,6 +219,7 @@ pub async fn serve_principal(
     principal: &principal::Principal,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
+    write_cluster_info(flags, secrets, principal, cancel).await?;
     if !flags.enabled() {
         if flags.redis_server_address.is_none() && flags.disable_redis_proxy.is_none() {
             tracing::info!(
@@ -160,21 +237,15 @@ pub async fn serve_principal(
     if let Some(max) = flags.redis_proxy_max_frame_bytes {
         config.limits.max_frame_bytes = max;
     }
-    let listener_tls = if flags.redis_tls_enabled == Some(true) {
-        config.upstream_tls = Some(if flags.redis_tls_insecure == Some(true) {
-            tracing::warn!("the hub Redis's certificate is not verified (--redis-tls-insecure)");
-            principal::UpstreamTls::insecure()?
-        } else {
-            let ca = pem_from(
-                flags.redis_ca_path.as_deref(),
-                "--redis-ca-path",
-                secrets,
-                &flags.redis_ca_secret_name,
-                &["ca.crt"],
-                "--redis-ca-secret-name",
-            )
-            .await?;
-            principal::UpstreamTls::with_ca(&ca).context("--redis-ca-path/--redis-ca-secret-name")?
+    let listener_tls = if let Some(hub_tls) = flags.hub_tls(secrets).await? {
+        config.upstream_tls = Some(match hub_tls {
+            principal::HubRedisTls::Insecure => {
+                tracing::warn!("the hub Redis's certificate is not verified (--redis-tls-insecure)");
+                principal::UpstreamTls::insecure()?
+            }
+            principal::HubRedisTls::Ca(ca) => {
+                principal::UpstreamTls::with_ca(&ca).context("--redis-ca-path/--redis-ca-secret-name")?
+            }
         });
         Some(reloading_listener_tls(flags, tls, secrets, cancel).await?)
     } else {

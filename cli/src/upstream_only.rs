@@ -18,10 +18,6 @@ impl PrincipalOnly {
 /// The agent's.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct AgentOnly {
-    /// Accepted, no effect: upstream's period for recounting the cluster cache it reports (not
-    /// reported here yet).
-    #[arg(long, env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL", hide = true)]
-    cache_refresh_interval: Option<String>,
     /// Accepted, no effect: upstream's limit on waiting for its informers at start.
     #[arg(long, env = "ARGOCD_AGENT_INFORMER_SYNC_TIMEOUT", hide = true)]
     informer_sync_timeout: Option<String>,
@@ -41,11 +37,6 @@ impl AgentOnly {
     /// A value is not a duration.
     pub fn notes(&self) -> anyhow::Result<Vec<String>> {
         let knobs = [
-            (
-                "--cache-refresh-interval",
-                &self.cache_refresh_interval,
-                "this agent does not report cluster cache counts yet (upstream's cluster cache info comes with live resources)",
-            ),
             (
                 "--informer-sync-timeout",
                 &self.informer_sync_timeout,

@@ -80,7 +80,7 @@ fn ha_flags_are_checked_by_name() {
 }
 
 /// The Redis proxy's flags (upstream's names and environment variables) are accepted and
-/// checked: a knob without effect here is explained, conflicting ones are refused by name.
+/// checked: a knob without effect is explained, conflicting ones are refused by name.
 #[test]
 fn redis_flags_are_accepted_and_checked() {
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
@@ -88,7 +88,12 @@ fn redis_flags_are_accepted_and_checked() {
     let (ok, err) = run(&[&base[..], &tls, &["--redis-ca-path", "/ca.crt"]].concat(), &[("REDIS_PASSWORD", "s")]);
     // Accepted: startup goes on to the hub, which does not exist here.
     assert!(!ok && !err.contains("not supported yet"), "{err}");
-    assert!(err.contains("--redis-password has no effect here"), "{err}");
+    // The password is for the cluster info the principal writes into that Redis.
+    assert!(!err.contains("--redis-password"), "{err}");
+    let (ok, err) = run(&base, &[("REDIS_PASSWORD", "s")]);
+    assert!(!ok && err.contains("--redis-password/--redis-creds-dir-path have no effect without"), "{err}");
+    let (ok, err) = run(&[&base[..], &["--redis-creds-dir-path", "/creds"]].concat(), &[("REDIS_PASSWORD", "s")]);
+    assert!(!ok && err.contains("--redis-creds-dir-path cannot be combined with --redis-password"), "{err}");
     let (ok, err) = run(&[&base[..], &["--redis-ca-path", "/ca.crt", "--redis-tls-insecure"]].concat(), &[]);
     assert!(!ok && err.contains("--redis-tls-insecure") && !err.contains("not supported yet"), "{err}");
     let (ok, err) = run(&base, &[("ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE", "zstd")]);
