@@ -657,6 +657,12 @@ pub async fn stream_until(
 #[cfg(test)]
 mod unit {
     #[test]
+    fn a_missing_binary_names_the_command_that_builds_it() {
+        let err = super::argocd_binary("argocd-not-built").unwrap_err().to_string();
+        assert!(err.contains("run scripts/install-test-deps") && err.contains("tests/tools/argocd"), "{err}");
+    }
+
+    #[test]
     fn chunked_answers_are_decoded() {
         let text = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
         assert_eq!(super::parse_answer(text).unwrap(), (200, "abcde".to_owned()));
