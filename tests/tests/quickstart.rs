@@ -84,7 +84,7 @@ async fn interactive_run_carries_a_users_application_and_ctrl_c_stops_everything
     let manifest = dir.path().join("app.yaml");
     std::fs::write(
         &manifest,
-        "apiVersion: argoproj.io/v1alpha1\nkind: Application\nmetadata:\n  name: mine\n  namespace: agent-managed\nspec:\n  project: default\n  source:\n    repoURL: https://example.com/mine.git\n    path: mine\n  destination:\n    server: https://kubernetes.default.svc\n    namespace: mine\n",
+        "apiVersion: argoproj.io/v1alpha1\nkind: Application\nmetadata:\n  name: mine\n  namespace: agent-managed\nspec:\n  project: default\n  source:\n    repoURL: https://example.com/mine.git\n    path: mine\n  destination:\n    name: agent-managed\n    namespace: mine\n",
     )?;
     let kubectl = Kubectl::new(&kubeconfig)?;
     let applied = kubectl.run(&["--context", "hub", "apply", "-f", &manifest.display().to_string()]).await?;

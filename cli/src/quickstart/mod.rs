@@ -92,7 +92,18 @@ fn app_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
 }
 
-fn demo_app(name: &str, namespace: &str, path: &str, run: &str) -> anyhow::Result<DynamicObject> {
+/// Where a demo Application deploys: a hub Application for a managed agent names the agent's
+/// cluster (the cluster secret `argocd-agentctl agent create` wrote), so that the hub's Argo CD
+/// reaches the spoke through the principal's resource proxy; the in-cluster server there would
+/// be the hub itself. An autonomous spoke's own Application deploys to its own cluster.
+fn demo_destination(agent_cluster: Option<&str>, namespace: &str) -> Value {
+    match agent_cluster {
+        Some(agent) => json!({"name": agent, "namespace": namespace}),
+        None => json!({"server": "https://kubernetes.default.svc", "namespace": namespace}),
+    }
+}
+
+fn demo_app(name: &str, namespace: &str, path: &str, destination: Value, run: &str) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Application",
@@ -105,7 +116,7 @@ fn demo_app(name: &str, namespace: &str, path: &str, run: &str) -> anyhow::Resul
         "spec": {
             "project": "default",
             "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git", "path": path, "targetRevision": "HEAD"},
-            "destination": {"server": "https://kubernetes.default.svc", "namespace": path},
+            "destination": destination,
             "syncPolicy": {"automated": {"prune": true, "selfHeal": true}},
         },
     }))?)
@@ -389,14 +400,36 @@ impl Quickstart {
 
         let ar = app_resource();
         let hub_apps: Api<DynamicObject> = Api::namespaced_with(hub_c.clone(), MANAGED_AGENT, &ar);
-        upsert_demo(&hub_apps, demo_app("guestbook", MANAGED_AGENT, "guestbook", &self.run_id)?).await?;
+        upsert_demo(
+            &hub_apps,
+            demo_app(
+                "guestbook",
+                MANAGED_AGENT,
+                "guestbook",
+                demo_destination(Some(MANAGED_AGENT), "guestbook"),
+                &self.run_id,
+            )?,
+        )
+        .await?;
         let auto_apps: Api<DynamicObject> = Api::namespaced_with(autonomous_c.clone(), ARGOCD_NS, &ar);
-        upsert_demo(&auto_apps, demo_app("helm-guestbook", ARGOCD_NS, "helm-guestbook", &self.run_id)?).await?;
+        upsert_demo(
+            &auto_apps,
+            demo_app(
+                "helm-guestbook",
+                ARGOCD_NS,
+                "helm-guestbook",
+                demo_destination(None, "helm-guestbook"),
+                &self.run_id,
+            )?,
+        )
+        .await?;
         println!(
             "  demo Applications: hub {MANAGED_AGENT}/guestbook (flows down), autonomous argocd/helm-guestbook (flows up)"
         );
         println!();
-        println!("Try: kubectl --kubeconfig {kc} --context hub apply -f <an Application in namespace {MANAGED_AGENT}>");
+        println!(
+            "Try: kubectl --kubeconfig {kc} --context hub apply -f <an Application in namespace {MANAGED_AGENT}, destination name {MANAGED_AGENT}>"
+        );
         println!("     kubectl --kubeconfig {kc} --context managed get applications -n argocd --watch");
         let lk = live_kubeconfig.display();
         println!("Live resources (the hub's view of the managed spoke, through the principal's resource proxy):");

@@ -7,7 +7,10 @@ use protocol::{EventType, Target, merge_patch};
 
 use crate::config::AgentMode;
 use crate::sync::hub::{Hub, StatusBase, StatusPathCounters};
-use crate::sync::rules::{now, operation_appeared, owned_parts_differ, refresh_requested, termination_requested};
+use crate::sync::rules::{
+    IN_CLUSTER_NAME, IN_CLUSTER_SERVER, now, operation_appeared, owned_parts_differ, refresh_requested,
+    termination_requested,
+};
 
 /// The events a hub change of a managed Application sends to its agent.
 pub(crate) fn changes(prev: Option<&Application>, cur: &Application) -> Vec<EventType> {
@@ -42,6 +45,19 @@ pub(crate) fn event_for(hub: &Hub, ty: EventType, app: &Application) -> Option<p
 pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Application) {
     let before = prev.and_then(|p| hub.agent_of(p));
     let now = hub.agent_of(cur);
+    if let Some(agent) = now
+        && targets_the_hub(cur)
+        && prev.is_none_or(|p| p.spec.destination != cur.spec.destination)
+    {
+        tracing::warn!(
+            %agent,
+            app = ?cur.metadata.name,
+            namespace = ?cur.metadata.namespace,
+            "hub Application for agent {agent} targets the hub's own cluster (destination server {IN_CLUSTER_SERVER} \
+             or name {IN_CLUSTER_NAME}): the hub's Argo CD will read and write the hub's objects, not the agent's; \
+             set spec.destination.name to {agent:?} (the agent's cluster secret) and drop spec.destination.server"
+        );
+    }
     let prev = if before == now {
         prev
     } else {
@@ -58,6 +74,19 @@ pub(crate) fn hub_app_changed(hub: &Hub, prev: Option<&Application>, cur: &Appli
         if let Some(ev) = event_for(hub, ty, cur) {
             session.push(ev);
         }
+    }
+}
+
+/// Whether a hub Application's destination is the hub's own cluster (the in-cluster server or
+/// name), which for an agent's Application is always a mistake: Argo CD on the hub would work on
+/// the hub's objects instead of going through the resource proxy to the agent's cluster.
+pub(crate) fn targets_the_hub(app: &Application) -> bool {
+    let Some(d) = app.spec.destination.as_ref() else { return false };
+    let server = d.server.as_deref().map(|s| s.trim_end_matches('/')).filter(|s| !s.is_empty());
+    match (server, d.name.as_deref().filter(|n| !n.is_empty())) {
+        (Some(server), _) => server == IN_CLUSTER_SERVER,
+        (None, Some(name)) => name == IN_CLUSTER_NAME,
+        (None, None) => false,
     }
 }
 
@@ -235,6 +264,21 @@ mod tests {
             "spec": {"source": {"path": path}},
         }))
         .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_in_cluster_destination_is_the_hubs_own_cluster() {
+        use protocol::argocd::ApplicationDestination as D;
+        let with = |d: D| {
+            let mut a = app("p");
+            a.spec.destination = Some(d);
+            targets_the_hub(&a)
+        };
+        assert!(with(D { server: Some("https://kubernetes.default.svc/".into()), ..Default::default() }));
+        assert!(with(D { name: Some("in-cluster".into()), ..Default::default() }));
+        assert!(!with(D { name: Some("agent-1".into()), ..Default::default() }));
+        assert!(!with(D { server: Some("https://proxy:8443?agentName=agent-1".into()), ..Default::default() }));
+        assert!(!targets_the_hub(&app("p")), "no destination: nothing to say");
     }
 
     #[tokio::test]
