@@ -12,6 +12,12 @@
 //!   operator opts out for certificates issued before the mark existed), so an agent's own client
 //!   certificate, readable on its spoke, does not open the proxy; and `Authenticate` refuses a
 //!   certificate with it, so a cluster secret's certificate does not make an agent.
+//! * **Principal replicas carry a mark of their own**: the subject OU [`PRINCIPAL_REPLICA_OU`]
+//!   (`argocd-agentctl pki issue replica`). A replica that does not own an agent forwards the
+//!   resource-proxy requests for it to the replica that does, presenting that certificate; the
+//!   owner then trusts the agent the forwarding replica names. Only a certificate with this mark
+//!   and without the resource-proxy client mark is a replica's: neither an agent's certificate nor
+//!   a cluster secret's can pass as one, and `Authenticate` refuses a replica's.
 //! * **Names the PKI gives to non-agent certificates are never agent names**
 //!   ([`NON_AGENT_NAMES`]): the principal's certificate (`clientAuth` too, which cross-hub HA
 //!   needs) would otherwise authenticate as agent `argocd-agent-principal` and self-register a
@@ -23,6 +29,11 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 /// secrets written by `argocd-agentctl agent create` and self-registration's shared client
 /// certificate).
 pub const RESOURCE_PROXY_CLIENT_OU: &str = "argocd-agent-resource-proxy-client";
+
+/// The subject OU that marks the client certificate principal replicas present to each other
+/// when one forwards a resource-proxy request to the replica that owns the agent
+/// (`argocd-agentctl pki issue replica`).
+pub const PRINCIPAL_REPLICA_OU: &str = "argocd-agent-principal-replica";
 
 /// The CNs `argocd-agentctl pki` (ours and upstream's) gives to certificates that are not
 /// agents': the CA, the principal, the resource proxy.
@@ -45,17 +56,37 @@ pub fn is_resource_proxy_client(der: &[u8]) -> bool {
     cert.subject().iter_organizational_unit().any(|ou| ou.as_str().is_ok_and(|v| v == RESOURCE_PROXY_CLIENT_OU))
 }
 
+/// Whether the DER certificate is a principal replica's: it carries [`PRINCIPAL_REPLICA_OU`] and
+/// not [`RESOURCE_PROXY_CLIENT_OU`] (a certificate with both marks is neither's). An unparsable
+/// certificate is no replica's.
+#[must_use]
+pub fn is_principal_replica(der: &[u8]) -> bool {
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return false;
+    };
+    let ous: Vec<&str> = cert.subject().iter_organizational_unit().filter_map(|ou| ou.as_str().ok()).collect();
+    ous.contains(&PRINCIPAL_REPLICA_OU) && !ous.contains(&RESOURCE_PROXY_CLIENT_OU)
+}
+
 /// Why the DER client certificate of an `Authenticate` call is not an agent's, or `None` when
 /// nothing marks it as another's.
 #[must_use]
 pub fn not_an_agent_certificate(der: &[u8]) -> Option<String> {
-    is_resource_proxy_client(der).then(|| {
-        format!(
-            "the client certificate is a resource-proxy client certificate (subject OU \
-             {RESOURCE_PROXY_CLIENT_OU}), not an agent's: issue the agent its own certificate \
-             (argocd-agentctl pki issue agent)"
-        )
-    })
+    let marked = |ou: &str| {
+        X509Certificate::from_der(der)
+            .is_ok_and(|(_, cert)| cert.subject().iter_organizational_unit().any(|v| v.as_str().is_ok_and(|v| v == ou)))
+    };
+    let (what, ou) = if is_resource_proxy_client(der) {
+        ("a resource-proxy client certificate", RESOURCE_PROXY_CLIENT_OU)
+    } else if marked(PRINCIPAL_REPLICA_OU) {
+        ("a principal replica's certificate", PRINCIPAL_REPLICA_OU)
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the client certificate is {what} (subject OU {ou}), not an agent's: issue the agent its own \
+         certificate (argocd-agentctl pki issue agent)"
+    ))
 }
 
 #[cfg(test)]
@@ -82,6 +113,15 @@ mod tests {
         assert!(!is_resource_proxy_client(b"not a certificate"));
         assert!(not_an_agent_certificate(&cert("agent-a", Some(RESOURCE_PROXY_CLIENT_OU))).is_some());
         assert!(not_an_agent_certificate(&cert("agent-a", None)).is_none());
+    }
+
+    #[test]
+    fn only_the_replica_mark_alone_makes_a_replica() {
+        assert!(is_principal_replica(&cert("principal-0", Some(PRINCIPAL_REPLICA_OU))));
+        assert!(!is_principal_replica(&cert("agent-a", None)), "an agent's certificate");
+        assert!(!is_principal_replica(&cert("agent-a", Some(RESOURCE_PROXY_CLIENT_OU))), "a cluster secret's");
+        assert!(!is_principal_replica(b"not a certificate"));
+        assert!(not_an_agent_certificate(&cert("principal-0", Some(PRINCIPAL_REPLICA_OU))).is_some());
     }
 
     #[test]

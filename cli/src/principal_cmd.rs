@@ -130,6 +130,22 @@ pub struct Args {
     /// Default: $POD_NAME, else the host name.
     #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// Among replicas (--agent-leases): the host or IP at which the other replicas reach this
+    /// replica's resource proxy (its port is the one the proxy listens on). Published on the
+    /// replica's Lease; a replica that does not own an agent forwards the agent's resource-proxy
+    /// requests there. Default: $POD_IP. Unset: this replica's agents are reached only through it.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_PROXY_HOST")]
+    pub replica_proxy_host: Option<String>,
+    /// Among replicas: the name the other replicas' resource-proxy certificates are verified for
+    /// when forwarding to them. Default: the host of --resource-proxy-address.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_PROXY_SERVER_NAME")]
+    pub replica_proxy_server_name: Option<String>,
+    /// Among replicas: the Secret (tls.crt, tls.key, ca.crt) holding the client certificate a
+    /// replica presents when it forwards a resource-proxy request to the replica that owns the
+    /// agent (`argocd-agentctl pki issue replica`: subject OU argocd-agent-principal-replica).
+    /// Missing: requests for agents of other replicas are answered 502 naming the owner.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_CLIENT_CERT_SECRET", default_value = "argocd-agent-replica-client-tls")]
+    pub replica_client_cert_secret: String,
     /// How long a replica's Lease lasts without renewal (--agent-leases); it renews every third
     /// of it and stops writing for its agents two thirds of it after its last renewal.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_LEASE_DURATION", default_value = "15s")]
@@ -517,6 +533,51 @@ impl Args {
     }
 }
 
+/// The client TLS a replica forwards resource-proxy requests with (the replica client
+/// certificate and the CA of `--replica-client-cert-secret`), and the name the owners'
+/// resource-proxy certificates are verified for.
+async fn replica_forwarding(
+    args: &Args,
+    secrets: &Secrets,
+) -> anyhow::Result<(std::sync::Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'static>)> {
+    let name = &args.replica_client_cert_secret;
+    let flag = "--replica-client-cert-secret";
+    let cert = crate::material::secret_field(secrets, name, &["tls.crt"], flag).await?;
+    let key = crate::material::secret_field(secrets, name, &["tls.key"], flag).await?;
+    let ca = crate::material::secret_field(secrets, name, &["ca.crt"], flag).await?;
+    let mark = x509_ou_mark(&cert)?;
+    anyhow::ensure!(
+        mark,
+        "secret {name} ({flag}) does not hold a replica client certificate (subject OU {}); issue it with \
+         `argocd-agentctl pki issue replica`",
+        auth::roles::PRINCIPAL_REPLICA_OU
+    );
+    let mut tls = crate::tls::client_config(&args.tls_policy()?, &ca, Some((&cert, &key)))
+        .with_context(|| format!("secret {name} ({flag})"))?;
+    // HTTP/1.1 to the owner's resource proxy, which tells it from HTTP/2 by the preface: no ALPN
+    // (its server offers only h2, which a client offering only http/1.1 would be refused).
+    if let Some(config) = std::sync::Arc::get_mut(&mut tls) {
+        config.alpn_protocols.clear();
+    }
+    let server_name = match &args.replica_proxy_server_name {
+        Some(n) => n.clone(),
+        None => {
+            let address = &args.resource_proxy_address;
+            let host = address.rsplit_once(':').map_or(address.as_str(), |(h, _)| h);
+            host.trim_start_matches('[').trim_end_matches(']').to_owned()
+        }
+    };
+    let server_name = rustls::pki_types::ServerName::try_from(server_name.clone())
+        .with_context(|| format!("--replica-proxy-server-name {server_name:?} is not a DNS name or IP address"))?;
+    Ok((tls, server_name))
+}
+
+/// Whether the PEM certificate is marked as a principal replica's.
+fn x509_ou_mark(cert_pem: &str) -> anyhow::Result<bool> {
+    let der = crate::material::certificates(cert_pem, "the replica client certificate")?;
+    Ok(der.first().is_some_and(|d| auth::roles::is_principal_replica(d)))
+}
+
 /// Starts the resource proxy as `--enable-resource-proxy` says: unset, only when its TLS
 /// material can be read (a warning says why not otherwise); true, the material is required.
 async fn serve_resource_proxy(
@@ -548,15 +609,38 @@ async fn serve_resource_proxy(
     let local = listener.local_addr().context("resource proxy address")?;
     println!("resource proxy listening on {local}");
     tracing::info!(addr = %local, "resource proxy listening");
-    let config = principal::ProxyConfig {
-        request_timeout: args.resource_proxy_timeout()?,
-        max_in_flight_per_agent: args.resource_proxy_max_in_flight.max(1) as usize,
-        require_client_mark: args.resource_proxy_require_client_mark,
-        tokens: Some(tokens.clone()),
-        connections: args.listener_limits(principal::transport::limits::Listener::ResourceProxy)?,
-        ..principal::ProxyConfig::default()
-    };
-    tokio::spawn(principal.resource_proxy(config).serve(listener, tls, cancel.clone()));
+    // Field by field: the forwarding between replicas is set only through its method.
+    let mut config = principal::ProxyConfig::default();
+    config.request_timeout = args.resource_proxy_timeout()?;
+    config.max_in_flight_per_agent = args.resource_proxy_max_in_flight.max(1) as usize;
+    config.require_client_mark = args.resource_proxy_require_client_mark;
+    config.tokens = Some(tokens.clone());
+    config.connections = args.listener_limits(principal::transport::limits::Listener::ResourceProxy)?;
+    let host = args.replica_proxy_host.clone().or_else(|| std::env::var("POD_IP").ok()).filter(|h| !h.is_empty());
+    if args.agent_leases {
+        match replica_forwarding(args, secrets).await {
+            Ok((tls, name)) => config = config.forward_to_replicas(tls, name),
+            Err(error) => tracing::warn!(
+                error = format!("{error:#}"),
+                "resource-proxy requests for agents of other replicas are not forwarded (answered 502 naming \
+                 the owner): issue the replica client certificate with `argocd-agentctl pki issue replica`"
+            ),
+        }
+    }
+    let proxy = principal.resource_proxy(config);
+    if args.agent_leases {
+        match &host {
+            Some(host) => {
+                let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.clone() };
+                proxy.publish_replica_address(format!("{host}:{}", local.port()));
+            }
+            None => tracing::warn!(
+                "no --replica-proxy-host (or POD_IP): the other replicas cannot forward resource-proxy requests for \
+                 this replica's agents to it"
+            ),
+        }
+    }
+    tokio::spawn(proxy.serve(listener, tls, cancel.clone()));
     Ok(())
 }
 

@@ -204,13 +204,18 @@ pub struct LeaseConfig {
     pub replica: String,
     /// How long a replica's Lease lasts without renewal (`--agent-lease-duration`).
     pub duration: Duration,
+    /// `host:port` at which the other replicas reach this replica's resource proxy
+    /// (`--replica-proxy-address`), published on its Lease: a replica that does not own an agent
+    /// forwards the agent's resource-proxy requests there. `None`: this replica's agents are
+    /// reached only through it.
+    pub proxy_address: Option<String>,
 }
 
 impl LeaseConfig {
     /// Replica `replica` with Leases of `duration`.
     #[must_use]
     pub fn new(replica: impl Into<String>, duration: Duration) -> Self {
-        Self { replica: replica.into(), duration }
+        Self { replica: replica.into(), duration, proxy_address: None }
     }
 
     /// Renewals of the replica's Lease are this far apart; each may take as long.

@@ -47,6 +47,9 @@ use crate::peer::Peers;
 pub const LEASE_LABEL: &str = "argocd-agent.argoproj-labs.io/lease";
 /// The annotation naming the agent an owner Lease is for (its name may be hashed).
 pub const AGENT_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/agent";
+/// The annotation on a replica's own Lease naming the `host:port` at which the other replicas
+/// reach its resource proxy (`--replica-proxy-address`), to forward requests for its agents.
+pub const PROXY_ADDRESS_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/resource-proxy-address";
 /// `--agent-lease-duration` unless given.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(15);
 /// Prefix of an agent's owner Lease.
@@ -141,6 +144,8 @@ struct Seen {
     /// When this replica saw `renew_time` change (client-go's rule: expiry is judged on the
     /// observer's clock, not on the time written by the holder).
     at: Instant,
+    /// Where its resource proxy is reached ([`PROXY_ADDRESS_ANNOTATION`]).
+    proxy_address: Option<String>,
 }
 
 /// What a replica keeps of an agent's Lease to write it again without reading it.
@@ -201,6 +206,8 @@ pub(crate) struct Ownership {
     /// Whether the watch of the Leases has listed them all once: an agent missing from
     /// `seen_agents` then has no Lease yet.
     leases_listed: std::sync::atomic::AtomicBool,
+    /// Where the other replicas reach this replica's resource proxy, published on its Lease.
+    proxy_address: Mutex<Option<String>>,
 }
 
 impl Ownership {
@@ -208,14 +215,21 @@ impl Ownership {
         Self {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
-            config,
             valid_until: Mutex::new(None),
             held: Mutex::new(HashMap::new()),
             replicas: Mutex::new(HashMap::new()),
             seen_agents: Mutex::new(HashMap::new()),
             draining: std::sync::atomic::AtomicBool::new(false),
             leases_listed: std::sync::atomic::AtomicBool::new(false),
+            proxy_address: Mutex::new(config.proxy_address.clone()),
+            config,
         }
+    }
+
+    /// Publishes `address` (`host:port`) as where the other replicas reach this replica's
+    /// resource proxy; its next renewal writes it on its Lease.
+    pub(crate) fn publish_proxy_address(&self, address: String) {
+        *lock(&self.proxy_address) = Some(address);
     }
 
     /// This replica's name.
@@ -267,6 +281,14 @@ impl Ownership {
         let holder = lock(&self.seen_agents).get(agent).map(|seen| seen.holder.clone())?;
         (!holder.is_empty() && holder != self.config.replica && !self.replica_expired(&holder))
             .then(|| (self.config.replica.clone(), holder))
+    }
+
+    /// `(the live replica that owns agent, the address of its resource proxy)` when another
+    /// replica owns it; the address is `None` when that replica published none.
+    pub(crate) fn owner_proxy(&self, agent: &str) -> Option<(String, Option<String>)> {
+        let (_, owner) = self.owner_elsewhere(agent)?;
+        let address = lock(&self.replicas).get(&owner).and_then(|seen| seen.proxy_address.clone());
+        Some((owner, address))
     }
 
     /// Whether `replica`'s Lease, as last seen, has expired (or was deleted).
@@ -385,8 +407,9 @@ impl Ownership {
         let name = replica_lease_name(&self.config.replica);
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = i32::try_from(self.config.duration.as_secs()).unwrap_or(i32::MAX);
+        let address = lock(&self.proxy_address).clone();
         let patch = serde_json::json!({
-            "metadata": {"labels": {LEASE_LABEL: "replica"}},
+            "metadata": {"labels": {LEASE_LABEL: "replica"}, "annotations": {PROXY_ADDRESS_ANNOTATION: address.clone()}},
             "spec": {"holderIdentity": self.config.replica, "renewTime": now, "leaseDurationSeconds": seconds},
         });
         match self.api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
@@ -397,6 +420,7 @@ impl Ownership {
                         name: Some(name.clone()),
                         namespace: Some(self.namespace.clone()),
                         labels: Some([(LEASE_LABEL.to_owned(), "replica".to_owned())].into()),
+                        annotations: address.map(|a| [(PROXY_ADDRESS_ANNOTATION.to_owned(), a)].into()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -421,16 +445,29 @@ impl Ownership {
     }
 
     /// Another replica's Lease was seen.
-    fn saw_replica(&self, replica: &str, spec: Option<&LeaseSpec>) {
+    fn saw_replica(&self, replica: &str, lease: &Lease) {
+        let spec = lease.spec.as_ref();
+        let proxy_address = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PROXY_ADDRESS_ANNOTATION))
+            .filter(|a| !a.is_empty())
+            .cloned();
         let renew_time = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string());
         let secs = spec.and_then(|s| s.lease_duration_seconds).and_then(|s| u64::try_from(s).ok());
         let duration = secs.map_or(self.config.duration, Duration::from_secs);
         let mut replicas = lock(&self.replicas);
-        let seen =
-            replicas.entry(replica.to_owned()).or_insert(Seen { renew_time: None, duration, at: Instant::now() });
+        let seen = replicas.entry(replica.to_owned()).or_insert(Seen {
+            renew_time: None,
+            duration,
+            at: Instant::now(),
+            proxy_address: None,
+        });
         if seen.renew_time != renew_time {
-            *seen = Seen { renew_time, duration, at: Instant::now() };
+            *seen = Seen { renew_time, duration, at: Instant::now(), proxy_address: None };
         }
+        seen.proxy_address = proxy_address;
     }
 
     /// An agent's Lease was seen: if another replica took an agent this one holds, the agent
@@ -493,7 +530,7 @@ impl link::Index for Leases<'_> {
     }
     async fn apply(&self, lease: Lease) {
         match classify(&lease) {
-            Some(LeaseOf::Replica(replica)) => self.1.saw_replica(&replica, lease.spec.as_ref()),
+            Some(LeaseOf::Replica(replica)) => self.1.saw_replica(&replica, &lease),
             Some(LeaseOf::Agent(agent)) => {
                 self.1.saw_agent_lease(&agent, &lease);
                 if let Some(holder) = self.1.saw_agent(&agent, lease.spec.as_ref()) {
@@ -675,11 +712,19 @@ mod tests {
         assert_eq!(own.write_deadline("a"), None, "lapsed");
         assert!(own.replica_expired("r1"));
         assert!(own.replica_expired("r2"), "never seen");
-        own.saw_replica("r2", Some(&LeaseSpec { lease_duration_seconds: Some(15), ..LeaseSpec::default() }));
+        let mut r2 = Lease {
+            spec: Some(LeaseSpec { lease_duration_seconds: Some(15), ..LeaseSpec::default() }),
+            ..Lease::default()
+        };
+        own.saw_replica("r2", &r2);
         assert!(!own.replica_expired("r2"));
         lock(&own.seen_agents)
             .insert("b".into(), SeenLease { resource_version: "3".into(), holder: "r2".into(), transitions: 0 });
         assert_eq!(own.owner_elsewhere("b"), Some(("r1".into(), "r2".into())), "a live owner elsewhere");
+        assert_eq!(own.owner_proxy("b"), Some(("r2".into(), None)), "no address published");
+        r2.metadata.annotations = Some([(PROXY_ADDRESS_ANNOTATION.to_owned(), "10.0.0.2:8443".to_owned())].into());
+        own.saw_replica("r2", &r2);
+        assert_eq!(own.owner_proxy("b"), Some(("r2".into(), Some("10.0.0.2:8443".into()))));
         assert_eq!(own.owner_elsewhere("c"), None, "no Lease");
         lock(&own.replicas).clear();
         assert_eq!(own.owner_elsewhere("b"), None, "its owner's Lease is gone");

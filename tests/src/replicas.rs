@@ -243,6 +243,12 @@ impl Replica {
         self.process.as_mut()
     }
 
+    /// Where its resource proxy listens, once it has said so (`--resource-proxy-listen-address`).
+    #[must_use]
+    pub fn resource_proxy_addr(&self) -> Option<SocketAddr> {
+        listening_on(&self.stdout(), "resource proxy listening on ")
+    }
+
     fn stdout(&self) -> String {
         self.process.as_ref().map(ChildProcess::stdout).unwrap_or_default()
     }

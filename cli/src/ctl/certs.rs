@@ -42,6 +42,9 @@ pub enum Usage {
     /// [`auth::roles::RESOURCE_PROXY_CLIENT_OU`] that tells it from an agent's certificate): the
     /// certificate of a cluster secret, which the hub's Argo CD presents to the resource proxy.
     ProxyClient,
+    /// TLS client of a principal replica forwarding a resource-proxy request to the replica that
+    /// owns the agent (`clientAuth`, and the subject OU [`auth::roles::PRINCIPAL_REPLICA_OU`]).
+    ReplicaClient,
 }
 
 /// The subject and names of a leaf certificate.
@@ -104,11 +107,14 @@ impl Ca {
         }
         params.extended_key_usages = match spec.usage {
             Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
-            Usage::Client | Usage::ProxyClient => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Usage::Client | Usage::ProxyClient | Usage::ReplicaClient => vec![ExtendedKeyUsagePurpose::ClientAuth],
             Usage::ServerAndClient => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         };
         if spec.usage == Usage::ProxyClient {
             params.distinguished_name.push(DnType::OrganizationalUnitName, auth::roles::RESOURCE_PROXY_CLIENT_OU);
+        }
+        if spec.usage == Usage::ReplicaClient {
+            params.distinguished_name.push(DnType::OrganizationalUnitName, auth::roles::PRINCIPAL_REPLICA_OU);
         }
         for dns in &spec.dns {
             let name = dns.clone().try_into().with_context(|| format!("invalid DNS name {dns:?}"))?;

@@ -41,6 +41,11 @@ pub const SHARED_CLIENT_COMMON_NAME: &str = "argocd-agent-shared-client";
 pub const SECRET_HA_ADMIN_TLS: &str = "argocd-agent-ha-admin-tls";
 /// CN of the HA admin client certificate: what `--ha-admin-auth 'mtls:subject:^CN=ha-admin(,|$)'` admits.
 pub const HA_ADMIN_COMMON_NAME: &str = "ha-admin";
+/// Secret holding the client certificate principal replicas present to each other when one
+/// forwards a resource-proxy request to the replica that owns the agent (`--agent-leases`).
+pub const SECRET_REPLICA_CLIENT_TLS: &str = "argocd-agent-replica-client-tls";
+/// CN of the replica client certificate (the subject OU marks it; the CN names no agent).
+pub const REPLICA_CLIENT_COMMON_NAME: &str = "argocd-agent-principal-replica";
 /// Secret holding an agent's client certificate, in the agent's namespace.
 pub const SECRET_AGENT_CLIENT_TLS: &str = "argocd-agent-client-tls";
 /// `kubernetes.io/tls`.
@@ -119,6 +124,22 @@ pub enum IssueCommand {
     /// namespace). The principals admit it with --ha-admin-auth 'mtls:subject:^CN=ha-admin(,|$)';
     /// use it with `ha status|promote|demote --tls-cert --tls-key --tls-ca` (--out-dir writes them).
     HaAdmin(HaAdminArgs),
+    /// Issue the client certificate principal replicas (`--agent-leases`) present to each other
+    /// when one forwards a resource-proxy request to the replica that owns the agent (subject OU
+    /// argocd-agent-principal-replica; secret argocd-agent-replica-client-tls, with ca.crt, in the
+    /// principal's namespace). Only this mark lets a caller name the agent of a forwarded request:
+    /// neither an agent's certificate nor a cluster secret's carries it.
+    Replica(ReplicaArgs),
+}
+
+/// `pki issue replica` flags.
+#[derive(Debug, clap::Args)]
+pub struct ReplicaArgs {
+    /// The Secret to write, in the principal's namespace.
+    #[arg(long, default_value = SECRET_REPLICA_CLIENT_TLS, value_name = "NAME")]
+    secret_name: String,
+    #[command(flatten)]
+    issue: IssueFlags,
 }
 
 /// `pki issue ha-admin` flags.
@@ -272,6 +293,7 @@ pub async fn run(global: &GlobalFlags, cmd: PkiCommand) -> anyhow::Result<()> {
         PkiCommand::Issue(IssueCommand::Agent(args)) => issue_agent(global, args).await,
         PkiCommand::Issue(IssueCommand::SharedClient(args)) => issue_shared_client(global, args).await,
         PkiCommand::Issue(IssueCommand::HaAdmin(args)) => issue_ha_admin(global, args).await,
+        PkiCommand::Issue(IssueCommand::Replica(args)) => issue_replica(global, args).await,
         PkiCommand::Propagate(args) => propagate(global, args).await,
         PkiCommand::Inspect(args) => inspect(global, &args).await,
         PkiCommand::Dump(args) => dump(global, args).await,
@@ -368,6 +390,18 @@ async fn issue_ha_admin(global: &GlobalFlags, args: HaAdminArgs) -> anyhow::Resu
     issue(global, &target, &args.secret_name, HA_ADMIN_FILE_STEM, &spec, &args.issue).await
 }
 
+async fn issue_replica(global: &GlobalFlags, args: ReplicaArgs) -> anyhow::Result<()> {
+    let spec = LeafSpec {
+        common_name: REPLICA_CLIENT_COMMON_NAME.to_owned(),
+        ips: Vec::new(),
+        dns: Vec::new(),
+        uris: Vec::new(),
+        usage: Usage::ReplicaClient,
+    };
+    let target = global.principal_secrets().await?;
+    issue(global, &target, &args.secret_name, "replica", &spec, &args.issue).await
+}
+
 /// `--out-dir` names of `pki issue ha-admin` (`ha-admin.crt`, `ha-admin.key`).
 const HA_ADMIN_FILE_STEM: &str = "ha-admin";
 
@@ -418,7 +452,7 @@ async fn issue(
     let if_exists = if flags.upsert { IfExists::Replace } else { IfExists::Refuse("pass --upsert to reissue it") };
     let ns = target.namespace();
     let mut data = tls_data(&cert, &key_pem);
-    if spec.usage == Usage::ProxyClient || file_stem == HA_ADMIN_FILE_STEM {
+    if matches!(spec.usage, Usage::ProxyClient | Usage::ReplicaClient) || file_stem == HA_ADMIN_FILE_STEM {
         // What self-registration copies into cluster secrets, as upstream's shared client secret;
         // the CA `argocd-agentctl ha --tls-ca` verifies the principal with.
         data.insert("ca.crt".to_owned(), ca.cert_pem.as_bytes().to_vec());

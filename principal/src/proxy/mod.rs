@@ -14,6 +14,7 @@
 //! request (with `Authorization` redacted), bounds the body's size and how long it may stall;
 //! `ResourceProxy::handle` does the rest.
 
+pub(crate) mod forward;
 pub(crate) mod logs;
 mod status;
 pub(crate) mod terminal;
@@ -65,6 +66,26 @@ pub struct ProxyConfig {
     /// certificate does not open the proxy (`--resource-proxy-require-client-mark`, default on;
     /// off accepts certificates issued before the mark, e.g. by upstream's `argocd-agentctl`).
     pub require_client_mark: bool,
+    /// How to forward requests for an agent another replica owns to that replica
+    /// (`--agent-leases`, [`ProxyConfig::forward_to_replicas`]); `None`: such requests are
+    /// answered 502 naming the owner.
+    pub(crate) replicas: Option<forward::ReplicaForwarding>,
+}
+
+impl ProxyConfig {
+    /// Forward requests for an agent another replica owns to that replica over mutual TLS:
+    /// `tls` presents the replica client certificate (subject OU
+    /// [`auth::roles::PRINCIPAL_REPLICA_OU`]) and trusts the CA of the replicas' resource-proxy
+    /// certificates, which are verified for `server_name`.
+    #[must_use]
+    pub fn forward_to_replicas(
+        mut self,
+        tls: Arc<rustls::ClientConfig>,
+        server_name: rustls::pki_types::ServerName<'static>,
+    ) -> Self {
+        self.replicas = Some(forward::ReplicaForwarding { tls, server_name, connect_timeout: Duration::from_secs(5) });
+        self
+    }
 }
 
 impl Default for ProxyConfig {
@@ -76,6 +97,7 @@ impl Default for ProxyConfig {
             tokens: None,
             connections: crate::transport::limits::ListenerLimits::default(),
             require_client_mark: true,
+            replicas: None,
         }
     }
 }
@@ -103,6 +125,14 @@ pub struct ResourceProxy {
     names: Option<Arc<auth::MtlsAuthenticator>>,
 }
 
+/// Where a request for an agent owned by another replica goes.
+enum Forward {
+    /// To the owner, at its resource proxy's address.
+    To { owner: String, address: String, fwd: forward::ReplicaForwarding },
+    /// Nowhere: the answer says why.
+    Refused(Response<Full<Bytes>>),
+}
+
 /// Who is calling, from the TLS handshake.
 #[derive(Clone, Debug, Default)]
 struct Caller {
@@ -120,6 +150,15 @@ const VERSION: &str = r#"{"major":"1","minor":"28","gitVersion":"v1.28.5+argocd-
 impl ResourceProxy {
     pub(crate) fn new(hub: Arc<Hub>, tables: Arc<Tables>, config: ProxyConfig) -> Self {
         Self { hub, tables, config: Arc::new(config), names: crate::ident::cn_reader().map(Arc::new) }
+    }
+
+    /// Among replicas (`--agent-leases`): publishes `address` (`host:port`) on this replica's
+    /// Lease as where the others reach this resource proxy, to forward requests for its agents.
+    /// Without Leases, nothing to do.
+    pub fn publish_replica_address(&self, address: String) {
+        if let Some(leases) = &self.hub.leases {
+            leases.publish_proxy_address(address);
+        }
     }
 
     /// Serves HTTPS on `listener` with the TLS configuration `tls` holds (re-read for every
@@ -234,11 +273,20 @@ impl ResourceProxy {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: std::fmt::Display,
     {
-        let agent = match self.agent_of(caller, &req) {
+        let (agent, forwarded) = match self.agent_of(caller, &req) {
             Ok(agent) => agent,
             Err(resp) => return boxed(resp),
         };
         agent_out.clone_from(&agent);
+        if !forwarded && let Some(resp) = self.forward_to_owner(&agent, req.method(), req.headers()) {
+            // Owned elsewhere: the owner answers (or the 502 says why it could not).
+            return match resp {
+                Forward::To { owner, address, fwd } => {
+                    forward::forward(&fwd, &owner, &address, &agent, req, self.config.request_timeout).await
+                }
+                Forward::Refused(resp) => boxed(resp),
+            };
+        }
         let target = match ApiPath::parse(req.uri().path()) {
             Ok(ApiPath::Resource(t)) => t,
             _ => return boxed(self.request(&agent, req).await),
@@ -251,14 +299,46 @@ impl ResourceProxy {
         }
     }
 
+    /// Where a request for `agent` goes when another live replica owns it and this one does not
+    /// hold its stream: that replica, when this one forwards and the owner published its
+    /// address; `None` when it is served here (or nowhere: [`Self::connected`] says so).
+    fn forward_to_owner(&self, agent: &str, method: &Method, headers: &http::HeaderMap) -> Option<Forward> {
+        if self.hub.peers.get(agent).is_some_and(|p| p.is_connected()) {
+            return None;
+        }
+        let (owner, address) = self.hub.leases.as_ref()?.owner_proxy(agent)?;
+        let fwd = self.config.replicas.clone()?;
+        let Some(address) = address else {
+            return Some(Forward::Refused(status::failure(
+                StatusCode::BAD_GATEWAY,
+                &format!(
+                    "agent {agent:?} is connected to principal replica {owner:?}, which published no resource-proxy \
+                     address to forward to (set --replica-proxy-host on every replica; docs/ha.md)"
+                ),
+            )));
+        };
+        if method == Method::GET && headers.get(header::UPGRADE).is_some() {
+            return Some(Forward::Refused(status::failure(
+                StatusCode::BAD_GATEWAY,
+                &format!(
+                    "agent {agent:?} is connected to principal replica {owner:?}: terminals are not forwarded \
+                     between replicas; retry (the Service may pick that replica)"
+                ),
+            )));
+        }
+        Some(Forward::To { owner, address, fwd })
+    }
+
     /// The agent `agent`'s stream, if it is connected; else the answer saying it is not.
     #[allow(clippy::result_large_err)]
     fn connected(&self, agent: &str) -> Result<Arc<crate::peer::AgentPeer>, Response<Full<Bytes>>> {
         self.hub.peers.get(agent).filter(|p| p.is_connected()).ok_or_else(|| {
             let message = match self.hub.leases.as_ref().and_then(|l| l.owner_elsewhere(agent)) {
-                // Among replicas: say where the agent is (the resource proxy does not forward yet).
+                // Among replicas that do not forward: say where the agent is.
                 Some((here, owner)) => format!(
-                    "agent {agent:?} is connected to principal replica {owner:?}, not to this one ({here:?});                      live resources reach an agent only through the replica that owns it (docs/ha.md)"
+                    "agent {agent:?} is connected to principal replica {owner:?}, not to this one ({here:?}), and \
+                     this replica does not forward to the owner (it needs the replica client certificate, \
+                     argocd-agentctl pki issue replica; docs/ha.md)"
                 ),
                 None => format!("agent {agent:?} is not connected to this principal"),
             };
@@ -390,10 +470,36 @@ impl ResourceProxy {
     /// and the certificate must be marked as a resource-proxy client's
     /// ([`ProxyConfig::require_client_mark`]).
     #[allow(clippy::result_large_err)]
-    fn agent_of<B>(&self, caller: &Caller, req: &Request<B>) -> Result<String, Response<Full<Bytes>>> {
+    fn agent_of<B>(&self, caller: &Caller, req: &Request<B>) -> Result<(String, bool), Response<Full<Bytes>>> {
         let Some(cert) = &caller.cert else {
             return Err(status::failure(StatusCode::UNAUTHORIZED, "a client certificate is required"));
         };
+        let forwarded_for = req.headers().get(forward::FORWARDED_AGENT_HEADER);
+        if auth::roles::is_principal_replica(cert) {
+            // Another replica forwards a request it authenticated: it names the agent.
+            let Some(agent) = forwarded_for.and_then(|v| v.to_str().ok()).filter(|a| crate::config::is_dns_label(a))
+            else {
+                return Err(status::failure(
+                    StatusCode::UNAUTHORIZED,
+                    &format!(
+                        "a principal replica's certificate opens the resource proxy only for a request another \
+                         replica forwards, naming its agent in {} (a DNS label)",
+                        forward::FORWARDED_AGENT_HEADER
+                    ),
+                ));
+            };
+            return Ok((agent.to_owned(), true));
+        }
+        if forwarded_for.is_some() {
+            return Err(status::failure(
+                StatusCode::UNAUTHORIZED,
+                &format!(
+                    "{} is accepted only from a principal replica's certificate (subject OU {})",
+                    forward::FORWARDED_AGENT_HEADER,
+                    auth::roles::PRINCIPAL_REPLICA_OU
+                ),
+            ));
+        }
         if self.config.require_client_mark && !auth::roles::is_resource_proxy_client(cert) {
             return Err(status::failure(
                 StatusCode::UNAUTHORIZED,
@@ -416,12 +522,12 @@ impl ResourceProxy {
                 return Err(status::failure(StatusCode::UNAUTHORIZED, "bearer tokens are not accepted here"));
             };
             return match issuer.verify(token.trim(), auth::TokenKind::ResourceProxy) {
-                Ok(v) => Ok(v.agent.as_str().to_owned()),
+                Ok(v) => Ok((v.agent.as_str().to_owned(), false)),
                 Err(e) => Err(status::failure(StatusCode::UNAUTHORIZED, &format!("bearer token refused: {e}"))),
             };
         }
         match self.names.as_ref().map(|n| n.agent_name(cert)) {
-            Some(Ok(name)) => Ok(name.as_str().to_owned()),
+            Some(Ok(name)) => Ok((name.as_str().to_owned(), false)),
             Some(Err(e)) => {
                 Err(status::failure(StatusCode::UNAUTHORIZED, &format!("the client certificate names no agent: {e}")))
             }
