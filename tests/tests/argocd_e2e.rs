@@ -299,6 +299,13 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
     // The argocd CLI against argocd-server on the hub.
     let server = argo.server.addr();
     let cli = Cli::login(&scratch, server, PASSWORD).await.with_context(logs)?;
+    // The CLI and the server are the same stamped build.
+    let versions = cli.json(&["version", "--short"]).await?;
+    let (client, server_version) = (&versions["client"]["argocd"], &versions["server"]["argocd-server"]);
+    ensure!(
+        client == server_version && client.as_str().is_some_and(|v| v.starts_with(argocd::ARGOCD_VERSION)),
+        "argocd version: {versions}"
+    );
     let list = cli.json(&["app", "list"]).await?;
     let names: Vec<String> = list
         .as_array()
