@@ -329,3 +329,63 @@ async fn argo_cd_sees_each_agent_connected_with_counts_then_disconnected() -> Re
     ensure!(a["connectionState"]["status"] == "Successful", "{a}");
     Ok(())
 }
+
+/// What an upstream agent sends (the Go peer on upstream's event code, reporting as
+/// `addClusterCacheInfoUpdateToQueue` does: three counts) reaches Argo CD's key as well, with the
+/// bare version it presented on `Authenticate`; plaintext hub Redis without a password, and
+/// `--redis-compression-type none` (Argo CD's `--redis-compression none`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_agents_report_reaches_argo_cd() -> Result<()> {
+    let agent = "agent-gou";
+    let hub = Redis::start("redis-hub", None, None).await?;
+    let principal_args = [
+        "--redis-server-address",
+        &hub.addr(),
+        "--redis-proxy-listen-address",
+        "127.0.0.1:0",
+        "--redis-compression-type",
+        "none",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let options = StartOptions { start_agents: false, principal_args, ..StartOptions::default() };
+    let topo = Topology::start_with_options(&[(agent, Mode::Managed)], options).await?;
+    let server = format!("https://127.0.0.1:9090?agentName={agent}");
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(topo.hub(), "argocd");
+    secrets.create(&kube::api::PostParams::default(), &cluster_secret(agent, &server)).await?;
+
+    let pki = tests::gopeer::Pki::of_kubeconfig(&topo.kubeconfig())?;
+    let addr = topo.principal_addr().context("principal address")?;
+    let mut go = tests::gopeer::GoPeer::agent(&pki, agent, addr, "managed", "0.10.2")?;
+    let auth = go
+        .wait("authenticated", |r| ["authenticated", "auth_error"].contains(&r["kind"].as_str().unwrap_or("")))
+        .await?;
+    ensure!(auth["kind"] == "authenticated", "{auth}\n{}", topo.logs());
+    go.wait("subscribed", |r| r["kind"] == "subscribed").await?;
+    let report = serde_json::json!({"cmd": "send", "type": "io.argoproj.argocd-agent.event.cluster-cache-info-update",
+        "target": "clusterCacheInfoUpdate", "data": {"applicationsCount": 2, "apisCount": 30, "resourcesCount": 400}});
+    go.ask("cache", report).await?;
+
+    // Uncompressed: the key without `.gz`, the value Go's JSON and a newline.
+    let key = format!("cluster|info|{server}|1.8.3");
+    let mut poll = Poller::new(DEFAULT_TIMEOUT, "the upstream agent's counts in Argo CD's key");
+    let info: Value = loop {
+        if let Some(value) = hub.get(&key)? {
+            ensure!(value.ends_with(b"}\n"), "{:?}", String::from_utf8_lossy(&value));
+            let info: Value = serde_json::from_slice(&value)?;
+            if info["applicationsCount"] == 2 {
+                break info;
+            }
+        }
+        poll.tick().await?;
+    };
+    ensure!(info["connectionState"]["status"] == "Successful", "{info}");
+    ensure!(
+        info["connectionState"]["message"]
+            == format!("Agent: '{agent}' is connected with principal (agent version 0.10.2)"),
+        "{info}"
+    );
+    ensure!(info["cacheInfo"] == serde_json::json!({"resourcesCount": 400, "apisCount": 30}), "{info}");
+    ensure!(info.get("serverVersion").is_none(), "upstream agents report no Kubernetes version: {info}");
+    Ok(())
+}
