@@ -63,8 +63,21 @@ impl TlsFiles {
 impl Redis {
     /// Starts one (TLS only with `tls`, a password with `password`) and waits until it is ready.
     async fn start(name: &str, tls: Option<&TlsFiles>, password: Option<&'static str>) -> Result<Self> {
-        for _attempt in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        Self::start_on(name, None, tls, password).await
+    }
+
+    /// [`Self::start`] on `port` (`None`: a free one).
+    async fn start_on(
+        name: &str,
+        fixed: Option<u16>,
+        tls: Option<&TlsFiles>,
+        password: Option<&'static str>,
+    ) -> Result<Self> {
+        for _attempt in 0..if fixed.is_some() { 1 } else { 5 } {
+            let port = match fixed {
+                Some(port) => port,
+                None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+            };
             let mut cmd = Command::new("redis-server");
             cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]);
             if let Some(password) = password {
@@ -387,5 +400,36 @@ async fn an_upstream_agents_report_reaches_argo_cd() -> Result<()> {
     );
     ensure!(info["cacheInfo"] == serde_json::json!({"resourcesCount": 400, "apisCount": 30}), "{info}");
     ensure!(info.get("serverVersion").is_none(), "upstream agents report no Kubernetes version: {info}");
+    Ok(())
+}
+
+/// A hub Redis that is not there yet when the agent connects: the principal keeps retrying with
+/// backoff (1 s, doubling, at most 30 s) and the info arrives once it is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_info_arrives_when_the_hub_redis_comes_up_late() -> Result<()> {
+    let agent = "agent-late";
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let spoke = Redis::start("redis-agent-late", None, None).await?;
+    spoke.set("cluster|info|https://kubernetes.default.svc|1.8.3.gz", &gzip(&spoke_cluster_info(7, 8, 9), false)?)?;
+    let principal_args =
+        ["--redis-server-address", &format!("127.0.0.1:{port}"), "--redis-proxy-listen-address", "127.0.0.1:0"]
+            .map(str::to_owned)
+            .to_vec();
+    let options = StartOptions { start_agents: false, principal_args, ..StartOptions::default() };
+    let mut t = Topology::start_with_options(&[(agent, Mode::Managed)], options).await?;
+    let server = format!("https://127.0.0.1:9090?agentName={agent}");
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(t.hub(), "argocd");
+    secrets.create(&kube::api::PostParams::default(), &cluster_secret(agent, &server)).await?;
+    t.set_agent_args(&["--redis-addr", &spoke.addr()]);
+    t.start_agent(agent).await?;
+    let mut poll = Poller::new(DEFAULT_TIMEOUT, "the principal to fail writing to the missing hub Redis");
+    while t.principal_log_lines("cannot write the agent's cluster info").is_empty() {
+        poll.tick().await?;
+    }
+    let hub = Redis::start_on("redis-hub-late", Some(port), None, None).await?;
+    wait_for(&hub, &server, "the info after the hub's Redis came up", |i| {
+        i["connectionState"]["status"] == "Successful" && i["applicationsCount"] == 7
+    })
+    .await?;
     Ok(())
 }
