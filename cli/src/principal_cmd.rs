@@ -144,7 +144,11 @@ pub struct Args {
     /// replica presents when it forwards a resource-proxy request to the replica that owns the
     /// agent (`argocd-agentctl pki issue replica`: subject OU argocd-agent-principal-replica).
     /// Missing: requests for agents of other replicas are answered 502 naming the owner.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_CLIENT_CERT_SECRET", default_value = "argocd-agent-replica-client-tls")]
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REPLICA_CLIENT_CERT_SECRET",
+        default_value = "argocd-agent-replica-client-tls"
+    )]
     pub replica_client_cert_secret: String,
     /// How long a replica's Lease lasts without renewal (--agent-leases); it renews every third
     /// of it and stops writing for its agents two thirds of it after its last renewal.
@@ -631,7 +635,8 @@ async fn serve_resource_proxy(
     if args.agent_leases {
         match &host {
             Some(host) => {
-                let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.clone() };
+                let host =
+                    if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.clone() };
                 proxy.publish_replica_address(format!("{host}:{}", local.port()));
             }
             None => tracing::warn!(
