@@ -423,6 +423,8 @@ impl Principal {
         };
         cancel.cancel();
         let _ = watchers.await;
+        // The agents' cluster info says they are disconnected before the process goes.
+        self.wings.clusters.writer_stopped(std::time::Duration::from_secs(10)).await;
         served.map_err(PrincipalError::Serve)
     }
 }

@@ -340,6 +340,11 @@ async fn argo_cd_sees_each_agent_connected_with_counts_then_disconnected() -> Re
     ensure!(m["applicationsCount"] == 0 && m["cacheInfo"] == serde_json::json!({}), "no counts, as upstream: {m}");
     let a = argo_cd_cluster_info(&hub, &server("agent-a"))?.context("agent-a's info")?;
     ensure!(a["connectionState"]["status"] == "Successful", "{a}");
+
+    // The principal stops: before it exits, the agents it served show Failed.
+    t.stop_principal(std::time::Duration::from_secs(30))?;
+    let a = argo_cd_cluster_info(&hub, &server("agent-a"))?.context("agent-a's info")?;
+    ensure!(a["connectionState"]["status"] == "Failed", "written before the principal exited: {a}");
     Ok(())
 }
 

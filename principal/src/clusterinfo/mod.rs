@@ -166,6 +166,9 @@ struct Entry {
 pub(crate) struct ClusterInfos {
     state: Mutex<State>,
     due: Notify,
+    /// Whether a writer runs, and its last write when it stops.
+    running: std::sync::atomic::AtomicBool,
+    stopped: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -228,6 +231,18 @@ impl ClusterInfos {
                 entry.connection = Some((false, at));
                 dirty.insert(agent.clone());
             }
+        }
+    }
+
+    /// Waits (at most `limit`) for a running writer to finish its last write after its
+    /// cancellation, so a stopping principal's `Failed` reaches the hub's Redis before the
+    /// process exits.
+    pub(crate) async fn writer_stopped(&self, limit: Duration) {
+        let stopped = self.stopped.notified();
+        tokio::pin!(stopped);
+        stopped.as_mut().enable();
+        if self.running.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = tokio::time::timeout(limit, stopped).await;
         }
     }
 
@@ -316,6 +331,7 @@ impl ClusterInfoWriter {
         tracing::info!(redis = %self.config.address, gzip = self.config.gzip,
             refresh_every = ?self.config.refresh_every, "writing agents' cluster info into the hub's Argo CD Redis");
         let infos = self.infos.clone();
+        infos.running.store(true, std::sync::atomic::Ordering::Release);
         let mut refresh = tokio::time::Instant::now() + self.config.refresh_every;
         let mut retry: Option<(tokio::time::Instant, Duration)> = None;
         loop {
@@ -350,6 +366,8 @@ impl ClusterInfoWriter {
         if tokio::time::timeout(self.config.timeout, self.write(last)).await.is_err() {
             tracing::warn!("could not write the agents' disconnection into the hub's Redis before stopping");
         }
+        infos.running.store(false, std::sync::atomic::Ordering::Release);
+        infos.stopped.notify_waiters();
     }
 
     /// Writes the info of `agents`; returns those whose write failed.
