@@ -343,11 +343,20 @@ impl ClusterInfoWriter {
             let now = tokio::time::Instant::now();
             let agents = if now >= refresh {
                 refresh = now + self.config.refresh_every;
-                // Cluster secrets are looked up again: one may have been created, changed or
-                // deleted since.
-                self.servers.clear();
+                // Cluster secrets are looked up again, all in one list: one may have been
+                // created, changed or deleted since.
+                let agents = infos.all();
+                match self.list_servers(&format!("{LABEL_SECRET_TYPE}={SECRET_TYPE_CLUSTER},{LABEL_AGENT_NAME}")).await
+                {
+                    Ok(servers) => {
+                        self.servers = agents.iter().map(|a| (a.clone(), servers.get(a).cloned())).collect();
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot list the agents' cluster secrets; using the last ones")
+                    }
+                }
                 infos.take_dirty();
-                infos.all()
+                agents
             } else {
                 infos.take_dirty()
             };
@@ -404,33 +413,48 @@ impl ClusterInfoWriter {
         failed
     }
 
-    /// The `server` of `agent`'s cluster secret: `cluster-<agent>` when several carry its
-    /// label, else the first by name. Looked up again on `connect` (self-registration may have
-    /// just created it) and every refresh.
+    /// The `server` of `agent`'s cluster secret (see [`Self::list_servers`]), as last looked up
+    /// unless `again` (it connected: self-registration may have just created it).
     async fn server_of(&mut self, agent: &str, again: bool) -> Result<Option<String>, kube::Error> {
         if !again && let Some(known) = self.servers.get(agent) {
             return Ok(known.clone());
         }
-        let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
-            kube::Api::namespaced(self.hub.secrets.client(), &self.hub.config.namespace);
         let selector = format!("{LABEL_SECRET_TYPE}={SECRET_TYPE_CLUSTER},{LABEL_AGENT_NAME}={agent}");
-        let list =
-            tokio::time::timeout(self.config.timeout, api.list(&kube::api::ListParams::default().labels(&selector)))
-                .await
-                .map_err(|_| kube::Error::Service("listing cluster secrets timed out".into()))??;
-        let preferred = secret_name(agent);
-        let mut secrets = list.items;
-        secrets.sort_by_key(|s| (s.metadata.name.as_deref() != Some(preferred.as_str()), s.metadata.name.clone()));
-        let server = secrets.iter().find_map(|s| {
-            let bytes = &s.data.as_ref()?.get("server")?.0;
-            String::from_utf8(bytes.clone()).ok().filter(|s| !s.is_empty())
-        });
+        let server = self.list_servers(&selector).await?.remove(agent);
         if server.is_none() && self.servers.get(agent) != Some(&None) {
             tracing::info!(%agent, namespace = %self.hub.config.namespace,
                 "the agent has no cluster secret (label {LABEL_AGENT_NAME}); Argo CD shows no cluster info for it");
         }
         self.servers.insert(agent.to_owned(), server.clone());
         Ok(server)
+    }
+
+    /// The `server` of each agent's cluster secret among those `selector` matches in the
+    /// principal's namespace, by agent (its label): `cluster-<agent>` when several carry the
+    /// same agent, else the first by name.
+    async fn list_servers(&self, selector: &str) -> Result<HashMap<String, String>, kube::Error> {
+        let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+            kube::Api::namespaced(self.hub.secrets.client(), &self.hub.config.namespace);
+        let list =
+            tokio::time::timeout(self.config.timeout, api.list(&kube::api::ListParams::default().labels(selector)))
+                .await
+                .map_err(|_| kube::Error::Service("listing cluster secrets timed out".into()))??;
+        let mut secrets: Vec<(String, bool, String, String)> = list
+            .items
+            .iter()
+            .filter_map(|s| {
+                let agent = s.metadata.labels.as_ref()?.get(LABEL_AGENT_NAME)?.clone();
+                let name = s.metadata.name.clone().unwrap_or_default();
+                let server = String::from_utf8(s.data.as_ref()?.get("server")?.0.clone()).ok()?;
+                (!server.is_empty()).then(|| (agent.clone(), name != secret_name(&agent), name, server))
+            })
+            .collect();
+        secrets.sort();
+        let mut servers = HashMap::new();
+        for (agent, _, _, server) in secrets {
+            servers.entry(agent).or_insert(server);
+        }
+        Ok(servers)
     }
 
     /// `SET key value EX 600`, as go-redis/cache writes Argo CD's cluster info.
@@ -519,6 +543,145 @@ mod tests {
         assert_eq!(
             (info.connection_state.status.as_str(), info.connection_state.modified_at),
             ("Failed", Some(at("2026-12-02T13:00:00Z")))
+        );
+    }
+
+    /// A redis-server on a free loopback port, killed when dropped.
+    struct RedisServer(std::process::Child, u16);
+
+    impl Drop for RedisServer {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    async fn redis_server() -> (RedisServer, redis::aio::MultiplexedConnection) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/install-test-deps)");
+        let server = RedisServer(child, port);
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(conn) = client.get_multiplexed_async_connection().await {
+                return (server, conn);
+            }
+            assert!(tokio::time::Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stored(conn: &mut redis::aio::MultiplexedConnection, server: &str) -> Option<ClusterInfo> {
+        let value: Option<Vec<u8>> =
+            redis::cmd("GET").arg(cluster_info::key(server, true)).query_async(conn).await.unwrap();
+        value.map(|v| cluster_info::decode(&v, true).unwrap())
+    }
+
+    async fn eventually_stored(
+        conn: &mut redis::aio::MultiplexedConnection,
+        server: &str,
+        ok: impl Fn(&ClusterInfo) -> bool,
+    ) -> ClusterInfo {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(info) = stored(conn, server).await
+                && ok(&info)
+            {
+                return info;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no matching cluster info for {server}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The writer against a real redis-server and the embedded API server: the cluster secret's
+    /// server (the `cluster-<agent>` one when several name the agent), the periodic re-write
+    /// (a key Argo CD lost comes back; a changed secret is followed), and `Failed` on stop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_refreshes_and_follows_cluster_secrets() {
+        use k8s_openapi::api::core::v1::{Namespace, Secret};
+        use kube::api::{Api, Patch, PatchParams, PostParams};
+
+        let (redis_process, mut conn) = redis_server().await;
+        let dir = tempfile::tempdir().unwrap();
+        let apiserver = apiserver::ApiServer::start(apiserver::Config::new(dir.path().join("data"))).await.unwrap();
+        let client = apiserver.client().await.unwrap();
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta { name: Some("argocd".into()), ..Default::default() },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), "argocd");
+        let secret = |name: &str, agent: &str, server: &str| Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    [
+                        (LABEL_SECRET_TYPE.to_owned(), SECRET_TYPE_CLUSTER.to_owned()),
+                        (LABEL_AGENT_NAME.to_owned(), agent.to_owned()),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            data: Some([("server".to_owned(), k8s_openapi::ByteString(server.as_bytes().to_vec()))].into()),
+            ..Default::default()
+        };
+        for (name, agent, server) in [
+            ("a-first", "r1", "https://wrong"),
+            ("cluster-r1", "r1", "https://p?agentName=r1"),
+            ("other-r2", "r2", "https://p?agentName=r2"),
+        ] {
+            secrets.create(&PostParams::default(), &secret(name, agent, server)).await.unwrap();
+        }
+
+        let hub = Arc::new(Hub::new(crate::PrincipalConfig::new("argocd"), "uid".into(), client.clone()));
+        let infos = Arc::new(ClusterInfos::default());
+        let mut config = ClusterInfoConfig::new(format!("127.0.0.1:{}", redis_process.1));
+        config.refresh_every = Duration::from_millis(300);
+        let writer = ClusterInfoWriter::new(hub, infos.clone(), config).unwrap();
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(writer.run(cancel.clone()));
+        infos.connected("r1", Utc::now());
+        infos.connected("r2", Utc::now());
+        infos.reported("r2", Reported { applications_count: 5, ..Reported::default() });
+
+        let r1 =
+            eventually_stored(&mut conn, "https://p?agentName=r1", |i| i.connection_state.status == "Successful").await;
+        assert_eq!(r1.connection_state.message, "Agent: 'r1' is connected with principal");
+        eventually_stored(&mut conn, "https://p?agentName=r2", |i| i.applications_count == 5).await;
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(cluster_info::key("https://p?agentName=r1", true))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((590..=600).contains(&ttl), "TTL {ttl}");
+        assert!(stored(&mut conn, "https://wrong").await.is_none(), "cluster-<agent> wins");
+
+        // Argo CD's cache lost the key: the next refresh writes it again.
+        let _: () = redis::cmd("DEL")
+            .arg(cluster_info::key("https://p?agentName=r1", true))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        eventually_stored(&mut conn, "https://p?agentName=r1", |_| true).await;
+        // The cluster secret's server changes: followed at the next refresh.
+        let patch = serde_json::json!({"data": {"server": "aHR0cHM6Ly9uZXc/YWdlbnROYW1lPXIy"}}); // https://new?agentName=r2
+        secrets.patch("other-r2", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        eventually_stored(&mut conn, "https://new?agentName=r2", |i| i.applications_count == 5).await;
+
+        // Stopping: every agent it served shows Failed.
+        cancel.cancel();
+        infos.writer_stopped(Duration::from_secs(20)).await;
+        running.await.unwrap();
+        let r1 = stored(&mut conn, "https://p?agentName=r1").await.unwrap();
+        assert_eq!(
+            (r1.connection_state.status.as_str(), r1.connection_state.message.as_str()),
+            ("Failed", "Agent: 'r1' is disconnected with principal")
         );
     }
 }
