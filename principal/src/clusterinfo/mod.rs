@@ -68,6 +68,9 @@ pub struct ClusterInfoConfig {
     pub refresh_every: Duration,
     /// Longest a connection to the hub's Redis or one write may take.
     pub timeout: Duration,
+    /// How often agents without a cluster secret are looked up again (one list for all, only
+    /// while there are such agents).
+    pub missing_recheck: Duration,
 }
 
 impl std::fmt::Debug for ClusterInfoConfig {
@@ -96,6 +99,7 @@ impl ClusterInfoConfig {
             gzip: true,
             refresh_every: DEFAULT_REFRESH,
             timeout: Duration::from_secs(10),
+            missing_recheck: Duration::from_secs(10),
         }
     }
 
@@ -333,33 +337,46 @@ impl ClusterInfoWriter {
         let infos = self.infos.clone();
         infos.running.store(true, std::sync::atomic::Ordering::Release);
         let mut refresh = tokio::time::Instant::now() + self.config.refresh_every;
+        let mut recheck = tokio::time::Instant::now() + self.config.missing_recheck;
         let mut retry: Option<(tokio::time::Instant, Duration)> = None;
         loop {
+            let wake = retry.map_or(refresh, |(at, _)| at.min(refresh)).min(recheck);
             tokio::select! {
                 () = cancel.cancelled() => break,
                 () = infos.due.notified(), if retry.is_none() => {}
-                () = tokio::time::sleep_until(retry.map_or(refresh, |(at, _)| at.min(refresh))) => {}
+                () = tokio::time::sleep_until(wake) => {}
             }
             let now = tokio::time::Instant::now();
-            let agents = if now >= refresh {
+            let mut agents = if now >= refresh {
                 refresh = now + self.config.refresh_every;
                 // Cluster secrets are looked up again, all in one list: one may have been
                 // created, changed or deleted since.
                 let agents = infos.all();
-                match self.list_servers(&format!("{LABEL_SECRET_TYPE}={SECRET_TYPE_CLUSTER},{LABEL_AGENT_NAME}")).await
-                {
-                    Ok(servers) => {
-                        self.servers = agents.iter().map(|a| (a.clone(), servers.get(a).cloned())).collect();
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot list the agents' cluster secrets; using the last ones")
-                    }
+                if let Some(servers) = self.all_servers().await {
+                    self.servers = agents.iter().map(|a| (a.clone(), servers.get(a).cloned())).collect();
                 }
                 infos.take_dirty();
                 agents
             } else {
                 infos.take_dirty()
             };
+            if now >= recheck {
+                recheck = now + self.config.missing_recheck;
+                // An agent whose cluster secret was missing (e.g. `argocd-agentctl agent create`
+                // after it connected) gets its info as soon as the secret is there.
+                if self.servers.values().any(Option::is_none)
+                    && let Some(servers) = self.all_servers().await
+                {
+                    for (agent, server) in &mut self.servers {
+                        if server.is_none()
+                            && let Some(found) = servers.get(agent)
+                        {
+                            *server = Some(found.clone());
+                            agents.push(agent.clone());
+                        }
+                    }
+                }
+            }
             let failed = self.write(agents).await;
             retry = if failed.is_empty() {
                 None
@@ -427,6 +444,18 @@ impl ClusterInfoWriter {
         }
         self.servers.insert(agent.to_owned(), server.clone());
         Ok(server)
+    }
+
+    /// Every agent's cluster secret `server` (one list); `None` (logged) when the list fails.
+    async fn all_servers(&self) -> Option<HashMap<String, String>> {
+        let selector = format!("{LABEL_SECRET_TYPE}={SECRET_TYPE_CLUSTER},{LABEL_AGENT_NAME}");
+        match self.list_servers(&selector).await {
+            Ok(servers) => Some(servers),
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the agents' cluster secrets; using the last ones");
+                None
+            }
+        }
     }
 
     /// The `server` of each agent's cluster secret among those `selector` matches in the
@@ -642,12 +671,14 @@ mod tests {
         let hub = Arc::new(Hub::new(crate::PrincipalConfig::new("argocd"), "uid".into(), client.clone()));
         let infos = Arc::new(ClusterInfos::default());
         let mut config = ClusterInfoConfig::new(format!("127.0.0.1:{}", redis_process.1));
-        config.refresh_every = Duration::from_millis(300);
+        config.refresh_every = Duration::from_secs(1);
+        config.missing_recheck = Duration::from_millis(200);
         let writer = ClusterInfoWriter::new(hub, infos.clone(), config).unwrap();
         let cancel = CancellationToken::new();
         let running = tokio::spawn(writer.run(cancel.clone()));
         infos.connected("r1", Utc::now());
         infos.connected("r2", Utc::now());
+        infos.connected("r3", Utc::now());
         infos.reported("r2", Reported { applications_count: 5, ..Reported::default() });
 
         let r1 =
@@ -661,6 +692,10 @@ mod tests {
             .unwrap();
         assert!((590..=600).contains(&ttl), "TTL {ttl}");
         assert!(stored(&mut conn, "https://wrong").await.is_none(), "cluster-<agent> wins");
+
+        // An agent whose cluster secret comes after it connected gets its info then.
+        secrets.create(&PostParams::default(), &secret("cluster-r3", "r3", "https://p?agentName=r3")).await.unwrap();
+        eventually_stored(&mut conn, "https://p?agentName=r3", |i| i.connection_state.status == "Successful").await;
 
         // Argo CD's cache lost the key: the next refresh writes it again.
         let _: () = redis::cmd("DEL")
