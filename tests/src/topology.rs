@@ -446,8 +446,9 @@ impl Topology {
         let mut slots = BTreeMap::new();
         for (name, mode) in agents {
             let spoke_dir = dir.path().join(format!("spoke-{name}"));
-            let spoke = Cluster::start(clusters.spokes, spoke_dir, "agent", &spoke_rbac, options.simulate_pods, options.argocd)
-                .await?;
+            let spoke =
+                Cluster::start(clusters.spokes, spoke_dir, "agent", &spoke_rbac, options.simulate_pods, options.argocd)
+                    .await?;
             slots.insert(
                 (*name).to_string(),
                 AgentSlot { mode: *mode, spoke, process: None, sidecar: None, server: None },

@@ -108,7 +108,8 @@ async fn realkube_managed_lifecycle_operation_finalizers_and_reverts() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn realkube_hub_with_embedded_spokes_both_modes() -> Result<()> {
-    let options = StartOptions { clusters: Clusters::REAL_HUB, argocd: ArgoCdRelease::V3_6_1, ..StartOptions::default() };
+    let options =
+        StartOptions { clusters: Clusters::REAL_HUB, argocd: ArgoCdRelease::V3_6_1, ..StartOptions::default() };
     let t = Topology::start_with_options(&[("xm", Mode::Managed), ("xa", Mode::Autonomous)], options).await?;
     let (hub_m, spoke_m) = (apps(&t.hub(), "xm"), apps(&t.spoke("xm")?, ARGOCD_NS));
     let (hub_a, spoke_a) = (apps(&t.hub(), "xa"), apps(&t.spoke("xa")?, ARGOCD_NS));
