@@ -330,6 +330,28 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
     ensure!(got["spec"]["destination"]["namespace"] == "demo-a", "app get agent-a/aapp: {}", got["spec"]);
     phase("app list, app get");
 
+    // Settings → Clusters: `argocd cluster list` shows each agent connected, with its version in
+    // the message (the principal writes Argo CD's cluster info into the hub's Redis, as
+    // upstream's does) and the managed agent's Application counted.
+    let clusters = wait_for_async(CONVERGE, "argocd cluster list to show both agents connected", || async {
+        let Ok(list) = cli.json(&["cluster", "list", "-o", "json"]).await else { return Ok(None) };
+        let shown = |agent: &str, min_apps: u64| {
+            list.as_array().into_iter().flatten().any(|c| {
+                let state = &c["info"]["connectionState"];
+                c["name"] == agent
+                    && state["status"] == "Successful"
+                    && state["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&format!("'{agent}' is connected")) && m.contains("agent version"))
+                    && c["info"]["applicationsCount"].as_u64().unwrap_or(0) >= min_apps
+            })
+        };
+        Ok((shown(MANAGED, 1) && shown(AUTONOMOUS, 0)).then_some(list))
+    })
+    .await
+    .with_context(logs)?;
+    phase(&format!("cluster list: {} clusters, both agents connected", clusters.as_array().map_or(0, Vec::len)));
+
     // The resource tree (the spokes' Redis, through the Redis proxy) for both modes.
     for app in ["agent-m/mapp", "agent-a/aapp"] {
         let tree = cli.ok(&["app", "resources", app]).await?;
