@@ -372,6 +372,32 @@ pub fn check_replication_decode(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
+/// Decodes `bytes` as a cluster info value from a spoke's Argo CD Redis, plain and gzipped, as
+/// the agent reads it ([`crate::argocd::cluster_info::decode`]), checking: whatever it accepts,
+/// written again as Argo CD writes it ([`crate::argocd::cluster_info::encode`]), reads back, and
+/// once written (times in whole seconds, as Go writes them) reads back the same, plain and
+/// gzipped.
+///
+/// # Errors
+///
+/// A description of the broken invariant: a bug.
+pub fn check_cluster_info_decode(bytes: &[u8]) -> Result<(), String> {
+    use crate::argocd::cluster_info::{decode, encode};
+    for gzip in [false, true] {
+        let Ok(info) = decode(bytes, gzip) else { continue };
+        let written = decode(&encode(&info, false), false)
+            .map_err(|e| format!("{info:?}, written as Argo CD writes it, does not read back: {e}"))?;
+        for again_gzip in [false, true] {
+            let again = decode(&encode(&written, again_gzip), again_gzip)
+                .map_err(|e| format!("{written:?} (gzip: {again_gzip}) does not read back: {e}"))?;
+            if again != written {
+                return Err(format!("{written:?} (gzip: {again_gzip}) reads back as {again:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod resp_fuzz_tests {
     use super::*;

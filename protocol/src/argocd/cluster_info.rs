@@ -352,4 +352,24 @@ mod tests {
             .expect("decode");
         assert_eq!(null_time.connection_state.modified_at, None);
     }
+
+    /// The fuzz target's check (`fuzz/fuzz_targets/cluster_info_decode.rs`) over what real Argo
+    /// CD v3.5.1 stored, truncated and with a flipped byte.
+    #[test]
+    fn fuzz_check_over_real_argo_cd_values() {
+        let mut inputs = vec![Vec::new(), b"null".to_vec(), b"{}\n{}".to_vec()];
+        for line in include_str!("testdata/cluster_info_argocd_v3.5.1.tsv").lines().filter(|l| !l.starts_with('#')) {
+            let value = hex::decode(line.rsplit('\t').next().expect("a value")).expect("hex");
+            for cut in [value.len(), value.len() / 2, 10] {
+                inputs.push(value[..cut.min(value.len())].to_vec());
+            }
+            let mut flipped = value.clone();
+            let middle = flipped.len() / 2;
+            flipped[middle] ^= 0x20;
+            inputs.push(flipped);
+        }
+        for input in &inputs {
+            crate::fuzzing::check_cluster_info_decode(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+        }
+    }
 }
