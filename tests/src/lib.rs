@@ -30,6 +30,7 @@ pub mod otlp;
 pub mod pki;
 pub mod process;
 pub mod realkube;
+pub mod redis;
 pub mod replicas;
 pub mod spire;
 pub mod tier;

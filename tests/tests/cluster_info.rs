@@ -15,49 +15,24 @@
 //! `generateFullKey` (`|1.8.3`) + `redisCache.getKey` (`.gz`).
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Secret;
 use serde_json::Value;
-use tests::ChildProcess;
+use tests::redis::{RedisServer, TlsFiles};
 use tests::topology::{Mode, StartOptions, Topology};
 use tests::wait::{DEFAULT_TIMEOUT, Poller};
 
 /// The hub Redis's password.
 const PASSWORD: &str = "hub-s3cret";
 
-/// One redis-server on a free loopback port, saving nothing; stopped when dropped.
+/// One redis-server ([`RedisServer`]) and the password it requires, if any.
 struct Redis {
-    _process: ChildProcess,
-    port: u16,
-    /// TLS: the CA file clients verify it with.
-    ca: Option<PathBuf>,
+    server: RedisServer,
     password: Option<&'static str>,
-}
-
-/// A TLS server's files: certificate, key, and the CA that issued it.
-struct TlsFiles {
-    cert: PathBuf,
-    key: PathBuf,
-    ca: PathBuf,
-}
-
-impl TlsFiles {
-    fn issue(ca: &tests::pki::Ca, dir: &Path, name: &str) -> Result<Self> {
-        let issued = ca.server(name, &["127.0.0.1", "localhost"], &[])?;
-        let files = Self {
-            cert: dir.join(format!("{name}.crt")),
-            key: dir.join(format!("{name}.key")),
-            ca: dir.join(format!("{name}-ca.crt")),
-        };
-        std::fs::write(&files.cert, issued.cert)?;
-        std::fs::write(&files.key, issued.key)?;
-        std::fs::write(&files.ca, &ca.pem)?;
-        Ok(files)
-    }
 }
 
 impl Redis {
@@ -73,58 +48,19 @@ impl Redis {
         tls: Option<&TlsFiles>,
         password: Option<&'static str>,
     ) -> Result<Self> {
-        for _attempt in 0..if fixed.is_some() { 1 } else { 5 } {
-            let port = match fixed {
-                Some(port) => port,
-                None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
-            };
-            let mut cmd = Command::new("redis-server");
-            cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]);
-            if let Some(password) = password {
-                cmd.args(["--requirepass", password]);
-            }
-            match tls {
-                None => {
-                    cmd.args(["--port", &port.to_string()]);
-                }
-                Some(files) => {
-                    cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--tls-auth-clients", "no"])
-                        .arg("--tls-cert-file")
-                        .arg(&files.cert)
-                        .arg("--tls-key-file")
-                        .arg(&files.key)
-                        .arg("--tls-ca-cert-file")
-                        .arg(&files.ca);
-                }
-            }
-            let mut process = ChildProcess::spawn(name, cmd)
-                .context("redis-server is missing: run scripts/install-test-deps (Debian package redis-server)")?;
-            let mut poll = Poller::new(DEFAULT_TIMEOUT, format!("{name} to listen on {port}"));
-            let listening = loop {
-                if !process.is_running() {
-                    break false; // lost the port to another process: try another
-                }
-                if process.stdout().contains("Ready to accept connections") {
-                    break true;
-                }
-                poll.tick().await?;
-            };
-            if listening {
-                return Ok(Self { _process: process, port, ca: tls.map(|f| f.ca.clone()), password });
-            }
-        }
-        bail!("{name}: redis-server did not start")
+        let extra: Vec<&str> = password.map(|p| vec!["--requirepass", p]).unwrap_or_default();
+        Ok(Self { server: RedisServer::start_on(name, fixed, tls, &extra).await?, password })
     }
 
     fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.server.addr()
     }
 
     /// redis-cli against this server; its raw standard output.
     fn cli(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>> {
         let mut cmd = Command::new("redis-cli");
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
-        if let Some(ca) = &self.ca {
+        cmd.args(["-h", "127.0.0.1", "-p", &self.server.port.to_string()]);
+        if let Some(ca) = &self.server.ca {
             cmd.arg("--tls").arg("--cacert").arg(ca);
         }
         if let Some(password) = self.password {

@@ -11,94 +11,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use protocol::resp::{Grammar, Limits, Scanner};
-use tests::ChildProcess;
+use tests::redis::{RedisServer as Redis, TlsFiles};
 use tests::topology::{Mode, StartOptions, Topology};
 use tests::wait::{DEFAULT_TIMEOUT, Poller};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// One redis-server, on a free loopback port, saving nothing; stopped when dropped.
-struct Redis {
-    _process: ChildProcess,
-    port: u16,
-    /// TLS: the CA file clients verify it with.
-    tls: Option<std::path::PathBuf>,
-}
-
-/// The files of a TLS server: certificate, key, and the CA that issued it.
-struct TlsFiles {
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-    ca: std::path::PathBuf,
-}
-
-impl TlsFiles {
-    fn issue(ca: &tests::pki::Ca, dir: &Path, name: &str) -> Result<Self> {
-        let issued = ca.server(name, &["127.0.0.1", "localhost"], &[])?;
-        let files = Self {
-            cert: dir.join(format!("{name}.crt")),
-            key: dir.join(format!("{name}.key")),
-            ca: dir.join(format!("{name}-ca.crt")),
-        };
-        std::fs::write(&files.cert, issued.cert)?;
-        std::fs::write(&files.key, issued.key)?;
-        std::fs::write(&files.ca, &ca.pem)?;
-        Ok(files)
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-impl Redis {
-    /// Starts one (plaintext, or TLS only with `tls`; `extra`: more settings) and waits until
-    /// it is ready.
-    async fn start(name: &str, tls: Option<&TlsFiles>, extra: &[&str]) -> Result<Self> {
-        for _attempt in 0..5 {
-            let port = free_port()?;
-            let mut cmd = Command::new("redis-server");
-            cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]).args(extra);
-            match tls {
-                None => {
-                    cmd.args(["--port", &port.to_string()]);
-                }
-                Some(files) => {
-                    cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--tls-auth-clients", "no"])
-                        .arg("--tls-cert-file")
-                        .arg(&files.cert)
-                        .arg("--tls-key-file")
-                        .arg(&files.key)
-                        .arg("--tls-ca-cert-file")
-                        .arg(&files.ca);
-                }
-            }
-            let mut process = ChildProcess::spawn(name, cmd)
-                .context("redis-server is missing: run scripts/install-test-deps (Debian package redis-server)")?;
-            let mut poll = Poller::new(DEFAULT_TIMEOUT, format!("{name} to listen on {port}"));
-            let listening = loop {
-                if !process.is_running() {
-                    break false; // lost the port to another process: try another
-                }
-                if process.stdout().contains("Ready to accept connections") {
-                    break true;
-                }
-                poll.tick().await?;
-            };
-            if listening {
-                return Ok(Self { _process: process, port, tls: tls.map(|f| f.ca.clone()) });
-            }
-        }
-        bail!("{name}: redis-server did not start")
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// redis-cli against this server.
-    fn cli(&self, args: &[&str]) -> Result<String> {
-        redis_cli(self.port, self.tls.as_deref(), args)
-    }
+/// redis-cli against `redis`.
+fn cli_on(redis: &Redis, args: &[&str]) -> Result<String> {
+    redis_cli(redis.port, redis.ca.as_deref(), args)
 }
 
 /// `redis-cli` against 127.0.0.1:`port` (TLS when `ca` is given); its standard output.
@@ -288,8 +208,10 @@ async fn argo_cd_reads_agents_state_through_the_proxy_and_the_rest_from_the_hub(
     ensure!(argo.frame(DEFAULT_TIMEOUT).await? == bulk(&binary), "binary value, byte for byte");
     ensure!(argo.frame(DEFAULT_TIMEOUT).await? == b"_\r\n", "a miss is RESP3's null");
     ensure!(argo.frame(DEFAULT_TIMEOUT).await? == b"+OK\r\n");
-    let on_hub =
-        hub.cli(&["--no-raw", "GET", "mfst|annotation:app.kubernetes.io/instance|agent-m_guestbook|abc|1.8.3.gz"])?;
+    let on_hub = cli_on(
+        &hub,
+        &["--no-raw", "GET", "mfst|annotation:app.kubernetes.io/instance|agent-m_guestbook|abc|1.8.3.gz"],
+    )?;
     ensure!(on_hub.trim() == "\"m\"", "non-agent keys are written to the hub's Redis: {on_hub:?}");
 
     // RESP2 (no HELLO): a miss is RESP2's null bulk.
@@ -308,7 +230,7 @@ async fn argo_cd_reads_agents_state_through_the_proxy_and_the_rest_from_the_hub(
     ensure!(tree["nodes"][2]["namespace"] == "guestbook", "other resources keep their namespace: {tree}");
 
     // redis-cli, the real client, in RESP2 and RESP3.
-    spoke_m.cli(&["SET", "app|resources-tree|small|1.8.3", "small-tree"])?;
+    cli_on(&spoke_m, &["SET", "app|resources-tree|small|1.8.3", "small-tree"])?;
     let cli = redis_cli(proxy, None, &["--no-raw", "GET", "app|resources-tree|agent-m_small|1.8.3"])?;
     ensure!(cli.trim() == "\"small-tree\"", "{cli:?}");
     let cli = redis_cli(proxy, None, &["-3", "--no-raw", "GET", "app|resources-tree|agent-m_gone|1.8.3"])?;
@@ -339,7 +261,7 @@ async fn argo_cd_reads_agents_state_through_the_proxy_and_the_rest_from_the_hub(
     // The agent's Argo CD publishes (an empty message) when the tree changes; until both
     // subscriptions are in place on the agent's Redis, PUBLISH reaches fewer receivers.
     let mut poll = Poller::new(DEFAULT_TIMEOUT, "both subscriptions on the agent's Redis");
-    while spoke_m.cli(&["PUBLISH", "app|managed-resources|guestbook|1.8.3", ""])?.trim() != "2" {
+    while cli_on(&spoke_m, &["PUBLISH", "app|managed-resources|guestbook|1.8.3", ""])?.trim() != "2" {
         poll.tick().await?;
     }
     let message = watch.frame(DEFAULT_TIMEOUT).await?;
@@ -355,7 +277,7 @@ async fn argo_cd_reads_agents_state_through_the_proxy_and_the_rest_from_the_hub(
 
     // What a read costs (printed): p50 of sequential GETs of a 1 KiB tree, through the proxy
     // and directly on the agent's Redis.
-    spoke_m.cli(&["SET", "app|resources-tree|kib|1.8.3.gz", &"x".repeat(1024)])?;
+    cli_on(&spoke_m, &["SET", "app|resources-tree|kib|1.8.3.gz", &"x".repeat(1024)])?;
     let mut direct = Client::connect(spoke_m.port).await?;
     let mut p50 = Vec::new();
     for (client, key) in [
@@ -432,15 +354,18 @@ async fn the_proxy_speaks_tls_to_clients_and_to_both_redis_servers() -> Result<(
     )
     .await?;
     let proxy = proxy_port(&t)?;
-    spoke.cli(&["SET", "app|resources-tree|web|1.8.3.gz", "spoke-tree"])?;
-    hub.cli(&[
-        "-a",
-        PASSWORD,
-        "--no-auth-warning",
-        "SET",
-        "cluster|info|https://kubernetes.default.svc|1.8.3.gz",
-        "hub-info",
-    ])?;
+    cli_on(&spoke, &["SET", "app|resources-tree|web|1.8.3.gz", "spoke-tree"])?;
+    cli_on(
+        &hub,
+        &[
+            "-a",
+            PASSWORD,
+            "--no-auth-warning",
+            "SET",
+            "cluster|info|https://kubernetes.default.svc|1.8.3.gz",
+            "hub-info",
+        ],
+    )?;
     let ca_file = proxy_files.ca.as_path();
     let agent_key = "app|resources-tree|agent-t_web|1.8.3.gz";
     let refused = redis_cli(proxy, Some(ca_file), &["--no-raw", "GET", agent_key])?;
@@ -509,7 +434,7 @@ async fn argo_cds_go_redis_cache_reads_an_agents_tree_through_the_proxy() -> Res
     // subscription is in place once the agent's Redis counts a receiver on the channel.
     argo.ask("watch", serde_json::json!({"cmd":"watch","as":"server","app":"agent-m_guestbook"})).await?;
     let mut poll = Poller::new(DEFAULT_TIMEOUT, "the server's subscription on the agent's Redis");
-    while spoke.cli(&["PUBSUB", "NUMSUB", "app|managed-resources|guestbook|1.8.3"])?.lines().nth(1) != Some("1") {
+    while cli_on(&spoke, &["PUBSUB", "NUMSUB", "app|managed-resources|guestbook|1.8.3"])?.lines().nth(1) != Some("1") {
         poll.tick().await?;
     }
 
@@ -567,7 +492,7 @@ async fn argo_cds_go_redis_cache_reads_an_agents_tree_through_the_proxy() -> Res
     ensure!(on_hub["value"] == value, "written to the hub's Redis: {on_hub}");
     let back = argo.ask("get-i", serde_json::json!({"cmd":"get_item","as":"server","key":mfst})).await?;
     ensure!(back["value"] == value, "read back through the proxy: {back}");
-    ensure!(spoke.cli(&["EXISTS", &format!("{mfst}|1.8.3.gz")])?.trim() == "0", "not on the agent's Redis");
+    ensure!(cli_on(&spoke, &["EXISTS", &format!("{mfst}|1.8.3.gz")])?.trim() == "0", "not on the agent's Redis");
 
     // What a tree read costs Argo CD's server: 450 nodes, through the proxy and directly.
     let via = argo
@@ -668,7 +593,7 @@ async fn clients_that_have_not_authenticated_cannot_make_the_principal_buffer() 
     let t = topology(&[("agent-m", Mode::Managed, &spoke)], &hub, &[], &[]).await?;
     let proxy = proxy_port(&t)?;
     let pid = t.principal_pid().context("the principal runs")?;
-    spoke.cli(&["SET", "app|resources-tree|web|1.8.3.gz", "spoke-tree"])?;
+    cli_on(&spoke, &["SET", "app|resources-tree|web|1.8.3.gz", "spoke-tree"])?;
 
     // The legitimate client, authenticated before the attack and used through it.
     let mut argo = Client::connect(proxy).await?;
