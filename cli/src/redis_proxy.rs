@@ -171,13 +171,14 @@ impl PrincipalRedis {
 }
 
 /// Starts writing the agents' cluster info into the hub's Argo CD Redis (upstream's cluster
-/// manager cache), when the flags name that Redis.
+/// manager cache), when the flags name that Redis; `hub_tls`: how its certificate is checked
+/// ([`PrincipalRedis::hub_tls`], read once for this and the Redis proxy).
 ///
 /// # Errors
-/// The credentials or the CA cannot be read, or the Redis client cannot be built.
-pub async fn write_cluster_info(
+/// The credentials cannot be read, or the Redis client cannot be built.
+fn write_cluster_info(
     flags: &PrincipalRedis,
-    secrets: &Secrets,
+    hub_tls: Option<principal::HubRedisTls>,
     principal: &principal::Principal,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -190,7 +191,7 @@ pub async fn write_cluster_info(
     };
     let mut config = principal::ClusterInfoConfig::new(address);
     (config.username, config.password) = flags.credentials()?;
-    config.tls = flags.hub_tls(secrets).await.context("--redis-tls-enabled: the hub Redis's CA")?;
+    config.tls = hub_tls;
     config.gzip = flags.redis_compression_type.as_deref().is_none_or(|c| c.is_empty() || c == "gzip");
     let writer = principal.cluster_info_writer(config)?;
     tokio::spawn(writer.run(cancel.clone()));
@@ -219,7 +220,14 @@ pub async fn serve_principal(
     principal: &principal::Principal,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
-    write_cluster_info(flags, secrets, principal, cancel).await?;
+    // The hub Redis's CA (a file or a Secret), read once for the cluster info and the proxy.
+    // (`cluster_info_address` is set whenever the proxy is served.)
+    let hub_tls = if flags.cluster_info_address().is_some() {
+        flags.hub_tls(secrets).await.context("--redis-tls-enabled: the hub Redis's CA")?
+    } else {
+        None
+    };
+    write_cluster_info(flags, hub_tls.clone(), principal, cancel)?;
     if !flags.enabled() {
         if flags.redis_server_address.is_none() && flags.disable_redis_proxy.is_none() {
             tracing::info!(
@@ -237,7 +245,7 @@ pub async fn serve_principal(
     if let Some(max) = flags.redis_proxy_max_frame_bytes {
         config.limits.max_frame_bytes = max;
     }
-    let listener_tls = if let Some(hub_tls) = flags.hub_tls(secrets).await? {
+    let listener_tls = if let Some(hub_tls) = hub_tls {
         config.upstream_tls = Some(match hub_tls {
             principal::HubRedisTls::Insecure => {
                 tracing::warn!("the hub Redis's certificate is not verified (--redis-tls-insecure)");
