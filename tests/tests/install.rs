@@ -673,9 +673,28 @@ fn principal_replicas_share_the_agents_through_leases() {
     let env = env_of(&three);
     assert_eq!(env["ARGOCD_PRINCIPAL_AGENT_LEASES"]["value"], "true");
     assert_eq!(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name", "the replica's name");
+    assert!(!env.contains_key("POD_IP"), "no resource proxy: nothing to forward");
+    // With the resource proxy, replicas forward requests for each other's agents.
+    let forwarding = rendered_deployment(
+        PRINCIPAL_CHART,
+        &json!({"replicaCount": 2, "principal": {"resourceProxy": {"enabled": true}},
+                "replicas": {"proxyServerName": "argocd-agent-resource-proxy"}}),
+    );
+    let env = env_of(&forwarding);
+    assert_eq!(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP", "where the owner is reached");
+    assert_eq!(env["ARGOCD_PRINCIPAL_REPLICA_CLIENT_CERT_SECRET"]["value"], "argocd-agent-replica-client-tls");
+    assert_eq!(env["ARGOCD_PRINCIPAL_REPLICA_PROXY_SERVER_NAME"]["value"], "argocd-agent-resource-proxy");
     // The flags the chart sets are the binary's.
     let said = help("principal");
-    assert!(said.contains("ARGOCD_PRINCIPAL_AGENT_LEASES") && said.contains("--replica-name"), "{said}");
+    for flag in [
+        "ARGOCD_PRINCIPAL_AGENT_LEASES",
+        "--replica-name",
+        "POD_IP",
+        "ARGOCD_PRINCIPAL_REPLICA_CLIENT_CERT_SECRET",
+        "ARGOCD_PRINCIPAL_REPLICA_PROXY_SERVER_NAME",
+    ] {
+        assert!(said.contains(flag), "argocd-agent principal --help does not say {flag}:\n{said}");
+    }
 }
 
 /// `argocd-agent <command> --help`.
