@@ -104,6 +104,48 @@ impl ChildProc {
         Ok((Self { name: name.to_string(), log: log.to_path_buf(), child, _parent_pipe: parent_pipe }, line_found))
     }
 
+    /// Start a program that is not this binary (Argo CD, redis-server, git daemon), with its
+    /// output in `log`. Such a program knows nothing of [`crate::runtime::signals::EXIT_WITH_PARENT_ENV`],
+    /// so it runs under a small `sh` watchdog ([`WATCHDOG`]) that stops it when this process's
+    /// pipe on the watchdog's stdin closes (this process ended, however) or when the watchdog is
+    /// sent SIGTERM / SIGINT ([`Self::stop`]).
+    ///
+    /// # Errors
+    /// `sh` cannot be started or the log cannot be opened.
+    pub fn start_program(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, std::ffi::OsString)],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open {}", log.display()))?;
+        let stderr = log_file.try_clone().context("log file")?;
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(WATCHDOG)
+            .arg(format!("quickstart-watchdog[{name}]"))
+            .arg(program)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::from(log_file))
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().with_context(|| format!("cannot start the {name} ({})", program.display()))?;
+        let parent_pipe = child.stdin.take().context("the watchdog's stdin pipe")?;
+        Ok(Self { name: name.to_string(), log: log.to_path_buf(), child, _parent_pipe: parent_pipe })
+    }
+
+    /// Whether it still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Fail with the log tail if the process has exited.
     ///
     /// # Errors
@@ -131,6 +173,24 @@ impl ChildProc {
         let _ = self.child.kill().await;
     }
 }
+
+/// Runs `"$@"` (its stdin closed) and stops it with SIGTERM when the watchdog's stdin reaches
+/// end-of-file (the quickstart, which holds the only write end, is gone) or when the watchdog
+/// gets SIGTERM or SIGINT; exits with the program's status. `$0` names the program in `ps`.
+/// (An asynchronous list's stdin is /dev/null in a shell without job control: the pipe is kept
+/// as fd 3 for the reader.)
+const WATCHDOG: &str = r#"
+exec 3<&0
+"$@" </dev/null 3<&- &
+c=$!
+trap 'kill -TERM "$c" 2>/dev/null' TERM INT
+( cat <&3 >/dev/null; kill -TERM "$c" 2>/dev/null ) &
+w=$!
+s=0
+while kill -0 "$c" 2>/dev/null; do wait "$c"; s=$?; done
+kill "$w" 2>/dev/null
+exit "$s"
+"#;
 
 /// The last `n` lines of a log file.
 #[must_use]

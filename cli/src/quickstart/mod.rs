@@ -3,8 +3,10 @@
 //! Three embedded API servers (hub, a managed spoke, an autonomous spoke), the PKI written as
 //! upstream's secrets, a principal and two agents over mTLS, demo Applications created on the
 //! hub and on the autonomous spoke, and a live table until Ctrl-C. Every process is a child of
-//! this one and is stopped when it ends.
+//! this one and is stopped when it ends. The spokes' application controller is a stand-in
+//! ([`controller`]) unless `--argocd` runs the real Argo CD ([`argocd`]).
 
+mod argocd;
 mod children;
 mod controller;
 mod live;
@@ -46,6 +48,16 @@ pub struct Args {
     /// will be reported then: there is no Argo CD here).
     #[arg(long)]
     pub no_simulate_controller: bool,
+    /// Run the real Argo CD (v3.5.1 is tested) instead of the stand-in: on each spoke
+    /// argocd-application-controller, argocd-repo-server and a redis-server; on the hub
+    /// argocd-server (admin password printed) and a repo-server behind the principal's Redis
+    /// proxy. The demo Applications come from a git repository written into --dir and served
+    /// by `git daemon` on 127.0.0.1. Argo CD's binaries are taken from the first directory on
+    /// PATH holding argocd, argocd-server, argocd-application-controller and
+    /// argocd-repo-server, else from the .venv/bin of the workspace this argocd-agent was built
+    /// in, where scripts/install-test-deps builds them; redis-server and git from PATH.
+    #[arg(long, conflicts_with = "no_simulate_controller")]
+    pub argocd: bool,
     /// Log level of the quickstart itself (the children log to files).
     #[arg(long, default_value = "warn")]
     pub log_level: String,
@@ -79,8 +91,22 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// What `--argocd` set up that later steps and `--once` need.
+struct RealArgoCd {
+    scratch: argocd::Scratch,
+    /// The demo repository's URL (`git://127.0.0.1:PORT/repo.git`) and its one commit.
+    repo_url: String,
+    commit: String,
+    /// redis-server of the hub, the managed and the autonomous spoke.
+    redis: [String; 3],
+    /// The hub's argocd-server, once started.
+    server: Option<String>,
+    password: String,
+}
+
 struct Quickstart {
     dir: PathBuf,
+    argo: Option<RealArgoCd>,
     /// Stamped on the demo Applications (see [`table::RUN_ANNOTATION`]).
     run_id: String,
     args: Args,
@@ -103,7 +129,24 @@ fn demo_destination(agent_cluster: Option<&str>, namespace: &str) -> Value {
     }
 }
 
-fn demo_app(name: &str, namespace: &str, path: &str, destination: Value, run: &str) -> anyhow::Result<DynamicObject> {
+/// A demo Application's source: the quickstart's own repository with `--argocd`, else (for the
+/// stand-in, which fetches nothing) Argo CD's example apps.
+fn demo_source(argo: Option<&RealArgoCd>, path: &str) -> Value {
+    match argo {
+        Some(a) => json!({"repoURL": a.repo_url, "path": path, "targetRevision": "main"}),
+        None => {
+            json!({"repoURL": "https://github.com/argoproj/argocd-example-apps.git", "path": path, "targetRevision": "HEAD"})
+        }
+    }
+}
+
+fn demo_app(
+    name: &str,
+    namespace: &str,
+    source: Value,
+    destination: Value,
+    run: &str,
+) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Application",
@@ -115,7 +158,7 @@ fn demo_app(name: &str, namespace: &str, path: &str, destination: Value, run: &s
         },
         "spec": {
             "project": "default",
-            "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git", "path": path, "targetRevision": "HEAD"},
+            "source": source,
             "destination": destination,
             "syncPolicy": {"automated": {"prune": true, "selfHeal": true}},
         },
@@ -141,7 +184,7 @@ fn merged_kubeconfig(parts: &[(&str, PathBuf)]) -> anyhow::Result<String> {
 impl Quickstart {
     fn new(dir: PathBuf, args: Args) -> Self {
         let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ").to_string();
-        Self { dir, run_id, args, children: Vec::new(), tasks: Vec::new() }
+        Self { dir, argo: None, run_id, args, children: Vec::new(), tasks: Vec::new() }
     }
 
     fn kubeconfig(&self) -> PathBuf {
@@ -207,6 +250,18 @@ impl Quickstart {
 
     async fn run_inner(&mut self) -> anyhow::Result<()> {
         println!("argocd-agent quickstart in {}", self.dir.display());
+        // Before anything starts: a missing Argo CD binary is said at once.
+        let tools = if self.args.argocd {
+            let tools = argocd::Tools::find()?;
+            let version = tools.version().await?;
+            println!("  Argo CD: {version} from {}", tools.bin_dir.display());
+            if !version.contains(argocd::ARGOCD_VERSION) {
+                println!("  note: the quickstart is tested with Argo CD {} only", argocd::ARGOCD_VERSION);
+            }
+            Some(tools)
+        } else {
+            None
+        };
         let hub = self.start_apiserver(HUB, &[]).await?;
         // The managed spoke runs its Pods' commands as local processes (a simulated node, for
         // the demo only), so `kubectl logs` and `kubectl exec` through the principal work.
@@ -227,6 +282,9 @@ impl Quickstart {
             for ns in namespaces {
                 ensure_namespace(client, ns).await?;
             }
+        }
+        if let Some(tools) = tools {
+            self.prepare_argocd(tools, &hub_c, &managed_c, &autonomous_c).await?;
         }
 
         // The PKI, exactly as an operator would create it with argocd-agentctl.
@@ -321,6 +379,16 @@ impl Quickstart {
         .iter()
         .map(|s| (*s).to_string())
         .collect();
+        let mut principal_args = principal_args;
+        if let Some(argo) = &self.argo {
+            // The Redis proxy, in front of the hub's redis-server, for the hub's argocd-server.
+            principal_args.extend([
+                "--redis-server-address".to_owned(),
+                argo.redis[0].clone(),
+                "--redis-proxy-listen-address".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ]);
+        }
         let (principal, addr) = ChildProc::start(
             "principal",
             &principal_args,
@@ -339,8 +407,21 @@ impl Quickstart {
             if secret_exists(&hub_c, &format!("cluster-{MANAGED_AGENT}")).await? { "reconfigure" } else { "create" };
         self.ctl(&["--principal-context", HUB, "agent", verb, MANAGED_AGENT, "--resource-proxy-server", &proxy])
             .await?;
-        live::demo_object(&managed_c).await?;
-        live::demo_pod(&managed_c).await?;
+        if self.argo.is_some() {
+            // The hub's argocd-server shows the autonomous Application's resources through its
+            // agent's cluster too.
+            let verb = if secret_exists(&hub_c, &format!("cluster-{AUTONOMOUS_AGENT}")).await? {
+                "reconfigure"
+            } else {
+                "create"
+            };
+            self.ctl(&["--principal-context", HUB, "agent", verb, AUTONOMOUS_AGENT, "--resource-proxy-server", &proxy])
+                .await?;
+        } else {
+            // Argo CD deploys them from git with --argocd; the stand-in deploys nothing.
+            live::demo_object(&managed_c).await?;
+            live::demo_pod(&managed_c).await?;
+        }
         let live_kubeconfig =
             live::kubeconfig(&hub_c, ARGOCD_NS, MANAGED_AGENT, &self.dir.join("live-agent-managed.kubeconfig")).await?;
         println!(
@@ -372,6 +453,11 @@ impl Quickstart {
             .iter()
             .map(|s| (*s).to_string())
             .collect();
+            if let Some(argo) = &self.argo {
+                // The spoke's Argo CD Redis, which the agent reads for the principal's Redis proxy.
+                let redis = if mode == "managed" { &argo.redis[1] } else { &argo.redis[2] };
+                agent_args.extend(["--redis-addr".to_owned(), redis.clone()]);
+            }
             if mode == "managed" {
                 // The demo execs into its Pod through the principal; terminals are off by default.
                 agent_args.push("--enable-web-terminal".to_owned());
@@ -387,7 +473,9 @@ impl Quickstart {
             println!("  agent {agent} ({mode}) started against the {context} cluster");
         }
 
-        if !self.args.no_simulate_controller {
+        if self.argo.is_some() {
+            self.start_argocd().await?;
+        } else if !self.args.no_simulate_controller {
             let ar = app_resource();
             for (client, name) in [(&managed_c, MANAGED), (&autonomous_c, AUTONOMOUS)] {
                 let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ARGOCD_NS, &ar);
@@ -405,7 +493,7 @@ impl Quickstart {
             demo_app(
                 "guestbook",
                 MANAGED_AGENT,
-                "guestbook",
+                demo_source(self.argo.as_ref(), "guestbook"),
                 demo_destination(Some(MANAGED_AGENT), "guestbook"),
                 &self.run_id,
             )?,
@@ -417,7 +505,7 @@ impl Quickstart {
             demo_app(
                 "helm-guestbook",
                 ARGOCD_NS,
-                "helm-guestbook",
+                demo_source(self.argo.as_ref(), "helm-guestbook"),
                 demo_destination(None, "helm-guestbook"),
                 &self.run_id,
             )?,
@@ -446,6 +534,26 @@ impl Quickstart {
             live::DEMO_NAME,
             live::DEMO_NS
         );
+        if let Some(argo) = &self.argo {
+            println!(
+                "Argo CD's data: kubectl --kubeconfig {kc} --context managed get application guestbook -n argocd -o yaml"
+            );
+            if let Some(server) = &argo.server {
+                let argocd = argo.scratch.tools().argocd("argocd");
+                println!(
+                    "The hub's Argo CD (argocd-server {server}, plaintext on loopback; the UI at http://{server}):"
+                );
+                println!(
+                    "     {} login {server} --plaintext --username admin --password {}",
+                    argocd.display(),
+                    argo.password
+                );
+                println!("     argocd app list");
+                println!("     argocd app get {MANAGED_AGENT}/guestbook");
+                println!("     argocd app resources {AUTONOMOUS_AGENT}/helm-guestbook");
+                println!("     argocd app manifests {MANAGED_AGENT}/guestbook --source live");
+            }
+        }
         println!("Logs: {}", self.dir.join("logs").display());
         println!();
 
@@ -464,7 +572,7 @@ impl Quickstart {
                 live::DEMO_NS,
                 live::DEMO_POD
             );
-            Ok(())
+            self.argocd_cli_check().await
         } else {
             self.live_table(&clients).await
         }
@@ -500,13 +608,18 @@ impl Quickstart {
 
     /// Whether each demo app is on the other side (with Synced/Healthy status when the simulated
     /// controller runs). Returns what is still missing.
+    ///
+    /// With `--argocd`, both demo Applications must be Synced/Healthy at the demo repository's
+    /// commit, on their spoke and on the hub: only the real controller syncs that commit.
     fn missing(&self, rows: &[table::Row]) -> Vec<String> {
         let want_status = !self.args.no_simulate_controller;
+        let commit = self.argo.as_ref().map(|a| a.commit.as_str());
         let has = |cluster: &str, app: &str| {
             rows.iter().any(|r| {
                 r.cluster == cluster
                     && r.application == app
                     && (!want_status || (r.sync == "Synced" && r.health == "Healthy"))
+                    && commit.is_none_or(|c| r.revision == c)
             })
         };
         let mut missing = Vec::new();
@@ -515,6 +628,9 @@ impl Quickstart {
         }
         if !has(HUB, &format!("{MANAGED_AGENT}/guestbook")) {
             missing.push("guestbook's status back on the hub".to_string());
+        }
+        if commit.is_some() && !has(AUTONOMOUS, "argocd/helm-guestbook") {
+            missing.push("helm-guestbook synced by the autonomous spoke's Argo CD".to_string());
         }
         if !has(HUB, &format!("{AUTONOMOUS_AGENT}/helm-guestbook")) {
             missing.push("helm-guestbook (autonomous) on the hub".to_string());
@@ -530,7 +646,13 @@ impl Quickstart {
             let missing = self.missing(&rows);
             if missing.is_empty() {
                 println!("{}", table::render(&rows));
-                let what = if self.args.no_simulate_controller { "" } else { " with status" };
+                let what = if self.argo.is_some() {
+                    " with status: both synced by the real Argo CD at the demo repository's commit"
+                } else if self.args.no_simulate_controller {
+                    ""
+                } else {
+                    " with status"
+                };
                 println!("\nquickstart: every demo Application reached the other side{what}");
                 return Ok(());
             }
@@ -592,13 +714,14 @@ async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
     Ok(())
 }
 
-/// Create a demo Application, or stamp this run on the one an earlier run left.
+/// Create a demo Application, or stamp this run and the source on the one an earlier run left
+/// (an earlier run's repository had another port, or was not there at all).
 async fn upsert_demo(api: &Api<DynamicObject>, obj: DynamicObject) -> anyhow::Result<()> {
     let name = obj.metadata.name.clone().unwrap_or_default();
     if api.get_opt(&name).await?.is_none() {
         api.create(&PostParams::default(), &obj).await.with_context(|| format!("cannot create Application {name}"))?;
     } else {
-        let patch = json!({"metadata": {"annotations": obj.metadata.annotations}});
+        let patch = json!({"metadata": {"annotations": obj.metadata.annotations}, "spec": {"source": obj.data["spec"]["source"]}});
         api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
             .await
             .with_context(|| format!("cannot update Application {name}"))?;

@@ -19,6 +19,8 @@ pub struct Row {
     pub sync: String,
     /// status.health.status.
     pub health: String,
+    /// status.sync.revision: the commit the controller last compared with.
+    pub revision: String,
     /// status.reconciledAt, else creationTimestamp.
     pub updated: String,
     /// The quickstart run that last touched it (annotation [`RUN_ANNOTATION`]).
@@ -61,6 +63,7 @@ pub async fn rows(
                 mode,
                 sync: text(&a.data["status"]["sync"]["status"]),
                 health: text(&a.data["status"]["health"]["status"]),
+                revision: text(&a.data["status"]["sync"]["revision"]),
                 updated,
                 run: a.metadata.annotations.as_ref().and_then(|m| m.get(RUN_ANNOTATION)).cloned().unwrap_or_default(),
             }
@@ -71,8 +74,8 @@ pub async fn rows(
 /// Render rows as an aligned text table.
 #[must_use]
 pub fn render(rows: &[Row]) -> String {
-    let header = ["CLUSTER", "APPLICATION", "AGENT", "MODE", "SYNC", "HEALTH", "LAST UPDATE"];
-    let cells: Vec<[String; 7]> = rows
+    let header = ["CLUSTER", "APPLICATION", "AGENT", "MODE", "SYNC", "HEALTH", "REVISION", "LAST UPDATE"];
+    let cells: Vec<[String; 8]> = rows
         .iter()
         .map(|r| {
             [
@@ -82,6 +85,7 @@ pub fn render(rows: &[Row]) -> String {
                 r.mode.clone(),
                 r.sync.clone(),
                 r.health.clone(),
+                r.revision.chars().take(7).collect(),
                 r.updated.clone(),
             ]
         })
@@ -113,6 +117,7 @@ mod tests {
             mode: "managed".into(),
             sync: "Synced".into(),
             health: "Healthy".into(),
+            revision: "0123456789abcdef".into(),
             updated: "2026-01-01T00:00:00Z".into(),
             run: String::new(),
         };
