@@ -85,6 +85,11 @@ pub struct Principal {
     wings: service::eventstream::Wings,
     authorizer: Arc<authz::Authorizer>,
     blocklist: Arc<blocklist::Blocklist>,
+    /// Among replicas: how to reach the replica that owns an agent (set by the resource
+    /// proxy's configuration, used by the Redis proxy too), and this principal's Redis proxy
+    /// (which answers the Redis reads other replicas forward to the resource proxy).
+    replicas: Arc<std::sync::OnceLock<proxy::replica::ReplicaForwarding>>,
+    redis_proxy: Arc<std::sync::OnceLock<RedisProxy>>,
 }
 
 impl std::fmt::Debug for Principal {
@@ -122,7 +127,7 @@ impl Principal {
             clusters: Arc::new(clusterinfo::ClusterInfos::default()),
             ha: ha::Slot::default(),
         };
-        Ok(Self { hub, wings, authorizer, blocklist })
+        Ok(Self { hub, wings, authorizer, blocklist, replicas: Arc::default(), redis_proxy: Arc::default() })
     }
 
     /// The persistent principal UID (extension `principaluid` on events to agents).
@@ -175,14 +180,21 @@ impl Principal {
     /// [`ResourceProxy::serve`].
     #[must_use]
     pub fn resource_proxy(&self, config: ProxyConfig) -> ResourceProxy {
-        ResourceProxy::new(self.hub.clone(), self.wings.proxy.clone(), config)
+        if let Some(link) = &config.replicas {
+            // The Redis proxy forwards over the same link.
+            let _ = self.replicas.set(link.clone());
+        }
+        ResourceProxy::new(self.hub.clone(), self.wings.proxy.clone(), config, self.redis_proxy.clone())
     }
 
     /// The Redis proxy (upstream §5.2) of this principal, with `config`; serve it with
     /// [`RedisProxy::serve`].
     #[must_use]
     pub fn redis_proxy(&self, config: RedisProxyConfig) -> RedisProxy {
-        RedisProxy::new(self.hub.clone(), self.wings.redis.clone(), config)
+        let proxy = RedisProxy::new(self.hub.clone(), self.wings.redis.clone(), config, self.replicas.clone());
+        // The first one built answers the reads other replicas forward here.
+        let _ = self.redis_proxy.set(proxy.clone());
+        proxy
     }
 
     /// The writer of each agent's cluster info (connection state, cache counts, version) into

@@ -79,6 +79,8 @@ pub struct PrincipalMetrics {
     redis_duration: HistogramVec,
     /// Agents' owner Leases this replica took from another replica, by whether that one was live.
     lease_takeovers: CounterVec,
+    /// Requests forwarded to the replica that owns their agent, by surface and outcome.
+    replica_forwards: CounterVec,
     /// Agents this replica stopped owning (taken by another, or its own Lease lapsed).
     leases_lost: AtomicU64,
     /// Agents' events not applied because this replica did not own the agent (re-sent by it).
@@ -189,6 +191,11 @@ impl PrincipalMetrics {
                 "argocd_principal_agent_lease_takeovers_total",
                 "The total number of agents' owner Leases this replica took from another replica (--agent-leases), by whether that replica was live or expired.",
                 &["from"],
+            ),
+            replica_forwards: CounterVec::new(
+                "argocd_principal_replica_forwards_total",
+                "The total number of requests this replica forwarded to the replica that owns their agent (--agent-leases), by surface (resource_proxy, redis_get, redis_subscribe) and outcome.",
+                &["surface", "outcome"],
             ),
             leases_lost: AtomicU64::new(0),
             writes_fenced: AtomicU64::new(0),
@@ -316,6 +323,11 @@ impl PrincipalMetrics {
     /// This replica took an agent's owner Lease from another replica, `live` or expired.
     pub fn lease_taken_over(&self, live: bool) {
         self.lease_takeovers.inc(&[if live { "live" } else { "expired" }]);
+    }
+
+    /// A request of `surface` was forwarded to the replica that owns its agent, with `outcome`.
+    pub fn replica_forward(&self, surface: &str, outcome: &str) {
+        self.replica_forwards.inc(&[surface, outcome]);
     }
 
     /// This replica stopped owning an agent.
@@ -477,6 +489,7 @@ impl PrincipalMetrics {
             &self.redis_requests,
             &self.redis_errors,
             &self.lease_takeovers,
+            &self.replica_forwards,
         ] {
             family.encode(&mut out);
         }

@@ -4,6 +4,10 @@
 //! replica`, subject OU `argocd-agent-principal-replica`), instead of a 502 naming the owner.
 //! And nothing an agent or a proxy caller holds passes as a replica: the header that names the
 //! agent of a forwarded request is refused from any other certificate.
+//!
+//! The same for the Redis proxy: a GET or SUBSCRIBE of an agent's key through a replica that
+//! does not hold the agent's stream is read at the owner, through its replica-only endpoint,
+//! which nothing but a replica certificate opens and which never forwards again.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,8 +19,10 @@ use kube::api::{Api, PostParams};
 use principal::cluster_secret::ClusterSecret;
 use serde_json::json;
 use tests::kubectl::Kubectl;
+use tests::redis::RedisServer as Redis;
 use tests::replicas::{Replicas, TEST_LEASE, attach_to, bootstrap_args};
 use tests::topology::{ARGOCD_NS, MeshOptions, Mode, StartOptions, Topology, Transport, ensure_namespace};
+use tests::wait::{DEFAULT_TIMEOUT, Poller};
 
 const TRACKING: &str = "argocd.argoproj.io/tracking-id";
 const FORWARDED: &str = "x-argocd-agent-forwarded-agent";
@@ -170,5 +176,193 @@ async fn neither_an_agents_nor_a_proxy_callers_certificate_passes_as_a_replica()
             "the cluster secret's certificate at replica {index}: {code} {text}"
         );
     }
+    Ok(())
+}
+
+// === The Redis proxy: GET and SUBSCRIBE of an agent's keys through whichever replica ===
+
+/// The hub's Redis and agent-a's, two replicas serving the Redis proxy and the resource proxy
+/// and forwarding to each other, agent-a reading its own Redis and owned by replica 0.
+struct RedisReplicas {
+    t: Topology,
+    r: Replicas,
+    spoke: Redis,
+    hub: Redis,
+}
+
+async fn two_replicas_with_redis() -> Result<RedisReplicas> {
+    let hub = Redis::start("redis-hub", None, &[]).await?;
+    let spoke = Redis::start("redis-agent-a", None, &[]).await?;
+    let options = StartOptions {
+        resource_proxy: true,
+        start_agents: false,
+        principal_args: bootstrap_args(),
+        ..StartOptions::default()
+    };
+    let mut t =
+        Topology::start_with_transport(&[("agent-a", Mode::Managed)], Transport::Mtls, MeshOptions::default(), options)
+            .await?;
+    t.stop_principal(Duration::from_secs(30))?;
+    t.ctl(&["pki", "issue", "replica", "--key-algorithm", "ecdsa-p256"])?;
+    let hub_addr = hub.addr();
+    t.set_principal_args(&[
+        "--resource-proxy-listen-address",
+        "127.0.0.1:0",
+        "--replica-proxy-host",
+        "127.0.0.1",
+        "--replica-proxy-server-name",
+        "127.0.0.1",
+        "--redis-server-address",
+        &hub_addr,
+        "--redis-proxy-listen-address",
+        "127.0.0.1:0",
+        "--redis-proxy-timeout",
+        "10s",
+    ]);
+    let r = Replicas::start(&t, &[("r0", Default::default()), ("r1", Default::default())], TEST_LEASE).await?;
+    let spoke_addr = spoke.addr();
+    t.set_agent_args(&["--redis-addr", &spoke_addr]);
+    attach_to(&mut t, &r, &["agent-a"], 0).await?;
+    let owner_proxy = r.replica(0).resource_proxy_addr().context("replica r0 serves the resource proxy")?;
+    t.ctl(&["agent", "create", "agent-a", "--resource-proxy-server", &owner_proxy.to_string()])?;
+    Ok(RedisReplicas { t, r, spoke, hub })
+}
+
+/// Where replica `index` serves the Redis proxy (from its log).
+fn redis_port(r: &Replicas, index: usize) -> Result<u16> {
+    let line =
+        r.replica(index).log_lines("redis proxy listening").pop().context("the replica serves the Redis proxy")?;
+    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
+    Ok(addr.rsplit(':').next().context("port")?.parse()?)
+}
+
+/// redis-cli against 127.0.0.1:`port`; its standard output.
+fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .context("redis-cli is missing (Debian package redis-tools)")?;
+    ensure!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How many GETs the Redis at `port` has executed.
+fn gets_executed(port: u16) -> Result<u64> {
+    let stats = redis_cli(port, &["INFO", "commandstats"])?;
+    Ok(stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+fn resp(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// Reads from `stream` until what came contains `needle` (within the default timeout).
+async fn read_until(stream: &mut tokio::net::TcpStream, seen: &mut Vec<u8>, needle: &str) -> Result<()> {
+    use tokio::io::AsyncReadExt as _;
+    let poll = Poller::new(DEFAULT_TIMEOUT, "the Redis proxy's answer");
+    while !String::from_utf8_lossy(seen).contains(needle) {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(poll.remaining(), stream.read(&mut chunk))
+            .await
+            .with_context(|| format!("no {needle:?} in time; got {:?}", String::from_utf8_lossy(seen)))??;
+        ensure!(n > 0, "the proxy closed the connection; got {:?}", String::from_utf8_lossy(seen));
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    Ok(())
+}
+
+const TREE_KEY: &str = "app|resources-tree|agent-a_gb|1.8.3.gz";
+const CHANNEL: &str = "app|managed-resources|agent-a_gb|1.8.3";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_get_and_subscribe_of_an_agents_key_succeed_through_the_replica_that_does_not_own_it() -> Result<()> {
+    let RedisReplicas { t, r, spoke, hub: _hub } = two_replicas_with_redis().await?;
+    // What agent-a's Argo CD cached, in its own Redis.
+    redis_cli(spoke.port, &["SET", "app|resources-tree|gb|1.8.3.gz", "the-tree-of-gb"])?;
+    for index in [1, 0] {
+        let port = redis_port(&r, index)?;
+        let got = redis_cli(port, &["GET", TREE_KEY])?;
+        ensure!(got.trim() == "the-tree-of-gb", "GET through replica {index}: {got:?}\n{}\n{}", r.logs(), t.logs());
+        let miss = redis_cli(port, &["--no-raw", "GET", "app|resources-tree|agent-a_none|1.8.3.gz"])?;
+        ensure!(miss.trim() == "(nil)", "a miss through replica {index}: {miss:?}");
+    }
+    let forwarded =
+        r.replica(1).metric("argocd_principal_replica_forwards_total", r#"surface="redis_get",outcome="hit""#);
+    ensure!(forwarded.await >= Some(1.0), "replica r1 counted its forwarded GET");
+
+    // SUBSCRIBE through the replica that does not own the agent, as Argo CD's server does.
+    let port = redis_port(&r, 1)?;
+    let mut watch = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut watch, &resp(&["SUBSCRIBE", CHANNEL])).await?;
+    let mut seen = Vec::new();
+    read_until(&mut watch, &mut seen, ":1\r\n").await?;
+    ensure!(String::from_utf8_lossy(&seen).contains(CHANNEL), "{:?}", String::from_utf8_lossy(&seen));
+    // agent-a's Argo CD publishes; the message reaches the subscriber through both replicas.
+    let mut poll = Poller::new(DEFAULT_TIMEOUT, "the forwarded subscription on agent-a's Redis");
+    while redis_cli(spoke.port, &["PUBLISH", "app|managed-resources|gb|1.8.3", ""])?.trim() != "1" {
+        poll.tick().await?;
+    }
+    read_until(&mut watch, &mut seen, "message").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_replica_reads_through_the_replica_redis_endpoint_and_it_is_never_forwarded_again() -> Result<()> {
+    let RedisReplicas { t, r, spoke, hub: _hub } = two_replicas_with_redis().await?;
+    redis_cli(spoke.port, &["SET", "app|resources-tree|gb|1.8.3.gz", "the-tree-of-gb"])?;
+    let cs = cluster_secret(&t, "agent-a").await?;
+    let tls = &cs.config.tls_client_config;
+    let ca = tls.ca_pem().context("the cluster secret's CA")?;
+    let (proxy_cert, proxy_key) =
+        (tls.cert_pem().context("cluster secret cert")?, tls.key_pem().context("cluster secret key")?);
+    let pki = t.pki_dir();
+    let read = |f: &str| std::fs::read_to_string(pki.join(f)).with_context(|| format!("{f} in {}", pki.display()));
+    let (agent_cert, agent_key) = (read("agent-a.crt")?, read("agent-a.key")?);
+    let secrets: Api<Secret> = Api::namespaced(t.hub(), ARGOCD_NS);
+    let replica = secrets.get("argocd-agent-replica-client-tls").await?;
+    let field = |k: &str| -> Result<String> {
+        let data =
+            replica.data.as_ref().and_then(|d| d.get(k)).with_context(|| format!("{k} of the replica secret"))?;
+        Ok(String::from_utf8(data.0.clone())?)
+    };
+    let (replica_cert, replica_key) = (field("tls.crt")?, field("tls.key")?);
+    let path = format!("/.argocd-agent/replica/redis/get?key={}", TREE_KEY.replace('|', "%7C"));
+    let before = gets_executed(spoke.port)?;
+    for index in [0, 1] {
+        let addr = r.replica(index).resource_proxy_addr().context("proxy address")?;
+        for (who, identity, headers, expect) in [
+            ("agent", (agent_cert.as_str(), agent_key.as_str()), &[][..], 401),
+            ("agent", (agent_cert.as_str(), agent_key.as_str()), &[(FORWARDED, "agent-a")][..], 401),
+            ("proxy caller", (proxy_cert.as_str(), proxy_key.as_str()), &[][..], 403),
+            ("proxy caller", (proxy_cert.as_str(), proxy_key.as_str()), &[(FORWARDED, "agent-a")][..], 401),
+        ] {
+            let (code, text) = raw_get(addr, &ca, identity, &path, headers).await?;
+            ensure!(
+                code == expect && !text.contains("the-tree-of-gb"),
+                "a {who}'s certificate at replica {index}'s replica Redis endpoint ({headers:?}): {code} {text}"
+            );
+        }
+    }
+    ensure!(gets_executed(spoke.port)? == before, "a refused caller made agent-a read its Redis");
+    // The replica certificate reads at the owner; at the other replica it is not forwarded again.
+    let owner = r.replica(0).resource_proxy_addr().context("proxy address")?;
+    let (code, text) = raw_get(owner, &ca, (&replica_cert, &replica_key), &path, &[(FORWARDED, "agent-a")]).await?;
+    ensure!(code == 200 && text.ends_with("the-tree-of-gb"), "the replica certificate at the owner: {code} {text}");
+    let other = r.replica(1).resource_proxy_addr().context("proxy address")?;
+    let (code, text) = raw_get(other, &ca, (&replica_cert, &replica_key), &path, &[(FORWARDED, "agent-a")]).await?;
+    ensure!(
+        code == 502 && text.contains("not connected to this principal") && !text.contains("the-tree-of-gb"),
+        "a forwarded read at the replica that does not own the agent is not forwarded again: {code} {text}"
+    );
     Ok(())
 }

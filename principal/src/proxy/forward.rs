@@ -14,32 +14,15 @@
 //!   replica's, whatever headers it sends. A forwarded request is never forwarded again.
 //! * Pod logs stream through; terminals (WebSocket upgrades) are not forwarded.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
-use rustls::pki_types::ServerName;
 
 use super::{ProxyBody, boxed, status};
 
-/// The header naming the agent of a request one replica forwards to another. Believed only from
-/// a replica's certificate.
-pub const FORWARDED_AGENT_HEADER: &str = "x-argocd-agent-forwarded-agent";
-
-/// How a replica forwards requests for agents another replica owns.
-#[derive(Clone, Debug)]
-pub struct ReplicaForwarding {
-    /// Client TLS: the replica client certificate (the subject OU mark), and the CA that the
-    /// replicas' resource-proxy server certificates chain to.
-    pub tls: Arc<rustls::ClientConfig>,
-    /// The name the owners' resource-proxy certificates are verified for (by default the host
-    /// of `--resource-proxy-address`: every replica serves the same certificate).
-    pub server_name: ServerName<'static>,
-    /// How long dialing the owner and its TLS handshake may take.
-    pub connect_timeout: Duration,
-}
+use super::replica::{FORWARDED_AGENT_HEADER, ReplicaForwarding};
 
 fn failure(owner: &str, address: &str, agent: &str, what: impl std::fmt::Display) -> Response<ProxyBody> {
     boxed(status::failure(
@@ -100,27 +83,10 @@ where
     parts.version = http::Version::HTTP_11;
     let request = Request::from_parts(parts, Full::new(body));
 
-    let connect = async {
-        let tcp = tokio::net::TcpStream::connect(address).await?;
-        tcp.set_nodelay(true)?;
-        tokio_rustls::TlsConnector::from(fwd.tls.clone()).connect(fwd.server_name.clone(), tcp).await
-    };
-    let tls = match tokio::time::timeout(fwd.connect_timeout, connect).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => return failure(owner, address, agent, e),
-        Err(_) => return failure(owner, address, agent, format!("no connection within {:?}", fwd.connect_timeout)),
-    };
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await
-    {
-        Ok(pair) => pair,
+    let mut sender = match fwd.connect(address).await {
+        Ok(sender) => sender,
         Err(e) => return failure(owner, address, agent, e),
     };
-    // The connection lives as long as the answer's body is read (a followed log streams).
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "forwarded resource-proxy connection ended");
-        }
-    });
     match tokio::time::timeout(timeout, sender.send_request(request)).await {
         Ok(Ok(mut resp)) => {
             // One hop's headers stay on that hop (the caller may speak HTTP/2, which has none).

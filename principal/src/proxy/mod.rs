@@ -16,6 +16,7 @@
 
 pub(crate) mod forward;
 pub(crate) mod logs;
+pub(crate) mod replica;
 mod status;
 pub(crate) mod terminal;
 
@@ -69,7 +70,7 @@ pub struct ProxyConfig {
     /// How to forward requests for an agent another replica owns to that replica
     /// (`--agent-leases`, [`ProxyConfig::forward_to_replicas`]); `None`: such requests are
     /// answered 502 naming the owner.
-    pub(crate) replicas: Option<forward::ReplicaForwarding>,
+    pub(crate) replicas: Option<replica::ReplicaForwarding>,
 }
 
 impl ProxyConfig {
@@ -83,7 +84,7 @@ impl ProxyConfig {
         tls: Arc<rustls::ClientConfig>,
         server_name: rustls::pki_types::ServerName<'static>,
     ) -> Self {
-        self.replicas = Some(forward::ReplicaForwarding { tls, server_name, connect_timeout: Duration::from_secs(5) });
+        self.replicas = Some(replica::ReplicaForwarding { tls, server_name, connect_timeout: Duration::from_secs(5) });
         self
     }
 }
@@ -123,12 +124,15 @@ pub struct ResourceProxy {
     config: Arc<ProxyConfig>,
     /// Reads the agent name from a client certificate's CN.
     names: Option<Arc<auth::MtlsAuthenticator>>,
+    /// This principal's Redis proxy once built: it answers the Redis reads other replicas
+    /// forward here ([`replica::REDIS_PATH`]).
+    redis: Arc<std::sync::OnceLock<crate::redis::RedisProxy>>,
 }
 
 /// Where a request for an agent owned by another replica goes.
 enum Forward {
     /// To the owner, at its resource proxy's address.
-    To { owner: String, address: String, fwd: forward::ReplicaForwarding },
+    To { owner: String, address: String, fwd: replica::ReplicaForwarding },
     /// Nowhere: the answer says why.
     Refused(Response<Full<Bytes>>),
 }
@@ -148,8 +152,13 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 const VERSION: &str = r#"{"major":"1","minor":"28","gitVersion":"v1.28.5+argocd-agent","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":"linux/amd64"}"#;
 
 impl ResourceProxy {
-    pub(crate) fn new(hub: Arc<Hub>, tables: Arc<Tables>, config: ProxyConfig) -> Self {
-        Self { hub, tables, config: Arc::new(config), names: crate::ident::cn_reader().map(Arc::new) }
+    pub(crate) fn new(
+        hub: Arc<Hub>,
+        tables: Arc<Tables>,
+        config: ProxyConfig,
+        redis: Arc<std::sync::OnceLock<crate::redis::RedisProxy>>,
+    ) -> Self {
+        Self { hub, tables, config: Arc::new(config), names: crate::ident::cn_reader().map(Arc::new), redis }
     }
 
     /// Among replicas (`--agent-leases`): publishes `address` (`host:port`) on this replica's
@@ -278,13 +287,41 @@ impl ResourceProxy {
             Err(resp) => return boxed(resp),
         };
         agent_out.clone_from(&agent);
+        if let Some(what) = req.uri().path().strip_prefix(replica::REDIS_PATH) {
+            // Another replica's Redis proxy reads its agent's key here: replicas only, and never
+            // forwarded again.
+            if !forwarded {
+                return boxed(status::failure(
+                    StatusCode::FORBIDDEN,
+                    &format!(
+                        "{} is for principal replicas only (a client certificate with subject OU {})",
+                        replica::REDIS_PATH,
+                        auth::roles::PRINCIPAL_REPLICA_OU
+                    ),
+                ));
+            }
+            let Some(redis) = self.redis.get() else {
+                return boxed(status::failure(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "this principal replica serves no Redis proxy (--redis-server-address) to read agents' keys with",
+                ));
+            };
+            return crate::redis::replica::serve(redis, &agent, what, req.uri().query().unwrap_or("")).await;
+        }
         if !forwarded && let Some(resp) = self.forward_to_owner(&agent, req.method(), req.headers()) {
             // Owned elsewhere: the owner answers (or the 502 says why it could not).
+            let metrics = crate::metrics::global();
             return match resp {
                 Forward::To { owner, address, fwd } => {
-                    forward::forward(&fwd, &owner, &address, &agent, req, self.config.request_timeout).await
+                    let resp = forward::forward(&fwd, &owner, &address, &agent, req, self.config.request_timeout).await;
+                    let failed = matches!(resp.status(), StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT);
+                    metrics.replica_forward("resource_proxy", if failed { "failed" } else { "answered" });
+                    resp
                 }
-                Forward::Refused(resp) => boxed(resp),
+                Forward::Refused(resp) => {
+                    metrics.replica_forward("resource_proxy", "refused");
+                    boxed(resp)
+                }
             };
         }
         let target = match ApiPath::parse(req.uri().path()) {
@@ -474,7 +511,7 @@ impl ResourceProxy {
         let Some(cert) = &caller.cert else {
             return Err(status::failure(StatusCode::UNAUTHORIZED, "a client certificate is required"));
         };
-        let forwarded_for = req.headers().get(forward::FORWARDED_AGENT_HEADER);
+        let forwarded_for = req.headers().get(replica::FORWARDED_AGENT_HEADER);
         if auth::roles::is_principal_replica(cert) {
             // Another replica forwards a request it authenticated: it names the agent.
             let Some(agent) = forwarded_for.and_then(|v| v.to_str().ok()).filter(|a| crate::config::is_dns_label(a))
@@ -484,7 +521,7 @@ impl ResourceProxy {
                     &format!(
                         "a principal replica's certificate opens the resource proxy only for a request another \
                          replica forwards, naming its agent in {} (a DNS label)",
-                        forward::FORWARDED_AGENT_HEADER
+                        replica::FORWARDED_AGENT_HEADER
                     ),
                 ));
             };
@@ -495,7 +532,7 @@ impl ResourceProxy {
                 StatusCode::UNAUTHORIZED,
                 &format!(
                     "{} is accepted only from a principal replica's certificate (subject OU {})",
-                    forward::FORWARDED_AGENT_HEADER,
+                    replica::FORWARDED_AGENT_HEADER,
                     auth::roles::PRINCIPAL_REPLICA_OU
                 ),
             ));

@@ -32,20 +32,19 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use protocol::payload::{AppCacheKind, RedisCommandBody, RedisGet, RedisSubscribe};
 use protocol::resp::{Command, Frame, Grammar, Limits, Reply, Request, ScanError, Scanner, Version};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::RedisProxy;
-use super::ask::{AskError, ask};
 use super::exchange::Inbox;
+use super::forward::{self, Route};
+use super::read::{self, Read};
 use super::route::{AgentKey, agent_key};
-use crate::config::AgentMode;
 
 /// How a forwarded command's answer comes back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -473,117 +472,64 @@ impl Reader {
     }
 }
 
-/// `GET` of an agent's key: the agent's value, a miss, or an error naming the cause.
+/// `GET` of an agent's key: the agent's value, a miss, or an error naming the cause; read here,
+/// or at the replica that owns the agent ([`forward`]).
 async fn get(proxy: RedisProxy, conn: String, target: AgentKey, key: String) -> (Vec<Reply>, bool) {
-    let started = Instant::now();
-    let config = &proxy.config;
-    let asked = ask(
-        &proxy.hub,
-        &proxy.exchange,
-        &target.agent,
-        &conn,
-        RedisCommandBody { get: Some(RedisGet { key: key.clone() }), ..RedisCommandBody::default() },
-        config.request_timeout,
-        config.max_in_flight_per_agent,
-    )
-    .await;
-    let metrics = crate::metrics::global();
-    let reply = match asked {
-        Ok(body) => match body.get {
-            Some(answer) if !answer.error.is_empty() => {
-                metrics.redis_request(&target.agent, "get", "error", Some("agent_error"), started.elapsed());
-                Reply::Error(format!("agent {:?} cannot read its Redis: {}", target.agent, answer.error))
-            }
-            Some(answer) if answer.cache_hit => {
-                metrics.redis_request(&target.agent, "get", "hit", None, started.elapsed());
-                let value = answer.bytes.unwrap_or_default();
-                Reply::Bulk(rewritten(&proxy, &target, &key, value).into())
-            }
-            Some(_) => {
-                metrics.redis_request(&target.agent, "get", "miss", None, started.elapsed());
-                Reply::Nil
-            }
-            None => {
-                metrics.redis_request(&target.agent, "get", "error", Some("bad_answer"), started.elapsed());
-                Reply::Error(format!("agent {:?} answered GET without a value or a miss", target.agent))
-            }
-        },
-        Err(error) => {
-            metrics.redis_request(&target.agent, "get", "error", Some(error.reason()), started.elapsed());
-            tracing::info!(conn, agent = %target.agent, %key, %error, "Redis GET through the agent failed");
-            Reply::Error(error.to_string())
+    let read = match forward::route(&proxy, &target.agent) {
+        Route::Here => read::get(&proxy, &conn, &target, &key).await,
+        Route::Owner { owner, address, link } => {
+            forward::get(&owner, &address, &link, &target.agent, &key, proxy.config.request_timeout).await
         }
+        Route::Refused(why) => {
+            crate::metrics::global().redis_request(
+                &target.agent,
+                "get",
+                "error",
+                Some("owner_elsewhere"),
+                Duration::ZERO,
+            );
+            Read::Failed(why)
+        }
+    };
+    let reply = match read {
+        Read::Hit(value) => Reply::Bulk(value.into()),
+        Read::Miss => Reply::Nil,
+        Read::Failed(why) => Reply::Error(why),
     };
     (vec![reply], false)
 }
 
-/// An autonomous agent's resource tree with its Applications in the agent's hub namespace
-/// (upstream #1048); anything else as it came.
-fn rewritten(proxy: &RedisProxy, target: &AgentKey, key: &str, value: Vec<u8>) -> Vec<u8> {
-    let autonomous = proxy.hub.peers.get(&target.agent).is_some_and(|p| p.mode() == AgentMode::Autonomous);
-    if !autonomous || target.kind != AppCacheKind::ResourcesTree {
-        return value;
-    }
-    match protocol::resp::tree::rewrite_app_namespaces(&value, target.gzip, &target.agent, proxy.config.max_tree_bytes)
-    {
-        Ok(Some(tree)) => tree,
-        Ok(None) => value,
-        Err(error) => {
-            tracing::warn!(agent = %target.agent, %key, %error, "cached resource tree passed on without the namespace rewrite");
-            value
-        }
-    }
-}
-
 /// `SUBSCRIBE` of agents' channels: each agent subscribes in its own Redis and pushes
-/// messages; a failure closes the connection (so the client reconnects and subscribes again,
-/// which go-redis does by itself).
+/// messages (through the replica that owns it, when another does); a failure closes the
+/// connection (so the client reconnects and subscribes again, which go-redis does by itself).
 async fn subscribe(
     proxy: RedisProxy,
     conn: String,
     channels: Vec<(String, String)>,
     cancel: CancellationToken,
 ) -> (Vec<Reply>, bool) {
-    let config = &proxy.config;
-    let metrics = crate::metrics::global();
     let mut replies = Vec::new();
     for (agent, channel) in channels {
-        let started = Instant::now();
         // Registered first: a message may follow the agent's answer at once.
         let (count, first) = proxy.exchange.subscribed(&conn, &agent, &channel);
-        let asked = ask(
-            &proxy.hub,
-            &proxy.exchange,
-            &agent,
-            &conn,
-            RedisCommandBody {
-                subscribe: Some(RedisSubscribe { channel: channel.clone() }),
-                ..RedisCommandBody::default()
-            },
-            config.request_timeout,
-            config.max_in_flight_per_agent,
-        )
-        .await;
-        let error = match asked {
-            Ok(body) => match body.subscribe_response {
-                Some(answer) if answer.error.is_empty() => None,
-                Some(answer) => {
-                    Some((format!("agent {agent:?} cannot subscribe to {channel:?}: {}", answer.error), "agent_error"))
+        let subscribed = match forward::route(&proxy, &agent) {
+            Route::Here => {
+                let subscribed = read::subscribe(&proxy, &conn, &agent, &channel).await;
+                if subscribed.is_ok() && first {
+                    tokio::spawn(read::keep_alive(proxy.clone(), conn.clone(), agent.clone(), cancel.clone()));
                 }
-                None => Some((format!("agent {agent:?} answered SUBSCRIBE without a result"), "bad_answer")),
-            },
-            Err(e) => Some((e.to_string(), e.reason())),
+                subscribed
+            }
+            // The owner pings its agent for the subscription.
+            Route::Owner { owner, address, link } => {
+                forward::subscribe(&proxy, (&owner, &address, &link), &conn, &agent, &channel, cancel.clone()).await
+            }
+            Route::Refused(why) => Err(why),
         };
-        if let Some((message, reason)) = error {
-            metrics.redis_request(&agent, "subscribe", "error", Some(reason), started.elapsed());
+        if let Err(message) = subscribed {
             tracing::info!(conn, %agent, %channel, %message, "Redis SUBSCRIBE through the agent failed; connection closed");
             replies.push(Reply::Error(message));
             return (replies, true);
-        }
-        metrics.redis_request(&agent, "subscribe", "subscribed", None, started.elapsed());
-        tracing::debug!(conn, %agent, %channel, "subscribed through the agent");
-        if first {
-            tokio::spawn(keep_alive(proxy.clone(), conn.clone(), agent.clone(), cancel.clone()));
         }
         replies.push(Reply::Subscribed {
             channel: Bytes::from(channel.into_bytes()),
@@ -591,43 +537,6 @@ async fn subscribe(
         });
     }
     (replies, false)
-}
-
-/// Pings `agent` for connection `conn` while it lives, as upstream's principal does (an
-/// upstream agent drops subscriptions it has seen no ping for in 10 minutes); no answer loses
-/// the connection's subscriptions.
-async fn keep_alive(proxy: RedisProxy, conn: String, agent: String, cancel: CancellationToken) {
-    let config = &proxy.config;
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(config.ping_interval) => {}
-        }
-        let started = Instant::now();
-        let body = RedisCommandBody { ping: Some(protocol::payload::Empty {}), ..RedisCommandBody::default() };
-        let asked = tokio::select! {
-            () = cancel.cancelled() => return,
-            asked = ask(&proxy.hub, &proxy.exchange, &agent, &conn, body, config.request_timeout, config.max_in_flight_per_agent) => asked,
-        };
-        match asked {
-            Ok(_) => crate::metrics::global().redis_request(&agent, "ping", "pong", None, started.elapsed()),
-            Err(error) => {
-                crate::metrics::global().redis_request(
-                    &agent,
-                    "ping",
-                    "error",
-                    Some(error.reason()),
-                    started.elapsed(),
-                );
-                let lost = match error {
-                    AskError::Busy { .. } => continue,
-                    other => other,
-                };
-                proxy.exchange.lose(&conn, format!("agent {agent:?} did not answer the subscription's ping: {lost}"));
-                return;
-            }
-        }
-    }
 }
 
 /// What the client is told when its bytes are refused: Redis's own words for the bounds before
@@ -1026,7 +935,7 @@ mod tests {
         let hub = Arc::new(crate::sync::hub::Hub::new(crate::PrincipalConfig::new("argocd"), "uid".into(), kube));
         let mut config = super::super::RedisProxyConfig::new(upstream);
         config.request_timeout = std::time::Duration::from_secs(5);
-        let proxy = RedisProxy::new(hub, Arc::new(super::super::Exchange::default()), config);
+        let proxy = RedisProxy::new(hub, Arc::new(super::super::Exchange::default()), config, Arc::default());
         let (client, server) = tokio::io::duplex(64 << 10);
         tokio::spawn(serve(proxy, server, CancellationToken::new()));
         client

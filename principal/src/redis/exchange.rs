@@ -83,7 +83,7 @@ impl Exchange {
 
     /// A message pushed by `agent` for `conn` on `channel`; refused unless `conn` subscribed to
     /// it through that agent.
-    fn push(&self, agent: &str, conn: &str, channel: &str) {
+    pub(super) fn push(&self, agent: &str, conn: &str, channel: &str) {
         let subs = lock(&self.subscribers);
         let Some(s) = subs.get(conn) else {
             tracing::debug!(%agent, conn, channel, "Redis message for a connection that is gone; dropped");

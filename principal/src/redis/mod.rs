@@ -22,10 +22,13 @@
 mod ask;
 mod connection;
 mod exchange;
+mod forward;
+mod read;
+pub(crate) mod replica;
 mod route;
 mod tls;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -35,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use exchange::Exchange;
 pub use tls::{UpstreamTls, UpstreamTlsError};
 
+use crate::proxy::replica::ReplicaForwarding;
 use crate::sync::hub::Hub;
 
 /// The Redis proxy's upstream, limits and timing.
@@ -108,11 +112,20 @@ pub struct RedisProxy {
     hub: Arc<Hub>,
     exchange: Arc<Exchange>,
     config: Arc<RedisProxyConfig>,
+    /// How to reach the replica that owns an agent whose stream this one does not hold: the
+    /// resource proxy's forwarding (`--agent-leases` with the replica client certificate), set
+    /// when the resource proxy is built; unset, such reads fail naming the owner.
+    replicas: Arc<OnceLock<ReplicaForwarding>>,
 }
 
 impl RedisProxy {
-    pub(crate) fn new(hub: Arc<Hub>, exchange: Arc<Exchange>, config: RedisProxyConfig) -> Self {
-        Self { hub, exchange, config: Arc::new(config) }
+    pub(crate) fn new(
+        hub: Arc<Hub>,
+        exchange: Arc<Exchange>,
+        config: RedisProxyConfig,
+        replicas: Arc<OnceLock<ReplicaForwarding>>,
+    ) -> Self {
+        Self { hub, exchange, config: Arc::new(config), replicas }
     }
 
     /// Serves RESP on `listener`, in TLS when `tls` is given (its configuration re-read for
