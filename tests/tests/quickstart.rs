@@ -66,6 +66,53 @@ fn once_converges_and_leaves_no_process_behind() -> Result<()> {
     Ok(())
 }
 
+/// `quickstart --argocd --once`: the real Argo CD v3.5.1 (built by `scripts/install-test-deps`)
+/// in place of the stand-in. Each spoke's application controller syncs its demo Application
+/// from the git repository the quickstart serves on loopback; the status (Synced/Healthy at that
+/// repository's commit, which the stand-in never reports) reaches the hub, and the argocd CLI
+/// lists both through the hub's argocd-server. Nothing is left running.
+#[test]
+fn argocd_once_has_the_real_controller_sync_both_demo_applications() -> Result<()> {
+    tests::argocd::require_tools()?;
+    let dir = tempfile::tempdir()?;
+    let qs_dir = dir.path().join("qs");
+    let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+    cmd.args(["quickstart", "--argocd", "--once", "--timeout", "100", "--dir"]).arg(&qs_dir);
+    let mut qs = ChildProcess::spawn("quickstart --argocd", cmd)?;
+    let status = qs.wait_exit(DEADLINE)?;
+    let left = processes_using(&qs_dir);
+    kill_all(&left);
+    ensure!(status.success(), "quickstart --argocd --once failed ({status}):\n{}", qs.log_tail(80));
+    let out = qs.stdout();
+    let commit = out
+        .lines()
+        .find_map(|l| l.split("(commit ").nth(1))
+        .and_then(|rest| rest.split(')').next())
+        .with_context(|| format!("no demo repository commit in:\n{out}"))?
+        .to_owned();
+    assert!(out.contains("synced by the real Argo CD at the demo repository's commit"), "{out}");
+    for row in
+        ["agent-managed/guestbook", "agent-autonomous/helm-guestbook", "argocd/guestbook", "argocd/helm-guestbook"]
+    {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(row) && l.contains("Synced") && l.contains("Healthy") && l.contains(&commit)),
+            "{row} Synced/Healthy at {commit} in:\n{out}"
+        );
+    }
+    // The real controller deployed the demo from git: the Pod the resource proxy then reached.
+    let log = std::fs::read_to_string(qs_dir.join("logs").join("argocd-application-controller-managed.log"))?;
+    assert!(
+        log.contains("pod/guestbook-ui-0 created"),
+        "the managed spoke's controller did not create the Pod:\n{log}"
+    );
+    assert!(out.contains("read from the managed spoke through the resource proxy"), "{out}");
+    assert!(out.contains("argocd app list on the hub's argocd-server"), "{out}");
+    assert!(out.contains("login 127.0.0.1:") && out.contains("--username admin --password quickstart-"), "{out}");
+    ensure!(left.is_empty(), "processes left behind (now killed): {left:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactive_run_carries_a_users_application_and_ctrl_c_stops_everything() -> Result<()> {
     let dir = tempfile::tempdir()?;
