@@ -458,11 +458,15 @@ impl Scratch {
         git(&work, &["push", "-q", &srv.join("repo.git").display().to_string(), "HEAD:refs/heads/main"])?;
         let commit = git(&work, &["rev-parse", "HEAD"])?;
         let srv_arg = srv.display().to_string();
+        // `git daemon` runs git-daemon as a child it does not stop when it is sent SIGTERM: run
+        // that one itself, so that stopping it stops the daemon.
+        let exec_path = PathBuf::from(git(&work, &["--exec-path"])?);
+        let daemon_bin = exec_path.join("git-daemon");
+        ensure!(executable(&daemon_bin), "git has no git-daemon at {} (Debian package git)", daemon_bin.display());
         let (daemon, port) = start_listening("git daemon", &self.log("git-daemon"), |port| {
             Ok(Spec {
-                program: self.tools.git.clone(),
+                program: daemon_bin.clone(),
                 args: vec![
-                    "daemon".into(),
                     "--reuseaddr".into(),
                     "--listen=127.0.0.1".into(),
                     "--export-all".into(),
