@@ -220,3 +220,61 @@ pub async fn wait_for_file(child: &mut ChildProc, path: &Path, timeout: Duration
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::ChildProc;
+
+    /// Starts `sh -c 'echo $$ > pidfile; exec sleep 300'` under the watchdog; the sleep's pid.
+    async fn sleeper(dir: &Path, name: &str) -> (ChildProc, u32) {
+        let pidfile = dir.join(format!("{name}.pid"));
+        let script = format!("echo $$ > {}; exec sleep 300", pidfile.display());
+        let child = ChildProc::start_program(
+            name,
+            Path::new("/bin/sh"),
+            &["-c".to_owned(), script],
+            &[],
+            &dir.join(format!("{name}.log")),
+        )
+        .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse().ok()) {
+                return (child, pid);
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the program under the watchdog did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether `pid` is alive (not gone, not a zombie).
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    }
+
+    async fn wait_gone(pid: u32, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(tokio::time::Instant::now() < deadline, "{what}: pid {pid} still runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_stops_its_program_on_stop_and_when_the_quickstart_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        // Stopped as the quickstart stops its children (SIGTERM to the watchdog).
+        let (child, pid) = sleeper(dir.path(), "stopped").await;
+        assert!(alive(pid));
+        child.stop(Duration::from_secs(5)).await;
+        wait_gone(pid, "after stop").await;
+        // The watchdog killed outright and its pipe closed, as when the quickstart is SIGKILLed.
+        let (child, pid) = sleeper(dir.path(), "orphaned").await;
+        drop(child);
+        wait_gone(pid, "after the watchdog was killed and its pipe closed").await;
+    }
+}
