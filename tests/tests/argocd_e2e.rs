@@ -16,6 +16,9 @@
 //!   from the hub, `app delete --cascade` (background: there is no garbage collector); and the
 //!   autonomous Application's hub copy keeps its destination namespace.
 //!
+//! - Once more with the principal as two replicas (issue 33 item 5): Argo CD reaches both, and
+//!   every CLI call that touches the proxies succeeds whichever replica it lands on.
+//!
 //! A bare control plane has no kubelet nor garbage collector, so the Application deploys a
 //! ConfigMap. The spokes' Argo CD watches ConfigMaps only (`resource.inclusions`), which keeps
 //! the controllers' cluster caches small on two busy cores.
@@ -29,6 +32,7 @@ use serde_json::{Value, json};
 use tests::apps::{apps, projects};
 use tests::argocd::{self, Cli, Component, GitServer, Redis, Scratch};
 use tests::process::ChildProcess;
+use tests::replicas::{LoadBalancer, Replicas, TEST_LEASE, attach_to, bootstrap_args};
 use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology};
 use tests::wait::{wait_for_async, wait_until_async};
 
@@ -111,8 +115,82 @@ async fn greeting(cms: &Api<ConfigMap>) -> Option<String> {
     cms.get_opt("demo").await.ok().flatten().and_then(|c| c.data?.get("greeting").cloned())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_argocd_through_principal_and_agents() -> Result<()> {
+/// Everything a run starts, kept together so that a failure shows every log: the clusters and
+/// agents, the principal or its two replicas (and the load balancers standing in for their
+/// Services), Argo CD.
+struct Env {
+    t: Topology,
+    replicas: Option<Replicas>,
+    _services: Vec<LoadBalancer>,
+    argo: ArgoCd,
+    scratch: Scratch,
+    started: Instant,
+}
+
+impl Env {
+    fn logs(&self) -> String {
+        let mut out = self.argo.logs(&self.t);
+        if let Some(r) = &self.replicas {
+            out.push_str(&r.logs());
+        }
+        out
+    }
+
+    fn phase(&self, what: &str) {
+        eprintln!("[{:>6.1} s] {what}", self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// The principal replaced by two replicas that forward to each other (`--agent-leases`, the
+/// replica client certificate), the managed agent on replica 0 and the autonomous one on
+/// replica 1. Argo CD reaches the Redis proxies through a round-robin load balancer (the
+/// Service's place: each of argocd-server's Redis connections lands on a replica that owns one
+/// agent and not the other), and each agent's cluster secret names the resource proxy of the
+/// replica that does NOT own it, so every resource-proxy call is forwarded. Returns the Redis
+/// proxy's address for argocd-server, and the load balancers.
+async fn start_replicas(
+    t: &mut Topology,
+    redis_args: &[String],
+    redis_m: &Redis,
+    redis_a: &Redis,
+) -> Result<(Replicas, String, Vec<LoadBalancer>)> {
+    t.stop_principal(Duration::from_secs(30))?;
+    t.ctl(&["pki", "issue", "replica", "--key-algorithm", "ecdsa-p256"])?;
+    let mut args: Vec<&str> = redis_args.iter().map(String::as_str).collect();
+    args.extend([
+        "--resource-proxy-listen-address",
+        "127.0.0.1:0",
+        "--replica-proxy-host",
+        "127.0.0.1",
+        // The resource proxy's certificate carries 127.0.0.1 (the test topology issues it so).
+        "--replica-proxy-server-name",
+        "127.0.0.1",
+    ]);
+    t.set_principal_args(&args);
+    let r = Replicas::start(t, &[("r0", Default::default()), ("r1", Default::default())], TEST_LEASE).await?;
+    for (index, (agent, redis)) in [(MANAGED, redis_m), (AUTONOMOUS, redis_a)].into_iter().enumerate() {
+        t.set_agent_args(&["--redis-addr", &redis.addr()]);
+        attach_to(t, &r, &[agent], index).await?;
+    }
+    let mut redis_proxies = Vec::new();
+    for index in [0, 1] {
+        let line = r.replica(index).log_lines("redis proxy listening").pop().context("a replica's Redis proxy")?;
+        let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
+        redis_proxies.push(addr.trim_matches('"').parse()?);
+    }
+    let redis_service = LoadBalancer::start(&redis_proxies).await?;
+    for (agent, other) in [(MANAGED, 1), (AUTONOMOUS, 0)] {
+        let proxy = r.replica(other).resource_proxy_addr().context("a replica's resource proxy")?;
+        t.ctl(&["agent", "create", agent, "--resource-proxy-server", &proxy.to_string()])?;
+    }
+    let redis_proxy = redis_service.addr().to_string();
+    Ok((r, redis_proxy, vec![redis_service]))
+}
+
+/// Starts everything (one principal, or two replicas) and waits until the real controllers
+/// have synced a managed Application (on the hub, for the managed agent's cluster) and an
+/// autonomous one (on its spoke), and their status reached the hub.
+async fn start_env(two_replicas: bool) -> Result<Env> {
     argocd::require_tools()?;
     let started = Instant::now();
     let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", started.elapsed().as_secs_f64());
@@ -121,6 +199,12 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
     let hub_redis = Redis::start("redis-hub").await?;
     let redis_m = Redis::start("redis-agent-m").await?;
     let redis_a = Redis::start("redis-agent-a").await?;
+    let redis_args: Vec<String> = vec![
+        "--redis-server-address".into(),
+        hub_redis.addr(),
+        "--redis-proxy-listen-address".into(),
+        "127.0.0.1:0".into(),
+    ];
     let git = GitServer::start(&[
         ("managed/configmap.yaml", &configmap_manifest("hello")),
         ("autonomous/configmap.yaml", &configmap_manifest("hi")),
@@ -132,31 +216,32 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
         clusters: Clusters::REAL,
         resource_proxy: true,
         start_agents: false,
-        principal_args: vec![
-            "--redis-server-address".into(),
-            hub_redis.addr(),
-            "--redis-proxy-listen-address".into(),
-            "127.0.0.1:0".into(),
-        ],
+        principal_args: if two_replicas { [redis_args.clone(), bootstrap_args()].concat() } else { redis_args.clone() },
         ..StartOptions::default()
     };
     let mut t =
         Topology::start_with_options(&[(MANAGED, Mode::Managed), (AUTONOMOUS, Mode::Autonomous)], options).await?;
-    for (agent, redis) in [(MANAGED, &redis_m), (AUTONOMOUS, &redis_a)] {
-        t.set_agent_args(&["--redis-addr", &redis.addr()]);
-        t.start_agent(agent).await?;
-    }
-    wait_until_async(CONVERGE, "both agents to connect", || async {
-        t.principal_connects(MANAGED) > 0 && t.principal_connects(AUTONOMOUS) > 0
-    })
-    .await
-    .with_context(|| t.logs())?;
-    let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
-    // Argo CD's cluster secret per agent, pointing at the resource proxy: the destination
-    // `name` of the hub's Applications for that agent.
-    for agent in [MANAGED, AUTONOMOUS] {
-        t.ctl(&["agent", "create", agent, "--resource-proxy-server", &proxy.to_string()])?;
-    }
+    let (replicas, redis_proxy, services) = if two_replicas {
+        let (r, redis_proxy, services) = start_replicas(&mut t, &redis_args, &redis_m, &redis_a).await?;
+        (Some(r), redis_proxy, services)
+    } else {
+        for (agent, redis) in [(MANAGED, &redis_m), (AUTONOMOUS, &redis_a)] {
+            t.set_agent_args(&["--redis-addr", &redis.addr()]);
+            t.start_agent(agent).await?;
+        }
+        wait_until_async(CONVERGE, "both agents to connect", || async {
+            t.principal_connects(MANAGED) > 0 && t.principal_connects(AUTONOMOUS) > 0
+        })
+        .await
+        .with_context(|| t.logs())?;
+        let proxy = t.resource_proxy_addr().context("the principal serves the resource proxy")?;
+        // Argo CD's cluster secret per agent, pointing at the resource proxy: the destination
+        // `name` of the hub's Applications for that agent.
+        for agent in [MANAGED, AUTONOMOUS] {
+            t.ctl(&["agent", "create", agent, "--resource-proxy-server", &proxy.to_string()])?;
+        }
+        (None, redis_proxy_addr(&t)?, Vec::new())
+    };
     phase("hub, spokes, principal and agents up");
 
     // Argo CD's settings on each cluster, and its projects: on the hub `default` for the
@@ -207,14 +292,9 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
         )?,
     ];
     let hub_repo = argocd::start_repo_server(&scratch, "hub", &hub_redis.addr()).await?;
-    let server = argocd::start_server(
-        &scratch,
-        &kubeconfig("hub")?,
-        &redis_proxy_addr(&t)?,
-        hub_repo.addr(),
-        &[MANAGED, AUTONOMOUS],
-    )
-    .await?;
+    let server =
+        argocd::start_server(&scratch, &kubeconfig("hub")?, &redis_proxy, hub_repo.addr(), &[MANAGED, AUTONOMOUS])
+            .await?;
     let argo = ArgoCd {
         server,
         hub_repo,
@@ -223,7 +303,8 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
         redises: vec![hub_redis, redis_m, redis_a],
         git,
     };
-    let logs = || argo.logs(&t);
+    let env = Env { t, replicas, _services: services, argo, scratch, started };
+    let logs = || env.logs();
     phase("Argo CD up");
 
     // A managed Application on the hub, for the managed agent's cluster; an autonomous one on
@@ -295,10 +376,23 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
         copy["spec"]["destination"]
     );
     phase("status on the hub");
+    Ok(env)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_argocd_through_principal_and_agents() -> Result<()> {
+    let mut env = start_env(false).await?;
+    let (t, argo, scratch) = (&env.t, &env.argo, &env.scratch);
+    let logs = || env.logs();
+    let phase = |what: &str| env.phase(what);
+    let (hub, spoke_m) = (t.hub(), t.spoke(MANAGED)?);
+    let hub_m = apps(&hub, MANAGED);
+    let spoke_apps_m = apps(&spoke_m, ARGOCD_NS);
+    let cms_m: Api<ConfigMap> = Api::namespaced(spoke_m.clone(), "demo-m");
 
     // The argocd CLI against argocd-server on the hub.
     let server = argo.server.addr();
-    let cli = Cli::login(&scratch, server, PASSWORD).await.with_context(logs)?;
+    let cli = Cli::login(scratch, server, PASSWORD).await.with_context(logs)?;
     // The CLI and the server are the same stamped build.
     let versions = cli.json(&["version", "--short"]).await?;
     let (client, server_version) = (&versions["client"]["argocd"], &versions["server"]["argocd-server"]);
@@ -500,7 +594,141 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
     );
     phase("delete --cascade");
 
-    let stopped = t.not_running();
+    let stopped = env.t.not_running();
     ensure!(stopped.is_empty(), "stopped during the run: {stopped:?}");
+    Ok(())
+}
+
+/// Issue 33 item 5: the same Argo CD with the principal as two replicas. Each agent's cluster
+/// secret names the replica that does not own it (every resource-proxy call is forwarded), and
+/// argocd-server's Redis is a round-robin load balancer over both replicas' Redis proxies (each
+/// connection lands on a replica that owns one agent and not the other). Every argocd CLI call
+/// that touches the proxies succeeds: get, resources, manifests live, diff, get-resource,
+/// events, a tree watch, patch-resource, sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_argocd_through_two_principal_replicas() -> Result<()> {
+    let mut env = start_env(true).await?;
+    let (t, argo, scratch) = (&env.t, &env.argo, &env.scratch);
+    let r = env.replicas.as_ref().context("the replicas")?;
+    let logs = || env.logs();
+    let phase = |what: &str| env.phase(what);
+    let spoke_m = t.spoke(MANAGED)?;
+    let hub_m = apps(&t.hub(), MANAGED);
+    let cms_m: Api<ConfigMap> = Api::namespaced(spoke_m.clone(), "demo-m");
+
+    let server = argo.server.addr();
+    let cli = Cli::login(scratch, server, PASSWORD).await.with_context(logs)?;
+    for app in ["agent-m/mapp", "agent-a/aapp"] {
+        let got = cli.json(&["app", "get", app]).await.with_context(logs)?;
+        ensure!(synced_healthy(&got), "app get {app}: {}", got["status"]);
+        // The resource tree and the live manifests: the agent's Redis, through either replica.
+        let tree = cli.ok(&["app", "resources", app]).await.with_context(logs)?;
+        ensure!(tree.contains("ConfigMap") && tree.contains("demo"), "app resources {app}: {tree}");
+        let live = cli.ok(&["app", "manifests", app, "--source", "live"]).await.with_context(logs)?;
+        ensure!(live.contains("argocd.argoproj.io/tracking-id"), "app manifests {app} --source live: {live}");
+        // A live object: the resource proxy of the replica that does not own the agent.
+        let object = cli
+            .ok(&["app", "get-resource", app, "--kind", "ConfigMap", "--resource-name", "demo", "-o", "json"])
+            .await
+            .with_context(logs)?;
+        ensure!(object.contains("greeting"), "app get-resource {app}: {object}");
+    }
+    let diff = cli.run(&["app", "diff", "agent-m/mapp"]).await?;
+    ensure!(diff.code == 0, "app diff of a synced Application: {diff}\n{}", logs());
+    phase("app get, resources, manifests live, get-resource, diff");
+
+    // A resource's events, through the forwarding replica's resource proxy.
+    let uid = cms_m.get("demo").await?.metadata.uid.context("the ConfigMap's uid")?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(spoke_m.clone(), "demo-m");
+    events
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "demo.e2e"}, "reason": "E2eChecked",
+                "message": "seen by the e2e test", "type": "Normal",
+                "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo-m", "name": "demo", "uid": uid}}))?,
+        )
+        .await?;
+    let token = argocd::session_token(server, PASSWORD).await?;
+    let path = format!(
+        "/api/v1/applications/mapp/events?appNamespace=agent-m&resourceNamespace=demo-m&resourceName=demo&resourceUID={uid}"
+    );
+    let (status, body) = argocd::api(server, "GET", &path, Some(&token), None).await?;
+    ensure!(status == 200 && body.contains("E2eChecked"), "the ConfigMap's events: {status} {body}\n{}", logs());
+
+    // A tree watch (a SUBSCRIBE through whichever replica), then patch-resource, which the watch
+    // sees; then a sync from the hub restores the object.
+    let watch = tokio::spawn({
+        let token = token.clone();
+        async move {
+            argocd::stream_until(
+                server,
+                "/api/v1/stream/applications/mapp/resource-tree?appNamespace=agent-m",
+                &token,
+                CONVERGE,
+                |body| body.contains("\"kind\":\"ConfigMap\"") && body.contains("\"name\":\"demo\""),
+            )
+            .await
+        }
+    });
+    wait_until_async(CONVERGE, "the tree watch's subscription to reach the agent's Redis", || async {
+        argo.redises[1].channels().is_ok_and(|c| c.iter().any(|c| c.contains("mapp")))
+    })
+    .await
+    .with_context(logs)?;
+    cli.ok(&[
+        "app",
+        "patch-resource",
+        "agent-m/mapp",
+        "--kind",
+        "ConfigMap",
+        "--resource-name",
+        "demo",
+        "--namespace",
+        "demo-m",
+        "--patch",
+        r#"{"data":{"greeting":"patched"}}"#,
+        "--patch-type",
+        "application/merge-patch+json",
+    ])
+    .await
+    .with_context(logs)?;
+    wait_until_async(CONVERGE, "the patch to reach the spoke's ConfigMap", || async {
+        greeting(&cms_m).await.as_deref() == Some("patched")
+    })
+    .await
+    .with_context(logs)?;
+    watch.await?.context("the tree watch")?;
+    phase("events, tree watch, patch-resource");
+    cli.ok(&["app", "sync", "agent-m/mapp", "--async"]).await.with_context(logs)?;
+    wait_until_async(CONVERGE, "the hub's sync to restore the ConfigMap and report Succeeded", || async {
+        greeting(&cms_m).await.as_deref() == Some("hello")
+            && get_value(&hub_m, "mapp").await.is_some_and(|a| {
+                a["status"]["operationState"]["phase"] == "Succeeded" && a["status"]["sync"]["status"] == "Synced"
+            })
+    })
+    .await
+    .with_context(logs)?;
+    phase("sync from the hub");
+
+    // Both replicas forwarded resource-proxy calls, and Redis reads were forwarded.
+    let forwards = "argocd_principal_replica_forwards_total";
+    for index in [0, 1] {
+        let answered = r.replica(index).metric(forwards, r#"surface="resource_proxy",outcome="answered""#).await;
+        ensure!(answered >= Some(1.0), "replica {index} forwarded resource-proxy calls: {answered:?}");
+    }
+    let mut redis_hits = 0.0;
+    for index in [0, 1] {
+        redis_hits += r.replica(index).metric(forwards, r#"surface="redis_get",outcome="hit""#).await.unwrap_or(0.0);
+    }
+    ensure!(redis_hits >= 1.0, "Redis GETs forwarded between the replicas: {redis_hits}");
+    phase(&format!("forwarded: Redis GET hits {redis_hits}"));
+
+    let stopped: Vec<String> = env.t.not_running().into_iter().filter(|p| p != "principal").collect();
+    ensure!(stopped.is_empty(), "stopped during the run: {stopped:?}");
+    if let Some(r) = env.replicas.as_mut() {
+        for index in [0, 1] {
+            ensure!(r.replica_mut(index).is_running(), "replica {index} stopped during the run");
+        }
+    }
     Ok(())
 }
