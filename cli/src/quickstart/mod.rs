@@ -56,7 +56,7 @@ pub struct Args {
     /// PATH holding argocd, argocd-server, argocd-application-controller and
     /// argocd-repo-server, else from the .venv/bin of the workspace this argocd-agent was built
     /// in, where scripts/install-test-deps builds them; redis-server and git from PATH.
-    #[arg(long, conflicts_with = "no_simulate_controller")]
+    #[arg(long)]
     pub argocd: bool,
     /// Log level of the quickstart itself (the children log to files).
     #[arg(long, default_value = "warn")]
@@ -68,6 +68,10 @@ pub struct Args {
 /// # Errors
 /// A component fails to start, or `--once` does not converge in time.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !(args.argocd && args.no_simulate_controller),
+        "--argocd runs the real application controller instead of the stand-in: drop --no-simulate-controller"
+    );
     crate::runtime::logging::init(&args.log_level, false);
     let (dir, _temp) = match &args.dir {
         Some(d) => (d.clone(), None),
@@ -548,10 +552,11 @@ impl Quickstart {
                     argocd.display(),
                     argo.password
                 );
-                println!("     argocd app list");
-                println!("     argocd app get {MANAGED_AGENT}/guestbook");
-                println!("     argocd app resources {AUTONOMOUS_AGENT}/helm-guestbook");
-                println!("     argocd app manifests {MANAGED_AGENT}/guestbook --source live");
+                let argocd = argocd.display();
+                println!("     {argocd} app list");
+                println!("     {argocd} app get {MANAGED_AGENT}/guestbook");
+                println!("     {argocd} app resources {AUTONOMOUS_AGENT}/helm-guestbook");
+                println!("     {argocd} app manifests {MANAGED_AGENT}/guestbook --source live");
             }
         }
         println!("Logs: {}", self.dir.join("logs").display());
