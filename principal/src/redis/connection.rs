@@ -478,7 +478,7 @@ async fn get(proxy: RedisProxy, conn: String, target: AgentKey, key: String) -> 
     let read = match forward::route(&proxy, &target.agent) {
         Route::Here => read::get(&proxy, &conn, &target, &key).await,
         Route::Owner { owner, address, link } => {
-            forward::get(&owner, &address, &link, &target.agent, &key, proxy.config.request_timeout).await
+            forward::get(&proxy.pool, &owner, &address, &link, &target.agent, &key, proxy.config.request_timeout).await
         }
         Route::Refused(why) => {
             crate::metrics::global().redis_request(

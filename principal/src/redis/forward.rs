@@ -8,6 +8,8 @@
 //! Without forwarding (no replica client certificate), or when the owner published no address,
 //! the client gets an error naming the owner.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf as _, Bytes, BytesMut};
@@ -17,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::RedisProxy;
 use super::read::Read;
-use crate::proxy::replica::{REDIS_PATH, ReplicaForwarding, request};
+use crate::proxy::replica::{REDIS_PATH, ReplicaForwarding, Sender, request};
+use link::lock;
 
 /// The header of the owner's answer saying its body is the reason the read failed (an error
 /// reply for the client), as opposed to an error of the link.
@@ -74,22 +77,80 @@ fn failure(owner: &str, address: &str, agent: &str, what: impl std::fmt::Display
     format!("agent {agent:?} is connected to principal replica {owner:?}; forwarding to it at {address} failed: {what}")
 }
 
-/// The owner's answer to one forwarded request: its status, whether its body is a read's
-/// failure, and the body (a subscription's stream left unread).
-async fn call(
-    link: &ReplicaForwarding,
+/// Sends one forwarded request on `sender`.
+async fn send(
+    sender: &mut Sender<Empty<Bytes>>,
     address: &str,
     agent: &str,
     path: &str,
 ) -> Result<http::Response<hyper::body::Incoming>, String> {
-    let mut sender = link.connect::<Empty<Bytes>>(address).await?;
     let req = request(address, agent, path, Empty::new())?;
     sender.send_request(req).await.map_err(|e| e.to_string())
+}
+
+/// Idle connections kept per replica for forwarded GETs.
+const IDLE_PER_REPLICA: usize = 4;
+
+/// Idle HTTP/1.1 connections to other replicas' resource proxies, by address: a forwarded
+/// `GET` reuses one instead of a TLS handshake each time. Subscriptions hold their own.
+#[derive(Debug, Default)]
+pub(super) struct Pool {
+    idle: Mutex<HashMap<String, Vec<Sender<Empty<Bytes>>>>>,
+}
+
+impl Pool {
+    /// An idle connection to `address` that is still open, if any.
+    async fn idle(&self, address: &str) -> Option<Sender<Empty<Bytes>>> {
+        loop {
+            let mut sender = lock(&self.idle).get_mut(address).and_then(Vec::pop)?;
+            if !sender.is_closed() && sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    /// Keeps `sender` for the next request to `address`, unless enough are kept.
+    fn keep(&self, address: &str, sender: Sender<Empty<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        let kept = idle.entry(address.to_owned()).or_default();
+        if kept.len() < IDLE_PER_REPLICA {
+            kept.push(sender);
+        }
+    }
+}
+
+/// `GET` of `path` at `address` on a pooled connection (again on a new one if the pooled one
+/// was closed meanwhile: a GET may be repeated), the whole answer read.
+async fn get_pooled(
+    pool: &Pool,
+    link: &ReplicaForwarding,
+    address: &str,
+    agent: &str,
+    path: &str,
+) -> Result<(StatusCode, bool, Bytes), String> {
+    let once = |mut sender: Sender<Empty<Bytes>>| async move {
+        let resp = send(&mut sender, address, agent, path).await?;
+        let status = resp.status();
+        let failed = resp.headers().contains_key(FAILED_HEADER);
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        pool.keep(address, sender);
+        Ok::<_, String>((status, failed, body))
+    };
+    if let Some(sender) = pool.idle(address).await
+        && let Ok(answer) = once(sender).await
+    {
+        return Ok(answer);
+    }
+    once(link.connect(address).await?).await
 }
 
 /// `GET` of `agent`'s `key` at its owner; `timeout`: the owner's own time for the agent, plus the
 /// link's.
 pub(super) async fn get(
+    pool: &Pool,
     owner: &str,
     address: &str,
     link: &ReplicaForwarding,
@@ -101,14 +162,7 @@ pub(super) async fn get(
     let path =
         format!("{REDIS_PATH}get?{}", form_urlencoded::Serializer::new(String::new()).append_pair("key", key).finish());
     let deadline = timeout + link.connect_timeout;
-    let answered = tokio::time::timeout(deadline, async {
-        let resp = call(link, address, agent, &path).await?;
-        let status = resp.status();
-        let failed = resp.headers().contains_key(FAILED_HEADER);
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok::<_, String>((status, failed, body))
-    })
-    .await;
+    let answered = tokio::time::timeout(deadline, get_pooled(pool, link, address, agent, &path)).await;
     let metrics = crate::metrics::global();
     let (read, outcome) = match answered {
         Err(_) => (Read::Failed(failure(owner, address, agent, format!("no answer within {deadline:?}"))), "timeout"),
@@ -151,7 +205,11 @@ pub(super) async fn subscribe(
     );
     let deadline = proxy.config.request_timeout + link.connect_timeout;
     let metrics = crate::metrics::global();
-    let resp = match tokio::time::timeout(deadline, call(link, address, agent, &path)).await {
+    let call = async {
+        let mut sender = link.connect::<Empty<Bytes>>(address).await?;
+        send(&mut sender, address, agent, &path).await
+    };
+    let resp = match tokio::time::timeout(deadline, call).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
             metrics.replica_forward("redis_subscribe", "unreachable");

@@ -116,6 +116,8 @@ pub struct RedisProxy {
     /// resource proxy's forwarding (`--agent-leases` with the replica client certificate), set
     /// when the resource proxy is built; unset, such reads fail naming the owner.
     replicas: Arc<OnceLock<ReplicaForwarding>>,
+    /// Idle connections to other replicas, for forwarded `GET`s.
+    pool: Arc<forward::Pool>,
 }
 
 impl RedisProxy {
@@ -125,7 +127,7 @@ impl RedisProxy {
         config: RedisProxyConfig,
         replicas: Arc<OnceLock<ReplicaForwarding>>,
     ) -> Self {
-        Self { hub, exchange, config: Arc::new(config), replicas }
+        Self { hub, exchange, config: Arc::new(config), replicas, pool: Arc::default() }
     }
 
     /// Serves RESP on `listener`, in TLS when `tls` is given (its configuration re-read for
