@@ -330,3 +330,51 @@ pub(super) fn frame(tag: u8, bytes: &[u8]) -> Bytes {
     out.extend_from_slice(bytes);
     out.freeze()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn relay() -> Relay {
+        let hub = Arc::new(crate::sync::hub::Hub::offline(crate::PrincipalConfig::new("argocd")));
+        let proxy = RedisProxy::new(
+            hub,
+            Arc::new(super::super::Exchange::default()),
+            super::super::RedisProxyConfig::new("127.0.0.1:9"),
+            Arc::default(),
+        );
+        Relay { proxy, conn: "c1".into(), agent: "agent-a".into(), channel: "ch".into(), owner: "r0".into() }
+    }
+
+    #[tokio::test]
+    async fn the_owners_frames_reach_the_connection_whole_and_only_on_its_channels() {
+        let relay = relay();
+        let mut inbox = relay.proxy.exchange.open("c1");
+        relay.proxy.exchange.subscribed("c1", "agent-a", "ch");
+        let mut stream = BytesMut::new();
+        stream.extend_from_slice(&[TAG_HEARTBEAT]);
+        stream.extend_from_slice(&frame(TAG_MESSAGE, b"ch"));
+        stream.extend_from_slice(&frame(TAG_MESSAGE, b"not-subscribed"));
+        stream.extend_from_slice(&frame(TAG_LOST, b"agent gone"));
+        // Byte by byte: a frame split anywhere waits for its rest.
+        let mut buf = BytesMut::new();
+        let mut ended = None;
+        for byte in stream.iter() {
+            buf.extend_from_slice(&[*byte]);
+            if let Err(why) = relay.drain(&mut buf) {
+                ended = Some(why);
+                break;
+            }
+        }
+        assert_eq!(ended.as_deref(), Some("agent gone"));
+        assert_eq!(&inbox.messages.try_recv().expect("the subscribed channel's message")[..], b"ch");
+        assert!(inbox.messages.try_recv().is_err(), "a channel not subscribed through the agent is refused");
+
+        let mut unknown = BytesMut::from(&b"x"[..]);
+        assert!(relay.drain(&mut unknown).is_err_and(|e| e.contains("unknown frame")));
+        let mut huge = BytesMut::from(&[TAG_MESSAGE, 0xff, 0xff, 0xff, 0xff][..]);
+        assert!(relay.drain(&mut huge).is_err_and(|e| e.contains("at most")), "a frame beyond the bound is refused");
+    }
+}
