@@ -545,7 +545,7 @@ impl Quickstart {
             if let Some(server) = &argo.server {
                 let argocd = argo.scratch.tools().argocd("argocd");
                 println!(
-                    "The hub's Argo CD (argocd-server {server}, plaintext on loopback; the UI at http://{server}):"
+                    "The hub's Argo CD (argocd-server {server}, plaintext on loopback; the argocd CLI and the API, no web UI in a build from Argo CD's Go module):"
                 );
                 println!(
                     "     {} login {server} --plaintext --username admin --password {}",
