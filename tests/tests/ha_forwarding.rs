@@ -247,15 +247,48 @@ fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// How many GETs the Redis at `port` has executed.
-fn gets_executed(port: u16) -> Result<u64> {
-    let stats = redis_cli(port, &["INFO", "commandstats"])?;
-    Ok(stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0))
+/// `redis-cli MONITOR` on the Redis at `port`: every command it executes from now on, until
+/// [`Monitor::stop`].
+struct Monitor {
+    child: tokio::process::Child,
+    out: tokio::process::ChildStdout,
+    seen: Vec<u8>,
+    port: u16,
+}
+
+impl Monitor {
+    async fn start(port: u16) -> Result<Self> {
+        let mut child = tokio::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "MONITOR"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("redis-cli is missing (Debian package redis-tools)")?;
+        let out = child.stdout.take().context("stdout")?;
+        let mut m = Self { child, out, seen: Vec::new(), port };
+        m.until("OK").await?;
+        Ok(m)
+    }
+
+    async fn until(&mut self, needle: &str) -> Result<()> {
+        use tokio::io::AsyncReadExt as _;
+        let poll = Poller::new(DEFAULT_TIMEOUT, "redis-cli MONITOR's output");
+        while !String::from_utf8_lossy(&self.seen).contains(needle) {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(poll.remaining(), self.out.read(&mut chunk)).await??;
+            ensure!(n > 0, "redis-cli MONITOR ended: {:?}", String::from_utf8_lossy(&self.seen));
+            self.seen.extend_from_slice(&chunk[..n]);
+        }
+        Ok(())
+    }
+
+    /// Every command executed since the start, up to a marker command (which shows the rest
+    /// has arrived).
+    async fn mark(&mut self, marker: &str) -> Result<String> {
+        redis_cli(self.port, &["ECHO", marker])?;
+        self.until(marker).await?;
+        Ok(String::from_utf8_lossy(&self.seen).into_owned())
+    }
 }
 
 fn resp(args: &[&str]) -> Vec<u8> {
@@ -373,7 +406,7 @@ async fn only_a_replica_reads_through_the_replica_redis_endpoint_and_it_is_never
     };
     let (replica_cert, replica_key) = (field("tls.crt")?, field("tls.key")?);
     let path = format!("/.argocd-agent/replica/redis/get?key={}", TREE_KEY.replace('|', "%7C"));
-    let before = gets_executed(spoke.port)?;
+    let mut monitor = Monitor::start(spoke.port).await?;
     for index in [0, 1] {
         let addr = r.replica(index).resource_proxy_addr().context("proxy address")?;
         for (who, identity, headers, expect) in [
@@ -389,11 +422,15 @@ async fn only_a_replica_reads_through_the_replica_redis_endpoint_and_it_is_never
             );
         }
     }
-    ensure!(gets_executed(spoke.port)? == before, "a refused caller made agent-a read its Redis");
-    // The replica certificate reads at the owner; at the other replica it is not forwarded again.
+    let refused = monitor.mark("after-the-refused-calls").await?;
+    ensure!(!refused.contains("resources-tree"), "a refused caller made agent-a read its Redis: {refused}");
+    // The replica certificate reads at the owner (and the monitor sees that read); at the other
+    // replica it is not forwarded again.
     let owner = r.replica(0).resource_proxy_addr().context("proxy address")?;
     let (code, text) = raw_get(owner, &ca, (&replica_cert, &replica_key), &path, &[(FORWARDED, "agent-a")]).await?;
     ensure!(code == 200 && text.ends_with("the-tree-of-gb"), "the replica certificate at the owner: {code} {text}");
+    let read = monitor.mark("after-the-replica-read").await?;
+    ensure!(read[refused.len()..].contains("resources-tree"), "the monitor saw no read by the agent: {read}");
     let other = r.replica(1).resource_proxy_addr().context("proxy address")?;
     let (code, text) = raw_get(other, &ca, (&replica_cert, &replica_key), &path, &[(FORWARDED, "agent-a")]).await?;
     ensure!(
