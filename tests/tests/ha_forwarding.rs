@@ -247,10 +247,11 @@ fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `redis-cli MONITOR` on the Redis at `port`: every command it executes from now on, until
-/// [`Monitor::stop`].
+/// `redis-cli MONITOR` on the Redis at `port`: every command it executes from now on, while it
+/// lives (killed when dropped).
 struct Monitor {
-    child: tokio::process::Child,
+    /// Killed when dropped.
+    _child: tokio::process::Child,
     out: tokio::process::ChildStdout,
     seen: Vec<u8>,
     port: u16,
@@ -265,7 +266,7 @@ impl Monitor {
             .spawn()
             .context("redis-cli is missing (Debian package redis-tools)")?;
         let out = child.stdout.take().context("stdout")?;
-        let mut m = Self { child, out, seen: Vec::new(), port };
+        let mut m = Self { _child: child, out, seen: Vec::new(), port };
         m.until("OK").await?;
         Ok(m)
     }
