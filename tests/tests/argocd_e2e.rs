@@ -121,7 +121,8 @@ async fn greeting(cms: &Api<ConfigMap>) -> Option<String> {
 struct Env {
     t: Topology,
     replicas: Option<Replicas>,
-    _services: Vec<LoadBalancer>,
+    /// The load balancers standing in for Services (with two replicas: the Redis proxies').
+    services: Vec<LoadBalancer>,
     argo: ArgoCd,
     scratch: Scratch,
     started: Instant,
@@ -303,7 +304,7 @@ async fn start_env(two_replicas: bool) -> Result<Env> {
         redises: vec![hub_redis, redis_m, redis_a],
         git,
     };
-    let env = Env { t, replicas, _services: services, argo, scratch, started };
+    let env = Env { t, replicas, services, argo, scratch, started };
     let logs = || env.logs();
     phase("Argo CD up");
 
@@ -655,8 +656,11 @@ async fn real_argocd_through_two_principal_replicas() -> Result<()> {
     let (status, body) = argocd::api(server, "GET", &path, Some(&token), None).await?;
     ensure!(status == 200 && body.contains("E2eChecked"), "the ConfigMap's events: {status} {body}\n{}", logs());
 
-    // A tree watch (a SUBSCRIBE through whichever replica), then patch-resource, which the watch
-    // sees; then a sync from the hub restores the object.
+    // A tree watch, then patch-resource, which the watch sees; then a sync from the hub
+    // restores the object. The watch's subscription (go-redis opens a new connection for it) is
+    // steered to the replica that does not own agent-m, so it is forwarded.
+    let redis_service = env.services.first().context("the Redis proxies' load balancer")?;
+    redis_service.only(1);
     let watch = tokio::spawn({
         let token = token.clone();
         async move {
@@ -675,6 +679,7 @@ async fn real_argocd_through_two_principal_replicas() -> Result<()> {
     })
     .await
     .with_context(logs)?;
+    redis_service.all_up();
     cli.ok(&[
         "app",
         "patch-resource",
@@ -721,7 +726,10 @@ async fn real_argocd_through_two_principal_replicas() -> Result<()> {
         redis_hits += r.replica(index).metric(forwards, r#"surface="redis_get",outcome="hit""#).await.unwrap_or(0.0);
     }
     ensure!(redis_hits >= 1.0, "Redis GETs forwarded between the replicas: {redis_hits}");
-    phase(&format!("forwarded: Redis GET hits {redis_hits}"));
+    let labels = r#"surface="redis_subscribe",outcome="subscribed""#;
+    let subscriptions = r.replica(1).metric(forwards, labels).await.unwrap_or(0.0);
+    ensure!(subscriptions >= 1.0, "the tree watch's subscription was forwarded by replica 1: {subscriptions}");
+    phase(&format!("forwarded: Redis GET hits {redis_hits}, subscriptions {subscriptions}"));
 
     let stopped: Vec<String> = env.t.not_running().into_iter().filter(|p| p != "principal").collect();
     ensure!(stopped.is_empty(), "stopped during the run: {stopped:?}");
