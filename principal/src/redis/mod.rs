@@ -9,6 +9,10 @@
 //! Everything else is forwarded to the hub's Redis byte for byte, and its replies come back
 //! byte for byte, in the order of the commands.
 //!
+//! Among principal replicas (`--agent-leases`), a `GET` or `SUBSCRIBE` for an agent another
+//! replica owns is read at that replica ([`forward`]), through its replica-only endpoints on
+//! the resource-proxy listener ([`replica`]); what either side asks of the agent is in [`read`].
+//!
 //! Better than upstream where upstream falls short (§10 item 15): a miss is Redis's null, not
 //! an empty error; command names match in any case; replies stay in command order when agent
 //! answers and hub replies interleave; a failed `GET` gets an error reply naming the cause (the
