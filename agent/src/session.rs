@@ -125,6 +125,15 @@ impl Session {
                 }
                 Err(e) => {
                     crate::metrics::global().auth_failed();
+                    // A login storm: the principal queues what it can sign and refuses the rest
+                    // with RESOURCE_EXHAUSTED and the time to come back; wait that (with
+                    // jitter) instead of our own backoff, which neither grows nor resets.
+                    if let Some(hint) = e.retry_after() {
+                        let wait = crate::backoff::hinted_random(hint);
+                        tracing::info!(error = %e, retry_in = ?wait, "authentication deferred by the principal");
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
                     tracing::warn!(error = %e, retry_in = ?delay, "authentication failed");
                 }
             }

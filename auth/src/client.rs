@@ -98,6 +98,20 @@ impl ClientError {
             Self::BadToken { .. } | Self::NotAuthenticated => true,
         }
     }
+
+    /// The principal's retry hint: it refused the call with `RESOURCE_EXHAUSTED` (a login
+    /// storm: its signing queue is full) and asked to be called again after this long
+    /// ([`crate::admission::RETRY_PUSHBACK_MS`]). Callers wait this (with jitter) instead of
+    /// their own backoff.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Refused { status, .. } if status.code() == Code::ResourceExhausted => {
+                crate::admission::retry_hint(status)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A token and the expiry read from it.

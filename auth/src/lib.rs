@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod client;
 pub mod error;
 pub mod identity;
@@ -35,6 +36,7 @@ pub mod tls;
 pub mod tls_policy;
 pub mod version;
 
+pub use admission::{Overloaded, RETRY_PUSHBACK_MS, SigningAdmission, SigningLimits, retry_hint};
 pub use client::{AccessTokenInterceptor, AuthParams, CallMetadata, ClientError, Credentials, PrincipalInfo};
 pub use error::AuthError;
 pub use identity::{AgentIdentity, AgentMode, AgentName, AgentSession, Binding, InvalidAgentName, TransportIdentity};

@@ -109,7 +109,8 @@ pub struct AuthServiceConfig {
 /// Arguments: the method (the `Authenticate` method when configured, else `unknown`;
 /// `access_token` for calls [`crate::AuthLayer`] refused; `refresh_token` for `RefreshToken`)
 /// and a short reason ([`failure_reason`], or `invalid_mode`, `no_version`, `version_mismatch`,
-/// `not_admitted`, `refused_by_principal`, `missing_token`).
+/// `not_admitted`, `refused_by_principal`, `missing_token`, `overloaded`: the signing queue was
+/// full, see [`crate::admission`]).
 #[derive(Clone)]
 pub struct AuthObserver(Arc<RefusalFn>);
 
@@ -243,15 +244,32 @@ impl<H: SessionHook> Authentication for AuthService<H> {
             self.refused(&req.method, "not_admitted");
         })?;
         // Two RSA signatures (tens of ms with RSA-4096): off the async workers, so a reconnect
-        // storm does not stall the heartbeats and streams of agents already connected.
+        // storm does not stall the heartbeats and streams of agents already connected, and no
+        // more at once than the signing gate allows (one per core by default): a storm waits in
+        // its bounded queue, and beyond it is refused with RESOURCE_EXHAUSTED and a retry hint
+        // (logged once a second, counted as `overloaded`), never starving the workers.
+        let slot = self.sessions.signing().acquire().await.map_err(|overloaded| {
+            self.refused(&req.method, "overloaded");
+            overloaded.to_status()
+        })?;
         let issued = {
             let (sessions, identity) = (self.sessions.clone(), identity.clone());
-            tokio::task::spawn_blocking(move || sessions.issue(&identity, mode)).await
+            tokio::task::spawn_blocking(move || {
+                let issued = sessions.issue(&identity, mode);
+                slot.done();
+                issued
+            })
+            .await
         };
         let tokens = issued
-            .map_err(|join| Status::internal(format!("signing the session tokens failed: {join}")))?
+            .map_err(|join| {
+                tracing::error!(agent = %identity.name(), error = %join, "signing the session tokens failed");
+                self.refused(&req.method, "signing_failed");
+                Status::internal(format!("signing the session tokens failed: {join}"))
+            })?
             .map_err(|error| {
                 tracing::error!(agent = %identity.name(), %error, "cannot sign session tokens");
+                self.refused(&req.method, "signing_failed");
                 error.to_status()
             })?;
         let session = NewSession {
@@ -317,6 +335,52 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_full_signing_queue_refuses_with_resource_exhausted_and_a_hint() {
+        let key = crate::SigningKey::from_pem(include_str!("../tests/fixtures/jwt-key-a.pem")).unwrap();
+        let spec = crate::AuthMethodSpec::parse("header:x-agent-id:^([a-z0-9-]+)$").unwrap();
+        let sessions = Sessions::new(crate::SessionIssuer::new(key), crate::AuthMethods::single(spec.authenticator()))
+            .with_signing_limits(crate::SigningLimits { concurrent: 1, queue: 0 });
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observer = {
+            let seen = seen.clone();
+            AuthObserver::new(move |method, reason| seen.lock().unwrap().push(format!("{method}/{reason}")))
+        };
+        let config = AuthServiceConfig {
+            principal_version: "v1".into(),
+            principal_namespace: "argocd".into(),
+            version_check: VersionCheck::Skip,
+        };
+        let service = AuthService::new(sessions.clone(), config, ()).with_observer(observer);
+        let request = || {
+            let mut r = Request::new(AuthRequest {
+                method: "header".into(),
+                mode: "managed".into(),
+                version: "v1".into(),
+                ..Default::default()
+            });
+            r.metadata_mut().insert("x-agent-id", "agent-a".parse().unwrap());
+            // From the local sidecar: the header method reads the header from a trusted hop only.
+            let from = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 40000)));
+            r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: from });
+            r
+        };
+        // Another call holds the only slot, and nothing may wait.
+        let held = sessions.signing().acquire().await.unwrap();
+        let status = service.authenticate(request()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        let hint = crate::retry_hint(&status).expect("a retry hint in grpc-retry-pushback-ms");
+        assert!(hint > std::time::Duration::ZERO);
+        let client_side = crate::ClientError::Refused { call: "Authenticate", status };
+        assert_eq!(client_side.retry_after(), Some(hint), "the agent reads the hint");
+        assert!(!client_side.needs_reauthentication());
+        assert_eq!(*seen.lock().unwrap(), ["header/overloaded"]);
+        // The slot is free again: the next call is admitted and signed.
+        held.done();
+        let answer = service.authenticate(request()).await.unwrap().into_inner();
+        assert!(!answer.access_token.is_empty());
+    }
 
     #[tokio::test]
     async fn refusals_are_reported_to_the_observer_with_bounded_labels() {

@@ -117,6 +117,15 @@ pub struct Args {
     /// they come (0: half the open-file limit).
     #[arg(long, env = "ARGOCD_PRINCIPAL_GRPC_MAX_CONNECTIONS", default_value_t = 0)]
     pub grpc_max_connections: usize,
+    /// `Authenticate` calls signing their tokens at once (0: one per core). More wait in a
+    /// queue of --auth-signing-queue; beyond it they are refused with RESOURCE_EXHAUSTED and a
+    /// retry hint (`grpc-retry-pushback-ms`) the agent waits, so a login storm is admitted at
+    /// the rate the key signs.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH_SIGNING_CONCURRENCY", default_value_t = 0)]
+    pub auth_signing_concurrency: usize,
+    /// `Authenticate` calls that may wait for a signing slot (see --auth-signing-concurrency).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH_SIGNING_QUEUE", default_value_t = auth::admission::DEFAULT_SIGNING_QUEUE)]
+    pub auth_signing_queue: usize,
     /// Connections the resource proxy and the Redis proxy hold at once, each (a quarter of
     /// them unauthenticated); at most an eighth (Redis: a sixteenth) of the open-file limit.
     #[arg(long, env = "ARGOCD_PRINCIPAL_PROXY_MAX_CONNECTIONS", default_value_t = 1024)]
@@ -758,7 +767,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         None
     };
     let sessions = auth::Sessions::new(auth::SessionIssuer::new(key), auth::AuthMethods::single(authenticator))
-        .with_principal_namespace(args.namespace.clone());
+        .with_principal_namespace(args.namespace.clone())
+        .with_signing_limits(auth::SigningLimits {
+            concurrent: match args.auth_signing_concurrency {
+                0 => auth::SigningLimits::default().concurrent,
+                n => n,
+            },
+            queue: args.auth_signing_queue,
+        });
 
     let mut config = principal::PrincipalConfig::new(&args.namespace);
     config.allowed_namespaces = args.allowed_namespaces.clone();
@@ -812,7 +828,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     crate::redis_proxy::serve_principal(&args.redis, redis_tls, redis_connections, &secrets, &principal, &cancel)
         .await?;
     let host = if args.listen_host.is_empty() { "0.0.0.0" } else { args.listen_host.as_str() };
-    let listener = tokio::net::TcpListener::bind((host, args.listen_port))
+    // The kernel's deepest accept queue: a login storm's connections wait there, not dropped.
+    let listener = principal::transport::listen::bind(host, args.listen_port)
         .await
         .with_context(|| format!("cannot listen on {host}:{} (--listen-host/--listen-port)", args.listen_port))?;
     let addr = listener.local_addr().context("listener address")?;

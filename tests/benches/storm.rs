@@ -40,7 +40,8 @@
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (phases:
 //! BENCH_STORM_PHASES=idle,storm,latency,status,periodic; sizes:
 //! BENCH_STATUS_AGENTS=1000, BENCH_STATUS_INTERVAL_MS=500,200, BENCH_STORM_AGENTS=5000, BENCH_LATENCY_AGENTS=1000, BENCH_LATENCY_RATE=50, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
-//! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows). Each agent holds
+//! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows; BENCH_PRINCIPAL_FLAGS:
+//! extra flags for the idle and storm phases' principals). Each agent holds
 //! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
 //! largest size. Figures are printed, never asserted.
 
@@ -54,6 +55,13 @@ use tests::loadhub::{
 };
 
 type Res<T> = anyhow::Result<T>;
+
+/// Extra flags for the idle and storm phases' principals (`BENCH_PRINCIPAL_FLAGS`, split on whitespace),
+/// e.g. `--auth-signing-concurrency 512 --auth-signing-queue 1000000`: signing as before the
+/// signing gate (tokio's 512 blocking threads, no queue bound), for a same-binary baseline.
+fn principal_flags() -> Vec<String> {
+    std::env::var("BENCH_PRINCIPAL_FLAGS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -142,7 +150,9 @@ async fn idle(
     window: Duration,
     timeout: Duration,
 ) -> Res<(u64, usize, Window, Vec<IdleRow>)> {
-    let (principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let flags = principal_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (principal, _) = Principal::start_with(hub, &hub.keys[0], 0, Instant::now(), &flags)?;
     projects(hub)
         .create(&kube::api::PostParams::default(), &fanout_project("created before the agents")?)
         .await
@@ -195,6 +205,8 @@ struct Storm {
     rss_after: u64,
     rss_after_idle: u64,
     counters: (Snapshot, Snapshot),
+    /// `Authenticate` failures by cause: during the first connect, and during the storm.
+    auth_failures: (std::collections::BTreeMap<String, u64>, std::collections::BTreeMap<String, u64>),
     principal_connects: usize,
     principal_warnings: String,
 }
@@ -202,11 +214,14 @@ struct Storm {
 /// `rekey`: the restarted principal signs with another key, so every session is refused and
 /// every agent authenticates again.
 async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout: Duration) -> Res<Storm> {
-    let (mut principal, _) = Principal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    let flags = principal_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (mut principal, _) = Principal::start_with(hub, &hub.keys[0], 0, Instant::now(), &flags)?;
     let rss0 = principal.rss()?;
     let started = Instant::now();
     let load = LoadGen::start(config(principal.addr(), agents, 1));
     let first_connect = load.wait_all_resynced(started, timeout, progress("storm, first connect", agents)).await?;
+    let first_failures = load.auth_failures();
     let w = idle_window(&principal, std::slice::from_ref(&load), window).await?;
     let rss_before = principal.rss()?;
     let before = load.snapshot();
@@ -215,10 +230,18 @@ async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout:
     principal.process.sigkill()?;
     let port = principal.port;
     drop(principal);
-    let (principal, restart_listening) = Principal::start(hub, &hub.keys[usize::from(rekey)], port, killed)?;
+    let (principal, restart_listening) =
+        Principal::start_with(hub, &hub.keys[usize::from(rekey)], port, killed, &flags)?;
     let resynced = load.wait_all_resynced(killed, timeout, progress("storm, after SIGKILL", agents)).await?;
     let rss_after = principal.rss()?;
     let after = load.snapshot();
+    let mut storm_failures = load.auth_failures();
+    for (cause, n) in &first_failures {
+        if let Some(total) = storm_failures.get_mut(cause) {
+            *total -= n;
+        }
+    }
+    storm_failures.retain(|_, n| *n > 0);
     let _ = idle_window(&principal, std::slice::from_ref(&load), window).await?;
     let rss_after_idle = principal.rss()?;
     let principal_connects = principal.connects();
@@ -237,6 +260,7 @@ async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout:
         rss_after,
         rss_after_idle,
         counters: (before, after),
+        auth_failures: (first_failures, storm_failures),
         principal_connects,
         principal_warnings,
     })
@@ -630,6 +654,10 @@ async fn storm_report(hub: &Hub, storm_n: usize, window: Duration, timeout: Dura
             "  baseline: first connect of all agents (authenticate + stream + resync) {:.2} s",
             s.first_connect.as_secs_f64()
         );
+        println!(
+            "  first connect: {} authentications, {} failed Authenticate calls: {:?}",
+            before.authenticated, before.auth_failed, s.auth_failures.0
+        );
         println!("  principal RSS before SIGKILL {}", mib(s.rss_before));
         print_window("idle before SIGKILL", &s.window);
         println!("  restarted principal listening {:.2} s after SIGKILL", s.restart_listening.as_secs_f64());
@@ -654,6 +682,11 @@ async fn storm_report(hub: &Hub, storm_n: usize, window: Duration, timeout: Dura
             after.subscribed - before.subscribed,
             after.principal_resyncs - before.principal_resyncs,
             s.principal_connects
+        );
+        println!(
+            "  failed Authenticate calls during the storm: {}: {:?}",
+            after.auth_failed - before.auth_failed,
+            s.auth_failures.1
         );
         println!("  principal log: {}", s.principal_warnings);
     }

@@ -283,9 +283,27 @@ struct Shared {
     counters: Counters,
     /// The marker agents look for in the AppProjects and Applications they apply.
     marker: std::sync::RwLock<Option<String>>,
+    /// Failed `Authenticate` calls by gRPC code and message, see [`LoadGen::auth_failures`].
+    auth_failures: std::sync::Mutex<BTreeMap<String, u64>>,
 }
 
 impl Shared {
+    fn note_auth_failure(&self, error: &auth::ClientError) {
+        let reason = match error {
+            auth::ClientError::Refused { status, .. } if status.code() == tonic::Code::ResourceExhausted => {
+                let hinted = if error.retry_after().is_some() { "with a retry hint" } else { "without a retry hint" };
+                format!("{:?} {hinted}", status.code())
+            }
+            auth::ClientError::Refused { status, .. } => {
+                // Messages carry per-agent details (names, addresses) past the first clause.
+                let message: String = status.message().chars().take(80).collect();
+                format!("{:?}: {message}", status.code())
+            }
+            other => other.to_string(),
+        };
+        *lock(&self.auth_failures).entry(reason).or_default() += 1;
+    }
+
     fn since_epoch(&self, t: Instant) -> u64 {
         u64::try_from(t.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
@@ -317,6 +335,7 @@ impl LoadGen {
             connected: AtomicUsize::new(0),
             counters: Counters::default(),
             marker: std::sync::RwLock::new(None),
+            auth_failures: std::sync::Mutex::new(BTreeMap::new()),
         });
         let cancel = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -338,6 +357,14 @@ impl LoadGen {
     #[must_use]
     pub fn agents(&self) -> usize {
         self.shared.slots.len()
+    }
+
+    /// Failed `Authenticate` calls so far by cause: the gRPC code and the start of the
+    /// principal's message (`ResourceExhausted with a retry hint`: deferred in a login storm,
+    /// then retried after the hint).
+    #[must_use]
+    pub fn auth_failures(&self) -> BTreeMap<String, u64> {
+        lock(&self.shared.auth_failures).clone()
     }
 
     /// The counters now.
@@ -479,6 +506,12 @@ struct Session {
     shared: Arc<Shared>,
     creds: Credentials,
     params: AuthParams,
+    /// See [`Session::take_hint`].
+    hint: std::sync::Mutex<Option<Duration>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Session {
@@ -488,11 +521,20 @@ impl Session {
                 self.shared.counters.authenticated.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Err(_) => {
+            Err(error) => {
                 self.shared.counters.auth_failed.fetch_add(1, Ordering::Relaxed);
+                // RESOURCE_EXHAUSTED with a retry hint (a login storm): the next attempt waits
+                // the hint, as the agent does, instead of the backoff.
+                *lock(&self.hint) = error.retry_after();
+                self.shared.note_auth_failure(&error);
                 false
             }
         }
+    }
+
+    /// The principal's retry hint from the last failed `Authenticate`, once.
+    fn take_hint(&self) -> Option<Duration> {
+        lock(&self.hint).take()
     }
 
     /// Refreshes the session; authenticates again when the principal refuses it. Returns
@@ -610,7 +652,7 @@ async fn run_agent(
         dials: 0,
         xfcc,
         tls,
-        session: Session { shared, creds, params },
+        session: Session { shared, creds, params, hint: std::sync::Mutex::new(None) },
         renew: false,
         mailbox: Arc::new(Mailbox::new(RetryPolicy::default())),
         apps: BTreeMap::new(),
@@ -626,7 +668,14 @@ async fn run_agent(
     let mut attempt: u32 = 0;
     loop {
         if attempt > 0 {
-            let delay = sim.shared.config.backoff.delay_random(attempt);
+            let delay = match sim.session.take_hint() {
+                // Deferred by the principal: its hint, and the backoff does not grow.
+                Some(hint) => {
+                    attempt = attempt.saturating_sub(1);
+                    agent::backoff::hinted_random(hint)
+                }
+                None => sim.shared.config.backoff.delay_random(attempt),
+            };
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::issuer::SessionIssuer;
 use super::token::{IssuedTokens, RefreshedTokens, TokenKind};
+use crate::admission::{SigningAdmission, SigningLimits};
 use crate::error::AuthError;
 use crate::identity::{AgentIdentity, AgentMode, AgentSession};
 use crate::method::{AuthContext, AuthMethods};
@@ -21,13 +22,14 @@ struct Inner {
     issuer: SessionIssuer,
     methods: AuthMethods,
     reserved_name: Option<String>,
+    signing: SigningAdmission,
 }
 
 impl Sessions {
     /// Sessions issued and verified by `issuer`, authenticated by `methods`.
     #[must_use]
     pub fn new(issuer: SessionIssuer, methods: AuthMethods) -> Self {
-        Self { inner: Arc::new(Inner { issuer, methods, reserved_name: None }) }
+        Self { inner: Arc::new(Inner { issuer, methods, reserved_name: None, signing: SigningAdmission::default() }) }
     }
 
     /// Refuses agents named like the principal's namespace (upstream refuses them on every call
@@ -38,8 +40,29 @@ impl Sessions {
             issuer: self.inner.issuer.clone(),
             methods: self.inner.methods.clone(),
             reserved_name: Some(namespace.into()).filter(|n| !n.is_empty()),
+            signing: self.inner.signing.clone(),
         };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// Bounds how many `Authenticate` calls sign tokens at once and how many wait; the rest are
+    /// refused with `RESOURCE_EXHAUSTED` and a retry hint (see [`crate::admission`]). The
+    /// default: one per core, [`crate::admission::DEFAULT_SIGNING_QUEUE`] waiting.
+    #[must_use]
+    pub fn with_signing_limits(self, limits: SigningLimits) -> Self {
+        let inner = Inner {
+            issuer: self.inner.issuer.clone(),
+            methods: self.inner.methods.clone(),
+            reserved_name: self.inner.reserved_name.clone(),
+            signing: SigningAdmission::new(limits),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The gate on token signing.
+    #[must_use]
+    pub fn signing(&self) -> &SigningAdmission {
+        &self.inner.signing
     }
 
     /// The token issuer.
