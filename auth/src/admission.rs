@@ -28,7 +28,7 @@ use tokio::time::Instant;
 pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 
 /// Calls that may wait for a signing slot by default.
-pub const DEFAULT_SIGNING_QUEUE: usize = 1024;
+pub const DEFAULT_SIGNING_QUEUE: usize = 4096;
 
 /// The shortest and longest hint given.
 const MIN_HINT: Duration = Duration::from_millis(10);
@@ -215,7 +215,9 @@ impl SigningAdmission {
     /// Books the next free slot after the queue drains, and returns its distance as the hint.
     fn refuse(&self, waiting: usize) -> Overloaded {
         let inner = &self.inner;
-        let per_slot = Duration::from_nanos(inner.interval_ns.load(Ordering::Relaxed));
+        // Half the measured interval: deliberately early. A call back too early costs one cheap
+        // refusal (and a later slot); one back too late leaves the signers idle.
+        let per_slot = Duration::from_nanos(inner.interval_ns.load(Ordering::Relaxed) / 2);
         let now = Instant::now();
         let drained = now + per_slot * u32::try_from(waiting).unwrap_or(u32::MAX);
         let retry_after = {
