@@ -23,6 +23,7 @@
 //! ConfigMap. The spokes' Argo CD watches ConfigMaps only (`resource.inclusions`), which keeps
 //! the controllers' cluster caches small on two busy cores.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -113,6 +114,93 @@ async fn get_value(api: &Api<DynamicObject>, name: &str) -> Option<Value> {
 
 async fn greeting(cms: &Api<ConfigMap>) -> Option<String> {
     cms.get_opt("demo").await.ok().flatten().and_then(|c| c.data?.get("greeting").cloned())
+}
+
+/// The events of the managed spoke's demo ConfigMap (Argo CD's Events tab) through argocd-server,
+/// that is through the resource proxy: an event about the ConfigMap is created on the spoke
+/// (nothing there emits one by itself), then read back.
+async fn check_events(spoke_m: &kube::Client, server: SocketAddr, token: &str) -> Result<()> {
+    let cms_m: Api<ConfigMap> = Api::namespaced(spoke_m.clone(), "demo-m");
+    let uid = cms_m.get("demo").await?.metadata.uid.context("the ConfigMap's uid")?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(spoke_m.clone(), "demo-m");
+    events
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "demo.e2e"}, "reason": "E2eChecked",
+                "message": "seen by the e2e test", "type": "Normal",
+                "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo-m", "name": "demo", "uid": uid}}))?,
+        )
+        .await?;
+    let path = format!(
+        "/api/v1/applications/mapp/events?appNamespace=agent-m&resourceNamespace=demo-m&resourceName=demo&resourceUID={uid}"
+    );
+    let (status, body) = argocd::api(server, "GET", &path, Some(token), None).await?;
+    ensure!(
+        status == 200 && body.contains("E2eChecked"),
+        "the ConfigMap's events through argocd-server: {status} {body}"
+    );
+    Ok(())
+}
+
+/// Opens a resource-tree watch of agent-m/mapp, as the UI keeps one open: Argo CD sends the tree
+/// when it changes, from a subscription made in the agent's Redis through the Redis proxy.
+/// Returns once that subscription reached the agent's Redis; the task ends when the tree shows
+/// the demo ConfigMap.
+async fn open_tree_watch(argo: &ArgoCd, token: &str) -> Result<tokio::task::JoinHandle<Result<String>>> {
+    let (server, token) = (argo.server.addr(), token.to_owned());
+    let watch = tokio::spawn(async move {
+        argocd::stream_until(
+            server,
+            "/api/v1/stream/applications/mapp/resource-tree?appNamespace=agent-m",
+            &token,
+            CONVERGE,
+            |body| body.contains("\"kind\":\"ConfigMap\"") && body.contains("\"name\":\"demo\""),
+        )
+        .await
+    });
+    wait_until_async(CONVERGE, "the tree watch's subscription to reach the agent's Redis", || async {
+        argo.redises[1].channels().is_ok_and(|c| c.iter().any(|c| c.contains("mapp")))
+    })
+    .await?;
+    Ok(watch)
+}
+
+/// `argocd app patch-resource` of the demo ConfigMap: the spoke's object changes (through the
+/// resource proxy), seen on the spoke.
+async fn patch_demo(cli: &Cli, cms_m: &Api<ConfigMap>) -> Result<()> {
+    cli.ok(&[
+        "app",
+        "patch-resource",
+        "agent-m/mapp",
+        "--kind",
+        "ConfigMap",
+        "--resource-name",
+        "demo",
+        "--namespace",
+        "demo-m",
+        "--patch",
+        r#"{"data":{"greeting":"patched"}}"#,
+        "--patch-type",
+        "application/merge-patch+json",
+    ])
+    .await?;
+    wait_until_async(CONVERGE, "the patch to reach the spoke's ConfigMap", || async {
+        greeting(cms_m).await.as_deref() == Some("patched")
+    })
+    .await
+}
+
+/// A sync from the hub runs on the spoke, and its result comes back (`--async`: a blocking sync
+/// can miss a result that arrives between its Get and its Watch).
+async fn sync_from_hub(cli: &Cli, cms_m: &Api<ConfigMap>, hub_m: &Api<DynamicObject>) -> Result<()> {
+    cli.ok(&["app", "sync", "agent-m/mapp", "--async"]).await?;
+    wait_until_async(CONVERGE, "the hub's sync to restore the ConfigMap and report Succeeded", || async {
+        greeting(cms_m).await.as_deref() == Some("hello")
+            && get_value(hub_m, "mapp").await.is_some_and(|a| {
+                a["status"]["operationState"]["phase"] == "Succeeded" && a["status"]["sync"]["status"] == "Synced"
+            })
+    })
+    .await
 }
 
 /// Everything a run starts, kept together so that a failure shows every log: the clusters and
@@ -476,72 +564,16 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
         "app get-resource: {live_cm}"
     );
 
-    // The events of one resource (Argo CD's Events tab), through the resource proxy: an event
-    // about the ConfigMap on the spoke (nothing there emits one by itself).
-    let uid = cms_m.get("demo").await?.metadata.uid.context("the ConfigMap's uid")?;
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(spoke_m.clone(), "demo-m");
-    events
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "demo.e2e"}, "reason": "E2eChecked",
-                "message": "seen by the e2e test", "type": "Normal",
-                "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo-m", "name": "demo", "uid": uid}}))?,
-        )
-        .await?;
-    let path = format!(
-        "/api/v1/applications/mapp/events?appNamespace=agent-m&resourceNamespace=demo-m&resourceName=demo&resourceUID={uid}"
-    );
-    let (status, body) = argocd::api(server, "GET", &path, Some(&token), None).await?;
-    ensure!(
-        status == 200 && body.contains("E2eChecked"),
-        "the ConfigMap's events through argocd-server: {status} {body}"
-    );
+    // The events of one resource (Argo CD's Events tab), through the resource proxy.
+    check_events(&spoke_m, server, &token).await.with_context(logs)?;
     phase("get-resource, events");
 
-    // A tree watch, as the UI keeps one open: Argo CD sends the tree when it changes, from a
-    // subscription made in the agent's Redis through the Redis proxy.
-    let watch = tokio::spawn({
-        let token = token.clone();
-        async move {
-            argocd::stream_until(
-                server,
-                "/api/v1/stream/applications/mapp/resource-tree?appNamespace=agent-m",
-                &token,
-                CONVERGE,
-                |body| body.contains("\"kind\":\"ConfigMap\"") && body.contains("\"name\":\"demo\""),
-            )
-            .await
-        }
-    });
-    wait_until_async(CONVERGE, "the tree watch's subscription to reach the agent's Redis", || async {
-        argo.redises[1].channels().is_ok_and(|c| c.iter().any(|c| c.contains("mapp")))
-    })
-    .await
-    .with_context(logs)?;
+    // A tree watch, as the UI keeps one open (through the Redis proxy).
+    let watch = open_tree_watch(argo, &token).await.with_context(logs)?;
 
     // patch-resource changes the spoke's object (not the hub's), and the spoke's controller
     // sees the drift: OutOfSync on the hub, and `app diff` shows it.
-    cli.ok(&[
-        "app",
-        "patch-resource",
-        "agent-m/mapp",
-        "--kind",
-        "ConfigMap",
-        "--resource-name",
-        "demo",
-        "--namespace",
-        "demo-m",
-        "--patch",
-        r#"{"data":{"greeting":"patched"}}"#,
-        "--patch-type",
-        "application/merge-patch+json",
-    ])
-    .await?;
-    wait_until_async(CONVERGE, "the patch to reach the spoke's ConfigMap", || async {
-        greeting(&cms_m).await.as_deref() == Some("patched")
-    })
-    .await
-    .with_context(logs)?;
+    patch_demo(&cli, &cms_m).await.with_context(logs)?;
     watch.await?.context("the tree watch")?;
     let hub_cms: Api<ConfigMap> = Api::namespaced(hub.clone(), "demo-m");
     ensure!(hub_cms.get_opt("demo").await.ok().flatten().is_none(), "patch-resource created or touched a hub object");
@@ -558,17 +590,8 @@ async fn real_argocd_through_principal_and_agents() -> Result<()> {
     let refreshed = cli.json(&["app", "get", "agent-m/mapp", "--hard-refresh"]).await.with_context(logs)?;
     ensure!(refreshed["status"]["sync"]["status"] == "OutOfSync", "after the refresh: {}", refreshed["status"]["sync"]);
 
-    // A sync from the hub runs on the spoke; its result comes back (`--async`: a blocking sync
-    // can miss a result that arrives between its Get and its Watch).
-    cli.ok(&["app", "sync", "agent-m/mapp", "--async"]).await?;
-    wait_until_async(CONVERGE, "the hub's sync to restore the ConfigMap and report Succeeded", || async {
-        greeting(&cms_m).await.as_deref() == Some("hello")
-            && get_value(&hub_m, "mapp").await.is_some_and(|a| {
-                a["status"]["operationState"]["phase"] == "Succeeded" && a["status"]["sync"]["status"] == "Synced"
-            })
-    })
-    .await
-    .with_context(logs)?;
+    // A sync from the hub runs on the spoke; its result comes back.
+    sync_from_hub(&cli, &cms_m, &hub_m).await.with_context(logs)?;
     let got = cli.json(&["app", "get", "agent-m/mapp"]).await?;
     ensure!(
         got["status"]["operationState"]["phase"] == "Succeeded",
@@ -639,80 +662,20 @@ async fn real_argocd_through_two_principal_replicas() -> Result<()> {
     phase("app get, resources, manifests live, get-resource, diff");
 
     // A resource's events, through the forwarding replica's resource proxy.
-    let uid = cms_m.get("demo").await?.metadata.uid.context("the ConfigMap's uid")?;
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(spoke_m.clone(), "demo-m");
-    events
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "demo.e2e"}, "reason": "E2eChecked",
-                "message": "seen by the e2e test", "type": "Normal",
-                "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "demo-m", "name": "demo", "uid": uid}}))?,
-        )
-        .await?;
     let token = argocd::session_token(server, PASSWORD).await?;
-    let path = format!(
-        "/api/v1/applications/mapp/events?appNamespace=agent-m&resourceNamespace=demo-m&resourceName=demo&resourceUID={uid}"
-    );
-    let (status, body) = argocd::api(server, "GET", &path, Some(&token), None).await?;
-    ensure!(status == 200 && body.contains("E2eChecked"), "the ConfigMap's events: {status} {body}\n{}", logs());
+    check_events(&spoke_m, server, &token).await.with_context(logs)?;
 
     // A tree watch, then patch-resource, which the watch sees; then a sync from the hub
     // restores the object. The watch's subscription (go-redis opens a new connection for it) is
     // steered to the replica that does not own agent-m, so it is forwarded.
     let redis_service = env.services.first().context("the Redis proxies' load balancer")?;
     redis_service.only(1);
-    let watch = tokio::spawn({
-        let token = token.clone();
-        async move {
-            argocd::stream_until(
-                server,
-                "/api/v1/stream/applications/mapp/resource-tree?appNamespace=agent-m",
-                &token,
-                CONVERGE,
-                |body| body.contains("\"kind\":\"ConfigMap\"") && body.contains("\"name\":\"demo\""),
-            )
-            .await
-        }
-    });
-    wait_until_async(CONVERGE, "the tree watch's subscription to reach the agent's Redis", || async {
-        argo.redises[1].channels().is_ok_and(|c| c.iter().any(|c| c.contains("mapp")))
-    })
-    .await
-    .with_context(logs)?;
+    let watch = open_tree_watch(argo, &token).await.with_context(logs)?;
     redis_service.all_up();
-    cli.ok(&[
-        "app",
-        "patch-resource",
-        "agent-m/mapp",
-        "--kind",
-        "ConfigMap",
-        "--resource-name",
-        "demo",
-        "--namespace",
-        "demo-m",
-        "--patch",
-        r#"{"data":{"greeting":"patched"}}"#,
-        "--patch-type",
-        "application/merge-patch+json",
-    ])
-    .await
-    .with_context(logs)?;
-    wait_until_async(CONVERGE, "the patch to reach the spoke's ConfigMap", || async {
-        greeting(&cms_m).await.as_deref() == Some("patched")
-    })
-    .await
-    .with_context(logs)?;
+    patch_demo(&cli, &cms_m).await.with_context(logs)?;
     watch.await?.context("the tree watch")?;
     phase("events, tree watch, patch-resource");
-    cli.ok(&["app", "sync", "agent-m/mapp", "--async"]).await.with_context(logs)?;
-    wait_until_async(CONVERGE, "the hub's sync to restore the ConfigMap and report Succeeded", || async {
-        greeting(&cms_m).await.as_deref() == Some("hello")
-            && get_value(&hub_m, "mapp").await.is_some_and(|a| {
-                a["status"]["operationState"]["phase"] == "Succeeded" && a["status"]["sync"]["status"] == "Synced"
-            })
-    })
-    .await
-    .with_context(logs)?;
+    sync_from_hub(&cli, &cms_m, &hub_m).await.with_context(logs)?;
     phase("sync from the hub");
 
     // Both replicas forwarded resource-proxy calls, and Redis reads were forwarded.
