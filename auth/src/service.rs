@@ -336,17 +336,23 @@ mod tests {
 
     use super::*;
 
+    /// An observer that records each refusal as `<method>/<reason>`.
+    fn recording_observer() -> (Arc<Mutex<Vec<String>>>, AuthObserver) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observer = {
+            let seen = seen.clone();
+            AuthObserver::new(move |method, reason| seen.lock().unwrap().push(format!("{method}/{reason}")))
+        };
+        (seen, observer)
+    }
+
     #[tokio::test]
     async fn a_full_signing_queue_refuses_with_resource_exhausted_and_a_hint() {
         let key = crate::SigningKey::from_pem(include_str!("../tests/fixtures/jwt-key-a.pem")).unwrap();
         let spec = crate::AuthMethodSpec::parse("header:x-agent-id:^([a-z0-9-]+)$").unwrap();
         let sessions = Sessions::new(crate::SessionIssuer::new(key), crate::AuthMethods::single(spec.authenticator()))
             .with_signing_limits(crate::SigningLimits { concurrent: 1, queue: 0 });
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let observer = {
-            let seen = seen.clone();
-            AuthObserver::new(move |method, reason| seen.lock().unwrap().push(format!("{method}/{reason}")))
-        };
+        let (seen, observer) = recording_observer();
         let config = AuthServiceConfig {
             principal_version: "v1".into(),
             principal_namespace: "argocd".into(),
@@ -386,11 +392,7 @@ mod tests {
     async fn refusals_are_reported_to_the_observer_with_bounded_labels() {
         let key = crate::SigningKey::from_pem(include_str!("../tests/fixtures/jwt-key-a.pem")).unwrap();
         let sessions = Sessions::new(crate::SessionIssuer::new(key), crate::AuthMethods::new());
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let observer = {
-            let seen = seen.clone();
-            AuthObserver::new(move |method, reason| seen.lock().unwrap().push(format!("{method}/{reason}")))
-        };
+        let (seen, observer) = recording_observer();
         let config = AuthServiceConfig {
             principal_version: "v1".into(),
             principal_namespace: "argocd".into(),
