@@ -259,6 +259,12 @@ impl Replica {
         self.process.as_ref().map(ChildProcess::stderr).unwrap_or_default()
     }
 
+    /// Where it serves the Redis proxy, from its log (`None`: not said yet).
+    #[must_use]
+    pub fn redis_proxy_addr(&self) -> Option<SocketAddr> {
+        crate::topology::redis_proxy_listening(&self.log_lines(crate::topology::REDIS_PROXY_LISTENING))
+    }
+
     /// Where it serves `/metrics`.
     #[must_use]
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
@@ -382,6 +388,29 @@ fn hub_kubeconfig(base: &Path, access: &HubAccess) -> anyhow::Result<String> {
         hub["user"] = json!({"token": token});
     }
     Ok(serde_yaml::to_string(&kc)?)
+}
+/// Readies `t` for replicas that forward to each other: stops its lone principal, issues the
+/// replicas' client certificate as an operator does (`argocd-agentctl pki issue replica`), and
+/// sets the principal flags: `extra`, the resource proxy on loopback, and where and under which
+/// name the replicas reach each other's (the test topology's proxy certificate carries
+/// 127.0.0.1).
+///
+/// # Errors
+/// The principal does not stop, or the certificate cannot be issued.
+pub fn prepare_forwarding(t: &mut Topology, extra: &[&str]) -> anyhow::Result<()> {
+    t.stop_principal(Duration::from_secs(30))?;
+    t.ctl(&["pki", "issue", "replica", "--key-algorithm", "ecdsa-p256"])?;
+    let mut args = extra.to_vec();
+    args.extend([
+        "--resource-proxy-listen-address",
+        "127.0.0.1:0",
+        "--replica-proxy-host",
+        "127.0.0.1",
+        "--replica-proxy-server-name",
+        "127.0.0.1",
+    ]);
+    t.set_principal_args(&args);
+    Ok(())
 }
 
 /// The hub API server's URL in a merged kubeconfig of the topology.

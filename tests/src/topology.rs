@@ -883,6 +883,11 @@ impl Topology {
         p.sigkill()?;
         Ok(())
     }
+    /// Where the principal serves the Redis proxy, from its log (`None`: not said yet).
+    #[must_use]
+    pub fn redis_proxy_addr(&self) -> Option<std::net::SocketAddr> {
+        redis_proxy_listening(&self.principal_log_lines(REDIS_PROXY_LISTENING))
+    }
 
     /// The running principal's log lines (stderr) containing `needle`.
     #[must_use]
@@ -1019,4 +1024,13 @@ impl Topology {
         }
         out
     }
+}
+
+/// The principal's log line saying where the Redis proxy listens (`addr=` field).
+pub(crate) const REDIS_PROXY_LISTENING: &str = "redis proxy listening";
+
+/// The address in the last of a principal's "redis proxy listening" log lines.
+pub(crate) fn redis_proxy_listening(lines: &[String]) -> Option<std::net::SocketAddr> {
+    let addr = lines.last()?.split_whitespace().find_map(|w| w.strip_prefix("addr="))?;
+    addr.trim_matches('"').parse().ok()
 }

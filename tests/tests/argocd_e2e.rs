@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use tests::apps::{apps, projects};
 use tests::argocd::{self, Cli, Component, GitServer, Redis, Scratch};
 use tests::process::ChildProcess;
-use tests::replicas::{LoadBalancer, Replicas, TEST_LEASE, attach_to, bootstrap_args};
+use tests::replicas::{LoadBalancer, Replicas, TEST_LEASE, attach_to, bootstrap_args, prepare_forwarding};
 use tests::topology::{ARGOCD_NS, Clusters, Mode, StartOptions, Topology};
 use tests::wait::{wait_for_async, wait_until_async};
 
@@ -59,9 +59,7 @@ fn object(value: Value) -> Result<DynamicObject> {
 
 /// Where the principal's Redis proxy listens (from its log line).
 fn redis_proxy_addr(t: &Topology) -> Result<String> {
-    let line = t.principal_log_lines("redis proxy listening").pop().context("the principal serves the Redis proxy")?;
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
-    Ok(addr.trim_matches('"').to_owned())
+    Ok(t.redis_proxy_addr().context("the principal serves the Redis proxy")?.to_string())
 }
 
 /// The Argo CD side of the run, kept together so that a failure shows every log.
@@ -243,19 +241,8 @@ async fn start_replicas(
     redis_m: &Redis,
     redis_a: &Redis,
 ) -> Result<(Replicas, String, Vec<LoadBalancer>)> {
-    t.stop_principal(Duration::from_secs(30))?;
-    t.ctl(&["pki", "issue", "replica", "--key-algorithm", "ecdsa-p256"])?;
-    let mut args: Vec<&str> = redis_args.iter().map(String::as_str).collect();
-    args.extend([
-        "--resource-proxy-listen-address",
-        "127.0.0.1:0",
-        "--replica-proxy-host",
-        "127.0.0.1",
-        // The resource proxy's certificate carries 127.0.0.1 (the test topology issues it so).
-        "--replica-proxy-server-name",
-        "127.0.0.1",
-    ]);
-    t.set_principal_args(&args);
+    let redis_args: Vec<&str> = redis_args.iter().map(String::as_str).collect();
+    prepare_forwarding(t, &redis_args)?;
     let r = Replicas::start(t, &[("r0", Default::default()), ("r1", Default::default())], TEST_LEASE).await?;
     for (index, (agent, redis)) in [(MANAGED, redis_m), (AUTONOMOUS, redis_a)].into_iter().enumerate() {
         t.set_agent_args(&["--redis-addr", &redis.addr()]);
@@ -263,9 +250,7 @@ async fn start_replicas(
     }
     let mut redis_proxies = Vec::new();
     for index in [0, 1] {
-        let line = r.replica(index).log_lines("redis proxy listening").pop().context("a replica's Redis proxy")?;
-        let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
-        redis_proxies.push(addr.trim_matches('"').parse()?);
+        redis_proxies.push(r.replica(index).redis_proxy_addr().context("a replica's Redis proxy")?);
     }
     let redis_service = LoadBalancer::start(&redis_proxies).await?;
     for (agent, other) in [(MANAGED, 1), (AUTONOMOUS, 0)] {

@@ -132,9 +132,7 @@ async fn client_without_certificate(t: &Topology) -> Result<Arc<rustls::ClientCo
 
 /// The Redis proxy's address, from the principal's log.
 fn redis_proxy_addr(t: &Topology) -> Result<SocketAddr> {
-    let line = t.principal_log_lines("redis proxy listening").pop().context("the principal serves the Redis proxy")?;
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
-    Ok(addr.parse()?)
+    t.redis_proxy_addr().context("the principal serves the Redis proxy")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

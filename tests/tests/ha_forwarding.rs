@@ -20,7 +20,7 @@ use principal::cluster_secret::ClusterSecret;
 use serde_json::json;
 use tests::kubectl::Kubectl;
 use tests::redis::RedisServer as Redis;
-use tests::replicas::{Replicas, TEST_LEASE, attach_to, bootstrap_args};
+use tests::replicas::{Replicas, TEST_LEASE, attach_to, bootstrap_args, prepare_forwarding};
 use tests::topology::{ARGOCD_NS, MeshOptions, Mode, StartOptions, Topology, Transport, ensure_namespace};
 use tests::wait::{DEFAULT_TIMEOUT, Poller};
 
@@ -39,18 +39,7 @@ async fn three_replicas() -> Result<(Topology, Replicas)> {
     let mut t =
         Topology::start_with_transport(&[("agent-a", Mode::Managed)], Transport::Mtls, MeshOptions::default(), options)
             .await?;
-    t.stop_principal(Duration::from_secs(30))?;
-    // The replicas' client certificate for forwarding, as an operator issues it.
-    t.ctl(&["pki", "issue", "replica", "--key-algorithm", "ecdsa-p256"])?;
-    t.set_principal_args(&[
-        "--resource-proxy-listen-address",
-        "127.0.0.1:0",
-        "--replica-proxy-host",
-        "127.0.0.1",
-        // The resource proxy's certificate carries 127.0.0.1 (the test topology issues it so).
-        "--replica-proxy-server-name",
-        "127.0.0.1",
-    ]);
+    prepare_forwarding(&mut t, &[])?;
     let r = Replicas::start(
         &t,
         &[("r0", Default::default()), ("r1", Default::default()), ("r2", Default::default())],
@@ -202,23 +191,18 @@ async fn two_replicas_with_redis() -> Result<RedisReplicas> {
     let mut t =
         Topology::start_with_transport(&[("agent-a", Mode::Managed)], Transport::Mtls, MeshOptions::default(), options)
             .await?;
-    t.stop_principal(Duration::from_secs(30))?;
-    t.ctl(&["pki", "issue", "replica", "--key-algorithm", "ecdsa-p256"])?;
     let hub_addr = hub.addr();
-    t.set_principal_args(&[
-        "--resource-proxy-listen-address",
-        "127.0.0.1:0",
-        "--replica-proxy-host",
-        "127.0.0.1",
-        "--replica-proxy-server-name",
-        "127.0.0.1",
-        "--redis-server-address",
-        &hub_addr,
-        "--redis-proxy-listen-address",
-        "127.0.0.1:0",
-        "--redis-proxy-timeout",
-        "10s",
-    ]);
+    prepare_forwarding(
+        &mut t,
+        &[
+            "--redis-server-address",
+            &hub_addr,
+            "--redis-proxy-listen-address",
+            "127.0.0.1:0",
+            "--redis-proxy-timeout",
+            "10s",
+        ],
+    )?;
     let r = Replicas::start(&t, &[("r0", Default::default()), ("r1", Default::default())], TEST_LEASE).await?;
     let spoke_addr = spoke.addr();
     t.set_agent_args(&["--redis-addr", &spoke_addr]);
@@ -230,10 +214,7 @@ async fn two_replicas_with_redis() -> Result<RedisReplicas> {
 
 /// Where replica `index` serves the Redis proxy (from its log).
 fn redis_port(r: &Replicas, index: usize) -> Result<u16> {
-    let line =
-        r.replica(index).log_lines("redis proxy listening").pop().context("the replica serves the Redis proxy")?;
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
-    Ok(addr.rsplit(':').next().context("port")?.parse()?)
+    Ok(r.replica(index).redis_proxy_addr().context("the replica serves the Redis proxy")?.port())
 }
 
 /// redis-cli against 127.0.0.1:`port`; its standard output.

@@ -129,9 +129,7 @@ const TREE: &str = r#"{"nodes":[{"version":"v1alpha1","kind":"ApplicationSet","n
 
 /// Where the principal's Redis proxy listens (from its log).
 fn proxy_port(t: &Topology) -> Result<u16> {
-    let line = t.principal_log_lines("redis proxy listening").pop().context("the principal serves the Redis proxy")?;
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).context("addr= in the log line")?;
-    Ok(addr.rsplit(':').next().context("port")?.parse()?)
+    Ok(t.redis_proxy_addr().context("the principal serves the Redis proxy")?.port())
 }
 
 /// The principal with the Redis proxy in front of `hub`, and agents each reading their own
