@@ -40,12 +40,7 @@ impl ChildProc {
         first_line: Option<(&str, Duration)>,
     ) -> anyhow::Result<(Self, Option<String>)> {
         let exe = std::env::current_exe().context("cannot find the argocd-agent executable")?;
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("cannot open {}", log.display()))?;
-        let stderr = log_file.try_clone().context("log file")?;
+        let (log_file, stderr) = open_log(log)?;
         let mut cmd = Command::new(exe);
         cmd.args(args)
             .stdin(Stdio::piped())
@@ -119,12 +114,7 @@ impl ChildProc {
         env: &[(String, std::ffi::OsString)],
         log: &Path,
     ) -> anyhow::Result<Self> {
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("cannot open {}", log.display()))?;
-        let stderr = log_file.try_clone().context("log file")?;
+        let (log_file, stderr) = open_log(log)?;
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(WATCHDOG)
@@ -219,6 +209,17 @@ pub async fn wait_for_file(child: &mut ChildProc, path: &Path, timeout: Duration
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
+}
+
+/// A child's log file, opened for appending, twice: for its stdout and its stderr.
+fn open_log(log: &Path) -> anyhow::Result<(std::fs::File, std::fs::File)> {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let stderr = log_file.try_clone().context("log file")?;
+    Ok((log_file, stderr))
 }
 
 #[cfg(test)]
