@@ -27,18 +27,23 @@ use tests::wait::{DEFAULT_TIMEOUT, Poller};
 const TRACKING: &str = "argocd.argoproj.io/tracking-id";
 const FORWARDED: &str = "x-argocd-agent-forwarded-agent";
 
-/// Three replicas with resource proxies on loopback that forward to each other, agent-a owned
-/// by replica 0, its cluster secret, and a tracked ConfigMap on its cluster.
-async fn three_replicas() -> Result<(Topology, Replicas)> {
+/// The topology the replicas start from: managed agent-a (not started yet), mutual TLS, the
+/// resource proxy, and a lone principal that bootstraps the hub.
+async fn agent_a_topology() -> Result<Topology> {
     let options = StartOptions {
         resource_proxy: true,
         start_agents: false,
         principal_args: bootstrap_args(),
         ..StartOptions::default()
     };
-    let mut t =
-        Topology::start_with_transport(&[("agent-a", Mode::Managed)], Transport::Mtls, MeshOptions::default(), options)
-            .await?;
+    Topology::start_with_transport(&[("agent-a", Mode::Managed)], Transport::Mtls, MeshOptions::default(), options)
+        .await
+}
+
+/// Three replicas with resource proxies on loopback that forward to each other, agent-a owned
+/// by replica 0, its cluster secret, and a tracked ConfigMap on its cluster.
+async fn three_replicas() -> Result<(Topology, Replicas)> {
+    let mut t = agent_a_topology().await?;
     prepare_forwarding(&mut t, &[])?;
     let r = Replicas::start(
         &t,
@@ -182,15 +187,7 @@ struct RedisReplicas {
 async fn two_replicas_with_redis() -> Result<RedisReplicas> {
     let hub = Redis::start("redis-hub", None, &[]).await?;
     let spoke = Redis::start("redis-agent-a", None, &[]).await?;
-    let options = StartOptions {
-        resource_proxy: true,
-        start_agents: false,
-        principal_args: bootstrap_args(),
-        ..StartOptions::default()
-    };
-    let mut t =
-        Topology::start_with_transport(&[("agent-a", Mode::Managed)], Transport::Mtls, MeshOptions::default(), options)
-            .await?;
+    let mut t = agent_a_topology().await?;
     let hub_addr = hub.addr();
     prepare_forwarding(
         &mut t,
