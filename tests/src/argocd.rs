@@ -191,10 +191,14 @@ impl GitServer {
         let bare = root.join("repo.git").display().to_string();
         git(&work, &home, &["remote", "add", "origin", &bare])?;
         let root_arg = root.display().to_string();
+        // `git daemon` runs `git-daemon` as a child that outlives a kill of its parent: run the
+        // server itself, so stopping the test stops it.
+        let daemon_bin = PathBuf::from(git(&work, &home, &["--exec-path"])?.trim()).join("git-daemon");
+        anyhow::ensure!(daemon_bin.is_file(), "git has no git-daemon at {} (Debian package git)", daemon_bin.display());
         let (daemon, port) = start_listening("git-daemon", |port| {
-            let mut cmd = Command::new("git");
+            let mut cmd = Command::new(&daemon_bin);
             cmd.env("HOME", &home)
-                .args(["daemon", "--reuseaddr", "--listen=127.0.0.1", "--export-all", "--informative-errors"])
+                .args(["--reuseaddr", "--listen=127.0.0.1", "--export-all", "--informative-errors"])
                 .arg(format!("--port={port}"))
                 .arg(format!("--base-path={root_arg}"))
                 .arg(&root_arg);
