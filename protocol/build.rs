@@ -23,6 +23,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_client(true)
         .build_server(true)
         .codec_path("crate::grpc_codec::Codec")
+        // An event's data is encoded once and shared by every agent's message (src/event/data.rs).
+        .bytes(".io.cloudevents.v1.CloudEvent.binary_data")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -70,7 +70,7 @@ fn raw(spec_version: &str, ty: &str, schema: &str, resource_id: &str, data: &str
             spec_version: spec_version.into(),
             r#type: ty.into(),
             attributes,
-            data: Some(Data::BinaryData(data.as_bytes().to_vec())),
+            data: Some(Data::BinaryData(data.as_bytes().to_vec().into())),
         }),
     }
 }

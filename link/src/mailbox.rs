@@ -72,12 +72,12 @@ impl Mailbox {
     /// peer was already sent a newer version of its resource (e.g. a watch replaying history
     /// after a resync sent the current state).
     pub fn push(&self, event: Event) {
-        let ids = (event.resource_id.clone(), event.event_id.clone());
+        // The ids are kept only for the log line (a push is on every agent's path of a fan-out).
+        let ids = tracing::enabled!(tracing::Level::DEBUG).then(|| (event.resource_id.clone(), event.event_id.clone()));
         if lock(&self.inner).outbox.push(event, Instant::now()) {
             self.notify.notify_one();
-        } else {
-            tracing::debug!(resource_id = %ids.0, event_id = %ids.1,
-                "dropped: the peer was already sent a newer version of this resource");
+        } else if let Some((resource_id, event_id)) = ids {
+            tracing::debug!(%resource_id, %event_id, "dropped: the peer was already sent a newer version of this resource");
         }
     }
 

@@ -183,7 +183,7 @@ mod tests {
     fn undecodable(ev: &Event) -> WireEvent {
         let mut wire = ev.to_wire();
         let ce = wire.event.as_mut().expect("cloud event");
-        ce.data = Some(protocol::pb::cloudevents::cloud_event::Data::BinaryData(b"{not json".to_vec()));
+        ce.data = Some(protocol::pb::cloudevents::cloud_event::Data::BinaryData(b"{not json".to_vec().into()));
         ce.attributes.insert(
             "datacontenttype".into(),
             protocol::pb::cloudevents::cloud_event::CloudEventAttributeValue {

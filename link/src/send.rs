@@ -152,7 +152,7 @@ mod tests {
 
     fn event(resource: &str, id: &str, body: usize) -> Event {
         let mut ev = Event::new(EventType::SpecUpdate, Target::Application, resource.to_owned(), id.to_owned());
-        ev.data = Some(serde_json::Value::String("x".repeat(body)));
+        ev.data = Some(serde_json::Value::String("x".repeat(body)).into());
         ev
     }
 

@@ -66,7 +66,7 @@ async fn an_agreeing_digest_gets_nothing_and_a_differing_one_the_resync() -> any
     let mut created = None;
     read_acking(&mut s, "the Application", |e| {
         if e.event_type == EventType::Create && e.target == Target::Application {
-            created = e.data.clone();
+            created = e.data.as_deref().cloned();
         }
         created.is_some()
     })

@@ -1133,6 +1133,23 @@ pub mod procstat {
         Ok(utime + stime)
     }
 
+    /// CPU time of `pid`'s live threads in nanoseconds (the sum of their `schedstat`): finer
+    /// than [`cpu_ticks`] for windows of milliseconds; threads that exited are not counted.
+    ///
+    /// # Errors
+    /// `/proc/<pid>/task` cannot be read.
+    pub fn cpu_ns(pid: u32) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).context("cannot read /proc/<pid>/task")? {
+            let path = task?.path().join("schedstat");
+            // A thread may exit between the listing and the read.
+            if let Ok(stat) = std::fs::read_to_string(path) {
+                total += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+        Ok(total)
+    }
+
     /// `getconf CLK_TCK` (100 on Linux unless configured otherwise).
     #[must_use]
     pub fn clock_ticks_per_second() -> u64 {

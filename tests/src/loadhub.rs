@@ -114,7 +114,23 @@ impl LoadPrincipal {
         start: Instant,
         extra: &[&str],
     ) -> anyhow::Result<(Self, Duration)> {
-        let mut cmd = Command::new(workspace_binary("argocd-agent")?);
+        Self::start_program(&workspace_binary("argocd-agent")?, hub, key, port, start, extra)
+    }
+
+    /// The same with the `argocd-agent` binary at `program` (another build, for a same-run
+    /// baseline).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_program(
+        program: &Path,
+        hub: &LoadHub,
+        key: &Path,
+        port: u16,
+        start: Instant,
+        extra: &[&str],
+    ) -> anyhow::Result<(Self, Duration)> {
+        let mut cmd = Command::new(program);
         cmd.args(["principal", "--allowed-namespaces", "*", "--namespace", NS, "--auth", "xfcc:"])
             .args(extra)
             .args(["--insecure-plaintext", "--listen-host", "127.0.0.1", "--listen-port", &port.to_string()])

@@ -199,7 +199,7 @@ fn our_event(event_type: &EventType, target: &Target, data: Option<&Value>) -> a
 /// The payload as we type it, from JSON data given for this type and target.
 fn typed(event_type: &EventType, target: &Target, data: Option<Value>) -> anyhow::Result<protocol::Payload> {
     let mut ev = Event::new(event_type.clone(), target.clone(), "r", "e");
-    ev.data = data;
+    ev.data = data.map(Into::into);
     Ok(ev.payload()?)
 }
 

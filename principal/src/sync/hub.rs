@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use link::Copies;
 use protocol::argocd::{Application, ObjectMeta};
+use protocol::checksum::ResourceKey;
 use protocol::kube_store::ObjectStore;
 use protocol::{Event, EventType, Target};
 
@@ -207,13 +208,12 @@ impl Hub {
     /// Queues `ty` of a shipped object (repository secret, GPG keys) for `agent`, if it still has
     /// a peer: the object as the hub has it, credentials included, without `managedFields`.
     pub(crate) fn ship<T: Shipped>(&self, agent: &str, ty: EventType, obj: &T) {
-        let Some(peer) = self.peers.get(agent) else { return };
-        let mut copy = obj.clone();
-        copy.meta_mut().extra.remove("managedFields");
-        tracing::debug!(%agent, name = ?obj.meta().name, target = %T::TARGET, event = ty.as_str(), "shipped object queued");
-        if let Some(ev) = self.object_event(ty, T::TARGET, obj.meta(), &copy) {
-            peer.push(ev);
-        }
+        self.shipper().ship(agent, ty, obj);
+    }
+
+    /// A [`Shipper`]: for one change that goes to many agents.
+    pub(crate) fn shipper(&self) -> Shipper<'_> {
+        Shipper { hub: self, built: Built::default() }
     }
 
     /// An Application event for an agent, stamped with the principal UID.
@@ -240,6 +240,56 @@ impl Hub {
                 tracing::error!(error = %e, name = ?meta.name, "cannot encode event");
                 None
             }
+        }
+    }
+}
+
+/// The events of one change that goes to many agents, each built once per key: agents whose
+/// copy is the same get clones of one event, sharing its encoded payload.
+pub(crate) struct Built<K>(Vec<(K, Option<Event>)>);
+
+impl<K: PartialEq> Default for Built<K> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<K: PartialEq> Built<K> {
+    /// The event for `key`, built by `build` the first time.
+    pub(crate) fn get_or_build(&mut self, key: K, build: impl FnOnce(&K) -> Option<Event>) -> Option<Event> {
+        if let Some((_, ev)) = self.0.iter().find(|(k, _)| *k == key) {
+            return ev.clone();
+        }
+        let ev = build(&key);
+        self.0.push((key, ev.clone()));
+        ev
+    }
+}
+
+/// Ships objects to agents as [`Hub::ship`] does, building each event once: every agent gets
+/// the same copy of a shipped object, so one change to a repository secret or the GPG keys is
+/// encoded once and its payload shared by every agent's event.
+pub(crate) struct Shipper<'h> {
+    hub: &'h Hub,
+    /// By event type and object version.
+    built: Built<(EventType, ResourceKey, Option<String>)>,
+}
+
+impl Shipper<'_> {
+    /// Queues `ty` of `obj` for `agent`, if it still has a peer.
+    pub(crate) fn ship<T: Shipped>(&mut self, agent: &str, ty: EventType, obj: &T) {
+        let Some(peer) = self.hub.peers.get(agent) else { return };
+        tracing::debug!(%agent, name = ?obj.meta().name, target = %T::TARGET, event = ty.as_str(), "shipped object queued");
+        let meta = obj.meta();
+        let key = (ty, ResourceKey::from_meta(T::RESYNC_KIND, meta), meta.resource_version.clone());
+        let hub = self.hub;
+        let ev = self.built.get_or_build(key, |(ty, _, _)| {
+            let mut copy = obj.clone();
+            copy.meta_mut().extra.remove("managedFields");
+            hub.object_event(ty.clone(), T::TARGET, meta, &copy)
+        });
+        if let Some(ev) = ev {
+            peer.push(ev);
         }
     }
 }

@@ -147,7 +147,7 @@ pub fn agent_copy(project: &AppProject, agent: &str, mapping: Mapping) -> AppPro
     let mut p = project.clone();
     p.spec.destinations = project.spec.destinations.as_ref().map(|ds| {
         ds.iter()
-            .filter(|d| d.name.as_deref().is_some_and(|n| !n.starts_with('!') && glob_match(n, agent)))
+            .filter(|d| keeps_destination(d, agent))
             .map(|d| ApplicationDestination {
                 name: Some(IN_CLUSTER_NAME.into()),
                 server: Some(IN_CLUSTER_SERVER.into()),
@@ -159,6 +159,20 @@ pub fn agent_copy(project: &AppProject, agent: &str, mapping: Mapping) -> AppPro
     p.spec.roles = None;
     p.status = None;
     p
+}
+
+/// Whether an agent's copy of a project keeps destination `d` (its name, not a deny, matches).
+fn keeps_destination(d: &ApplicationDestination, agent: &str) -> bool {
+    d.name.as_deref().is_some_and(|n| !n.starts_with('!') && glob_match(n, agent))
+}
+
+/// What tells one agent's copy of `project` from another's: the destinations it keeps, by
+/// position. Agents with the same key get the same [`agent_copy`] (everything else in the copy
+/// is the same for every agent), so one change is encoded once per key, not once per agent.
+#[must_use]
+pub fn agent_copy_key(project: &AppProject, agent: &str) -> Vec<usize> {
+    let kept = project.spec.destinations.iter().flatten().enumerate();
+    kept.filter(|(_, d)| keeps_destination(d, agent)).map(|(i, _)| i).collect()
 }
 
 /// The hub copy of an autonomous agent's AppProject (upstream `principal/event.go:442-600`):
@@ -242,6 +256,20 @@ mod tests {
         assert_eq!(dests.len(), 1);
         assert_eq!(dests[0].server.as_deref(), Some(IN_CLUSTER_SERVER));
         assert!(copy.spec.source_namespaces.is_none());
+    }
+
+    #[test]
+    fn agents_with_the_same_copy_key_get_the_same_copy() {
+        let p = project(&["agent-*", "agent-1", "other-*", "!agent-2"], &["*"]);
+        let key = |agent| agent_copy_key(&p, agent);
+        assert_eq!(key("agent-1"), [0, 1]);
+        assert_eq!(key("agent-2"), [0], "a deny destination is never kept");
+        assert_eq!(key("other-9"), [2]);
+        for (a, b) in [("agent-2", "agent-3"), ("other-1", "other-9"), ("agent-1", "agent-2"), ("x", "y")] {
+            let same = key(a) == key(b);
+            let copies = agent_copy(&p, a, Mapping::Destination) == agent_copy(&p, b, Mapping::Destination);
+            assert_eq!(same, copies, "{a} and {b}: equal keys exactly when equal copies");
+        }
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn raw(spec_version: &str, ty: &str, schema: &str, resource_id: &str, data: 
             spec_version: spec_version.into(),
             r#type: ty.into(),
             attributes,
-            data: Some(Data::BinaryData(data.as_bytes().to_vec())),
+            data: Some(Data::BinaryData(data.as_bytes().to_vec().into())),
         }),
     }
 }

@@ -31,6 +31,7 @@ use super::attributes::{
     EXT_RESOURCE_ID, EXT_SENT_AT, EXT_TRACEPARENT, EXT_TRACESTATE, SPEC_VERSION, TraceContext, format_rfc3339_nano,
     is_valid_attribute_name, parse_rfc3339,
 };
+use super::data::JsonData;
 use super::{Event, EventError, EventType, Target};
 
 /// The default data limit: the largest gRPC message upstream accepts.
@@ -211,7 +212,7 @@ impl Event {
             put(EXT_TRACESTATE, string(ts));
         }
 
-        let data = self.data.as_ref().map(|v| v.to_string().into_bytes()).unwrap_or_default();
+        let data = self.data.as_ref().map(JsonData::encoded).unwrap_or_default();
 
         CloudEvent {
             id: self.id.clone(),
@@ -290,11 +291,11 @@ fn decode_data(
     data: Option<Data>,
     content_type: Option<&str>,
     limits: &DecodeLimits,
-) -> Result<Option<serde_json::Value>, EventError> {
-    let bytes: Vec<u8> = match data {
+) -> Result<Option<JsonData>, EventError> {
+    let bytes: bytes::Bytes = match data {
         None => return Ok(None),
         Some(Data::BinaryData(b)) => b,
-        Some(Data::TextData(s)) => s.into_bytes(),
+        Some(Data::TextData(s)) => s.into(),
         Some(Data::ProtoData(_)) => {
             return Err(EventError::UnsupportedDataEncoding { encoding: "proto_data" });
         }
@@ -310,7 +311,7 @@ fn decode_data(
     {
         return Err(EventError::UnsupportedContentType { content_type: ct.to_owned() });
     }
-    serde_json::from_slice(&bytes).map(Some).map_err(EventError::InvalidJson)
+    serde_json::from_slice(&bytes).map(|v| Some(JsonData::new(v))).map_err(EventError::InvalidJson)
 }
 
 /// `application/json`, `text/json` or any `+json` media type, parameters ignored.

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use crate::argocd::ObjectMeta;
 
 use super::attributes::{AttributeValue, CONTENT_TYPE_JSON, TraceContext};
+use super::data::JsonData;
 use super::{EventError, EventType, Target};
 
 /// One argocd-agent event, as principal and agent handle it.
@@ -46,8 +47,8 @@ pub struct Event {
     pub trace: TraceContext,
     /// Every other attribute, by name, kept verbatim.
     pub extensions: BTreeMap<String, AttributeValue>,
-    /// The JSON payload, if any.
-    pub data: Option<serde_json::Value>,
+    /// The JSON payload, if any; copies of the event share it (and its encoding).
+    pub data: Option<JsonData>,
 }
 
 impl Event {
@@ -161,7 +162,7 @@ impl Event {
     ///
     /// [`EventError::Serialize`] if `data` cannot be serialised.
     pub fn with_json<T: Serialize + ?Sized>(mut self, data: &T) -> Result<Self, EventError> {
-        self.data = Some(serde_json::to_value(data).map_err(EventError::Serialize)?);
+        self.data = Some(JsonData::new(serde_json::to_value(data).map_err(EventError::Serialize)?));
         self.data_content_type = Some(CONTENT_TYPE_JSON.to_owned());
         Ok(self)
     }
@@ -189,7 +190,7 @@ impl Event {
             event_type: self.event_type.clone(),
             target: self.target.clone(),
         })?;
-        T::deserialize(data).map_err(|source| EventError::PayloadMismatch {
+        T::deserialize(data.value()).map_err(|source| EventError::PayloadMismatch {
             event_type: self.event_type.clone(),
             target: self.target.clone(),
             source,

@@ -40,7 +40,7 @@ fn go_style_event() -> CloudEvent {
         r#type: "io.argoproj.argocd-agent.event.spec-update".into(),
         attributes,
         data: Some(Data::BinaryData(
-            br#"{"metadata":{"name":"guestbook","namespace":"agent-1","uid":"uid-1","resourceVersion":"17"},"spec":{"project":"default"}}"#.to_vec(),
+            br#"{"metadata":{"name":"guestbook","namespace":"agent-1","uid":"uid-1","resourceVersion":"17"},"spec":{"project":"default"}}"#.as_slice().into(),
         )),
     }
 }
@@ -70,7 +70,7 @@ fn accepts_text_data_and_uri_typed_dataschema() {
         .insert("dataschema".into(), CloudEventAttributeValue { attr: Some(Attr::CeUri("application".into())) });
     let ev = Event::from_proto(ce).unwrap();
     assert_eq!(ev.target, Target::Application);
-    assert_eq!(ev.data, Some(json!({"spec": {}})));
+    assert_eq!(ev.data.as_deref(), Some(&json!({"spec": {}})));
 }
 
 #[test]
@@ -162,7 +162,7 @@ fn ack_copies_every_extension_and_has_no_data() {
     assert_eq!(ack.sent_at, ev.sent_at);
     assert_eq!(ack.extensions, ev.extensions);
     let ce = ack.to_proto();
-    assert_eq!(ce.data, Some(Data::BinaryData(Vec::new())));
+    assert_eq!(ce.data, Some(Data::BinaryData(bytes::Bytes::new())));
     assert!(!ce.attributes.contains_key("datacontenttype"));
     let back = Event::from_proto(ce).unwrap();
     assert_eq!(back.data, None);
@@ -249,7 +249,10 @@ fn malformed_events_are_named() {
         }),
         E::UnsupportedContentType { .. }
     ));
-    assert!(matches!(err_of(|c| c.data = Some(Data::BinaryData(b"{not json".to_vec()))), E::InvalidJson(_)));
+    assert!(matches!(
+        err_of(|c| c.data = Some(Data::BinaryData(bytes::Bytes::from_static(b"{not json")))),
+        E::InvalidJson(_)
+    ));
     assert!(matches!(Event::from_wire(crate::pb::eventstreamapi::Event { event: None }), Err(E::MissingCloudEvent)));
 
     let limits = DecodeLimits { max_data_bytes: 16, require_id: true };
@@ -270,7 +273,7 @@ fn malformed_events_are_named() {
 #[test]
 fn ack_ref_reads_ids_of_undecodable_events() {
     let mut ce = go_style_event();
-    ce.data = Some(Data::BinaryData(b"garbage".to_vec()));
+    ce.data = Some(Data::BinaryData(bytes::Bytes::from_static(b"garbage")));
     let r = AckRef::of(&ce).unwrap();
     assert_eq!(r.resource_id, "guestbook_uid-1");
     assert_eq!(r.event_id, "guestbook_uid-1_17");
@@ -292,8 +295,8 @@ fn payloads_decode_by_target_and_type() {
     let ev = Event::request(EventType::HttpPost, Target::Resource, "r-1").with_json(&req).unwrap();
     // Go field names, []byte as base64, omitempty honoured.
     assert_eq!(
-        ev.data,
-        Some(json!({"uuid":"r-1","namespace":"shop","name":"guestbook","body":"eyJhIjoxfQ==",
+        ev.data.as_deref(),
+        Some(&json!({"uuid":"r-1","namespace":"shop","name":"guestbook","body":"eyJhIjoxfQ==",
                     "group":"","version":"v1","resource":"pods"}))
     );
     let decoded = Event::from_proto(ev.to_proto()).unwrap();
@@ -305,13 +308,13 @@ fn payloads_decode_by_target_and_type() {
         body: RedisCommandBody { get: Some(RedisGet { key: "k".into() }), ..RedisCommandBody::default() },
     };
     let ev = Event::request(EventType::RedisRequest, Target::Redis, "q").with_json(&redis).unwrap();
-    assert_eq!(ev.data, Some(json!({"uuid":"q","connectionUuid":"c","body":{"get":{"key":"k"}}})));
+    assert_eq!(ev.data.as_deref(), Some(&json!({"uuid":"q","connectionUuid":"c","body":{"get":{"key":"k"}}})));
     assert_eq!(ev.payload().unwrap(), Payload::RedisRequest(redis));
 
     // A nil Go []byte is `null`; a missing resource's request-update has one.
     let ru = RequestUpdate { name: "a".into(), kind: "Application".into(), ..RequestUpdate::default() };
     let ev = Event::request(EventType::RequestUpdate, Target::ResourceResync, "u").with_json(&ru).unwrap();
-    assert_eq!(ev.data, Some(json!({"name":"a","uid":"","kind":"Application","checksum":null})));
+    assert_eq!(ev.data.as_deref(), Some(&json!({"name":"a","uid":"","kind":"Application","checksum":null})));
     let list = Event::request(EventType::RequestSyncedResourceList, Target::ResourceResync, "l");
     let list = list.clone().with_json(&json!({"checksum": "AAEC"})).unwrap();
     assert_eq!(

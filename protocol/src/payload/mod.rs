@@ -107,7 +107,7 @@ impl Event {
                 })
             }
             (Target::ClusterCacheInfoUpdate, T::ClusterCacheInfoUpdate) => Payload::ClusterCacheInfo(self.data_as()?),
-            _ => Payload::Unrecognised(self.data.clone()),
+            _ => Payload::Unrecognised(self.data.as_ref().map(|d| d.value().clone())),
         })
     }
 }

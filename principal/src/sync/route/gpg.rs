@@ -21,10 +21,12 @@ pub(crate) fn hub_gpg_changed(hub: &Hub, cm: &ConfigMap) {
         hub_gpg_deleted(hub, cm);
         return;
     }
-    hub.gpg.observed(cm, &targets(hub), |agent, ty, c| hub.ship(agent, ty, c));
+    let mut shipper = hub.shipper();
+    hub.gpg.observed(cm, &targets(hub), |agent, ty, c| shipper.ship(agent, ty, c));
 }
 
 /// The watch shows it deleted.
 pub(crate) fn hub_gpg_deleted(hub: &Hub, cm: &ConfigMap) {
-    hub.gpg.deleted(cm, &targets(hub), |agent, ty, c| hub.ship(agent, ty, c));
+    let mut shipper = hub.shipper();
+    hub.gpg.deleted(cm, &targets(hub), |agent, ty, c| shipper.ship(agent, ty, c));
 }

@@ -7,17 +7,26 @@ use protocol::kube_store::StoreError;
 use protocol::{Event, EventType, Target};
 
 use crate::config::AgentMode;
-use crate::sync::hub::Hub;
-use crate::sync::rules::{agent_copy, autonomous_hub_copy, matches_agent, stamp_written};
+use crate::sync::hub::{Built, Hub};
+use crate::sync::rules::{agent_copy, agent_copy_key, autonomous_hub_copy, matches_agent, stamp_written};
 
 pub(crate) fn event_for(hub: &Hub, ty: EventType, project: &AppProject, agent: &str) -> Option<Event> {
     let copy = agent_copy(project, agent, hub.config.mapping());
     hub.object_event(ty, Target::AppProject, &project.metadata, &copy)
 }
 
+/// The events of one project change, each built once for every agent that gets the same copy
+/// ([`agent_copy_key`]): a project that matches every agent is encoded once, not once per agent.
+type Events = Built<(EventType, Vec<usize>)>;
+
+fn event_once(events: &mut Events, hub: &Hub, ty: EventType, project: &AppProject, agent: &str) -> Option<Event> {
+    events.get_or_build((ty, agent_copy_key(project, agent)), |(ty, _)| event_for(hub, ty.clone(), project, agent))
+}
+
 /// A hub AppProject was added or changed: send it to the managed agents it matches, and a
 /// delete to those it no longer matches.
 pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &AppProject) {
+    let mut events = Events::default();
     for session in hub.peers.all() {
         if session.mode() != AgentMode::Managed {
             continue;
@@ -30,7 +39,7 @@ pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &Ap
             (true, false) => EventType::Delete,
             _ => continue,
         };
-        if let Some(ev) = event_for(hub, ty, cur, agent) {
+        if let Some(ev) = event_once(&mut events, hub, ty, cur, agent) {
             session.push(ev);
         }
     }
@@ -38,10 +47,11 @@ pub(crate) fn hub_project_changed(hub: &Hub, prev: Option<&AppProject>, cur: &Ap
 
 /// A hub AppProject was deleted: delete it on every managed agent it matched.
 pub(crate) fn hub_project_deleted(hub: &Hub, project: &AppProject) {
+    let mut events = Events::default();
     for session in hub.peers.all() {
         if session.mode() == AgentMode::Managed
             && matches_agent(project, session.name(), hub.config.mapping())
-            && let Some(ev) = event_for(hub, EventType::Delete, project, session.name())
+            && let Some(ev) = event_once(&mut events, hub, EventType::Delete, project, session.name())
         {
             session.push(ev);
         }

@@ -45,19 +45,22 @@ pub(crate) fn hub_repo_changed(hub: &Hub, repo: &Secret) {
         hub_repo_deleted(hub, repo);
         return;
     }
-    hub.repos.observed(repo, &targets(hub, repo), |agent, ty, r| hub.ship(agent, ty, r));
+    let mut shipper = hub.shipper();
+    hub.repos.observed(repo, &targets(hub, repo), |agent, ty, r| shipper.ship(agent, ty, r));
 }
 
 /// The watch shows a repository secret deleted.
 pub(crate) fn hub_repo_deleted(hub: &Hub, repo: &Secret) {
-    hub.repos.deleted(repo, &targets(hub, repo), |agent, ty, r| hub.ship(agent, ty, r));
+    let mut shipper = hub.shipper();
+    hub.repos.deleted(repo, &targets(hub, repo), |agent, ty, r| shipper.ship(agent, ty, r));
 }
 
 /// A hub AppProject changed or was deleted: its repositories follow its matching agents.
 pub(crate) fn project_changed(hub: &Hub, project: &str) {
+    let mut shipper = hub.shipper();
     hub.repos.retarget(
         |r| r.project().as_deref() == Some(project),
         |r| targets(hub, r),
-        |agent, ty, r| hub.ship(agent, ty, r),
+        |agent, ty, r| shipper.ship(agent, ty, r),
     );
 }
