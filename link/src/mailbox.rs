@@ -72,12 +72,14 @@ impl Mailbox {
     /// peer was already sent a newer version of its resource (e.g. a watch replaying history
     /// after a resync sent the current state).
     pub fn push(&self, event: Event) {
-        // The ids are kept only for the log line (a push is on every agent's path of a fan-out).
-        let ids = tracing::enabled!(tracing::Level::DEBUG).then(|| (event.resource_id.clone(), event.event_id.clone()));
-        if lock(&self.inner).outbox.push(event, Instant::now()) {
-            self.notify.notify_one();
-        } else if let Some((resource_id, event_id)) = ids {
-            tracing::debug!(%resource_id, %event_id, "dropped: the peer was already sent a newer version of this resource");
+        // Not `tracing::enabled!` to spare cloning the ids: with per-layer filters it leaves
+        // stale filter state behind, and the next span on this thread went unexported
+        // (tokio-rs/tracing#2519). The outbox gives a dropped event back instead.
+        let dropped = lock(&self.inner).outbox.push(event, Instant::now());
+        match dropped {
+            None => self.notify.notify_one(),
+            Some(ev) => tracing::debug!(resource_id = %ev.resource_id, event_id = %ev.event_id,
+                "dropped: the peer was already sent a newer version of this resource"),
         }
     }
 

@@ -494,7 +494,7 @@ async fn an_event_failing_while_the_hub_is_unavailable_is_not_acked_and_resent_a
     // The hub stays unavailable: 20 sends, none ACKed, then the event is parked.
     proxies.requests.set(ProxyMode::Down);
     let given_up = autonomous_create("given-up", 0)?;
-    assert!(outbox.push(given_up.clone(), now));
+    assert!(outbox.push(given_up.clone(), now).is_none());
     let mut sends = 0;
     let mut delays = Vec::new();
     loop {
@@ -516,7 +516,7 @@ async fn an_event_failing_while_the_hub_is_unavailable_is_not_acked_and_resent_a
 
     // Not ACKed twice, then the hub is back: the third send is applied and ACKed.
     let recovers = autonomous_create("recovers", 0)?;
-    assert!(outbox.push(recovers.clone(), now));
+    assert!(outbox.push(recovers.clone(), now).is_none());
     for _ in 0..2 {
         let sent = send_due(&mut s, &mut outbox, now).await?;
         assert_eq!(sent, [(recovers.resource_id.clone(), false)]);

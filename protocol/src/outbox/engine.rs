@@ -180,10 +180,10 @@ impl<T: Outgoing> Outbox<T> {
 
     /// Queues an item. Never drops a delete; coalesces as the module docs describe.
     ///
-    /// Returns `false` when the item was dropped as stale: it carries an older version of its
+    /// Gives the item back when it was dropped as stale: it carries an older version of its
     /// resource than one already accepted (e.g. a watch replaying history after a resync already
     /// sent the newer state), which must not overwrite the newer state on the other side.
-    pub fn push(&mut self, item: T, now: Instant) -> bool {
+    pub fn push(&mut self, item: T, now: Instant) -> Option<T> {
         let class = item.delivery_class();
         match (class, item.version()) {
             (DeliveryClass::Delete, Some((family, version))) => {
@@ -196,7 +196,7 @@ impl<T: Outgoing> Outbox<T> {
                 let newest = &mut self.versions.entry(item.resource_id().to_owned()).or_default()[family as usize];
                 if newest.is_some_and(|n| version < n) {
                     self.stale += 1;
-                    return false;
+                    return Some(item);
                 }
                 *newest = Some(version);
             }
@@ -238,7 +238,7 @@ impl<T: Outgoing> Outbox<T> {
                 }
             }
         }
-        true
+        None
     }
 
     /// The next item to transmit at `now`, if any; a tracked item is marked in flight until

@@ -249,28 +249,28 @@ fn an_older_version_never_follows_a_newer_one() {
     let t0 = Instant::now();
     let mut ob = outbox();
     let v = |t: EventType, rv: u64| ev(t, "app_uid1", &format!("app_uid1_{rv}"));
-    assert!(ob.push(v(EventType::SpecUpdate, 2649), t0));
+    assert!(ob.push(v(EventType::SpecUpdate, 2649), t0).is_none());
     let sent = drain(&mut ob, t0);
     assert_eq!(ids(&sent), ["app_uid1_2649"]);
-    assert!(!ob.push(v(EventType::SpecUpdate, 2637), t0), "older than what was delivered");
-    assert!(ob.push(v(EventType::SpecUpdate, 2649), t0), "the same version again (a resync answer) is sent");
-    assert!(ob.push(v(EventType::StatusUpdate, 2600), t0), "status is its own family");
-    assert!(!ob.push(v(EventType::Create, 2640), t0), "a create is a state of the spec too");
+    assert!(ob.push(v(EventType::SpecUpdate, 2637), t0).is_some(), "older than what was delivered");
+    assert!(ob.push(v(EventType::SpecUpdate, 2649), t0).is_none(), "the same version again (a resync answer) is sent");
+    assert!(ob.push(v(EventType::StatusUpdate, 2600), t0).is_none(), "status is its own family");
+    assert!(ob.push(v(EventType::Create, 2640), t0).is_some(), "a create is a state of the spec too");
     assert_eq!(ob.stale_dropped(), 2);
     assert_eq!(ids(&drain(&mut ob, t0)), ["app_uid1_2649", "app_uid1_2600"]);
 
     // A delete is never dropped, even when older; states older than a delete cannot follow it,
     // newer ones can (the object is shared with the agent again).
-    assert!(ob.push(v(EventType::Delete, 2000), t0));
-    assert!(ob.push(v(EventType::Delete, 2700), t0));
-    assert!(!ob.push(v(EventType::SpecUpdate, 2650), t0));
-    assert!(ob.push(v(EventType::SpecUpdate, 2800), t0));
+    assert!(ob.push(v(EventType::Delete, 2000), t0).is_none());
+    assert!(ob.push(v(EventType::Delete, 2700), t0).is_none());
+    assert!(ob.push(v(EventType::SpecUpdate, 2650), t0).is_some());
+    assert!(ob.push(v(EventType::SpecUpdate, 2800), t0).is_none());
     assert_eq!(ids(&drain(&mut ob, t0)), ["app_uid1_2700", "app_uid1_2800"]);
 
     // Requests and responses (event id = resource id, or not numeric) are not ordered.
-    assert!(ob.push(ev(EventType::SpecUpdate, "req-1", "req-1"), t0));
-    assert!(ob.push(ev(EventType::SpecUpdate, "x_uid", "x_uid_abc"), t0));
-    assert!(ob.push(ev(EventType::SpecUpdate, "x_uid", "x_uid_abc"), t0));
+    assert!(ob.push(ev(EventType::SpecUpdate, "req-1", "req-1"), t0).is_none());
+    assert!(ob.push(ev(EventType::SpecUpdate, "x_uid", "x_uid_abc"), t0).is_none());
+    assert!(ob.push(ev(EventType::SpecUpdate, "x_uid", "x_uid_abc"), t0).is_none());
 }
 
 #[test]
