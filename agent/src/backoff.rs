@@ -50,22 +50,12 @@ impl BackoffConfig {
     }
 }
 
-/// Jitter added to a principal's retry hint: the wait is the hint scaled by a random factor in
-/// `[1, 1 + HINT_JITTER)`, never shorter than asked.
-pub const HINT_JITTER: f64 = 0.2;
-
 /// The wait before calling again when the principal refused with a retry hint (`RESOURCE_EXHAUSTED`
-/// in a login storm, see `auth::admission`): at least `hint`, spread by [`HINT_JITTER`] with the
-/// jitter unit `u` in `[0, 1)`, so agents handed the same hint do not return together.
-#[must_use]
-pub fn hinted(hint: Duration, u: f64) -> Duration {
-    hint.mul_f64(1.0 + HINT_JITTER * u.clamp(0.0, 1.0))
-}
-
-/// [`hinted`] with random jitter.
+/// in a login storm, see `auth::admission`): at least `hint`, spread by [`auth::admission::HINT_JITTER`]
+/// so agents handed the same hint do not return together.
 #[must_use]
 pub fn hinted_random(hint: Duration) -> Duration {
-    hinted(hint, rand::random::<f64>())
+    auth::admission::hinted(hint, auth::admission::jitter_unit())
 }
 
 #[cfg(test)]
@@ -75,8 +65,6 @@ mod tests {
     #[test]
     fn a_hint_is_waited_at_least_and_spread() {
         let hint = Duration::from_millis(1500);
-        assert_eq!(hinted(hint, 0.0), hint);
-        assert_eq!(hinted(hint, 0.5), Duration::from_millis(1650));
         assert!(hinted_random(hint) >= hint && hinted_random(hint) < Duration::from_millis(1801));
     }
 

@@ -267,9 +267,44 @@ pub fn retry_hint(status: &tonic::Status) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
+/// Jitter added to a principal's retry hint: the wait is the hint scaled by a random factor in
+/// `[1, 1 + HINT_JITTER)`, never shorter than asked.
+pub const HINT_JITTER: f64 = 0.2;
+
+/// The wait before calling again after a retry hint: at least `hint`, spread by [`HINT_JITTER`]
+/// with the jitter unit `u` in `[0, 1)`, so callers handed the same hint do not return together.
+#[must_use]
+pub fn hinted(hint: Duration, u: f64) -> Duration {
+    hint.mul_f64(1.0 + HINT_JITTER * u.clamp(0.0, 1.0))
+}
+
+/// A random jitter unit in `[0, 1)` for [`hinted`] (0 if the system's random source fails).
+#[must_use]
+pub fn jitter_unit() -> f64 {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 4];
+    match ring::rand::SystemRandom::new().fill(&mut bytes) {
+        Ok(()) => f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 0.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hint_is_waited_at_least_and_spread() {
+        let hint = Duration::from_millis(1500);
+        assert_eq!(hinted(hint, 0.0), hint);
+        assert_eq!(hinted(hint, 0.5), Duration::from_millis(1650));
+        for _ in 0..100 {
+            let u = jitter_unit();
+            assert!((0.0..1.0).contains(&u), "{u}");
+            let wait = hinted(hint, u);
+            assert!(wait >= hint && wait < Duration::from_millis(1801), "{wait:?}");
+        }
+    }
 
     #[tokio::test]
     async fn over_the_queue_is_refused_with_spread_hints() {

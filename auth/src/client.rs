@@ -269,11 +269,19 @@ impl Credentials {
             match self.refresh(client).await {
                 Ok(()) => retry = RETRY_INITIAL,
                 Err(error) if error.needs_reauthentication() => return error,
-                Err(error) => {
-                    tracing::warn!(%error, ?retry, "token refresh failed, retrying");
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(RETRY_MAX);
-                }
+                Err(error) => match error.retry_after() {
+                    // The principal's signing queue is full: back when it says, not sooner.
+                    Some(hint) => {
+                        let wait = crate::admission::hinted(hint, crate::admission::jitter_unit());
+                        tracing::info!(%error, ?wait, "token refresh deferred by the principal, retrying");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => {
+                        tracing::warn!(%error, ?retry, "token refresh failed, retrying");
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(RETRY_MAX);
+                    }
+                },
             }
         }
     }

@@ -209,6 +209,46 @@ impl<H: SessionHook> AuthService<H> {
             observer.refused(method, reason);
         }
     }
+
+    /// Counts a refused `RefreshToken` call by `reason`.
+    fn refused_refresh(&self, reason: &str) {
+        if let Some(observer) = &self.observer {
+            observer.refused("refresh_token", reason);
+        }
+    }
+
+    /// Runs `sign` (RSA signatures take milliseconds) off the async workers once the signing
+    /// gate admits it: queued in order, or refused at once with `RESOURCE_EXHAUSTED` and a retry
+    /// hint when the queue is full. Refusals are counted through `refused` by reason.
+    async fn sign<T: Send + 'static>(
+        &self,
+        identity: &AgentIdentity,
+        what: &str,
+        refused: impl Fn(&'static str),
+        sign: impl FnOnce() -> Result<T, AuthError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let slot = self.sessions.signing().acquire().await.map_err(|overloaded| {
+            refused("overloaded");
+            overloaded.to_status()
+        })?;
+        let signed = tokio::task::spawn_blocking(move || {
+            let signed = sign();
+            slot.done();
+            signed
+        })
+        .await;
+        signed
+            .map_err(|join| {
+                tracing::error!(agent = %identity.name(), error = %join, "signing {what} failed");
+                refused("signing_failed");
+                Status::internal(format!("signing {what} failed: {join}"))
+            })?
+            .map_err(|error| {
+                tracing::error!(agent = %identity.name(), %error, "cannot sign {what}");
+                refused("signing_failed");
+                error.to_status()
+            })
+    }
 }
 
 #[tonic::async_trait]
@@ -248,30 +288,16 @@ impl<H: SessionHook> Authentication for AuthService<H> {
         // more at once than the signing gate allows (one per core by default): a storm waits in
         // its bounded queue, and beyond it is refused with RESOURCE_EXHAUSTED and a retry hint
         // (logged once a second, counted as `overloaded`), never starving the workers.
-        let slot = self.sessions.signing().acquire().await.map_err(|overloaded| {
-            self.refused(&req.method, "overloaded");
-            overloaded.to_status()
-        })?;
-        let issued = {
-            let (sessions, identity) = (self.sessions.clone(), identity.clone());
-            tokio::task::spawn_blocking(move || {
-                let issued = sessions.issue(&identity, mode);
-                slot.done();
-                issued
-            })
-            .await
+        let tokens = {
+            let (sessions, id) = (self.sessions.clone(), identity.clone());
+            self.sign(
+                &identity,
+                "the session tokens",
+                |reason| self.refused(&req.method, reason),
+                move || sessions.issue(&id, mode),
+            )
+            .await?
         };
-        let tokens = issued
-            .map_err(|join| {
-                tracing::error!(agent = %identity.name(), error = %join, "signing the session tokens failed");
-                self.refused(&req.method, "signing_failed");
-                Status::internal(format!("signing the session tokens failed: {join}"))
-            })?
-            .map_err(|error| {
-                tracing::error!(agent = %identity.name(), %error, "cannot sign session tokens");
-                self.refused(&req.method, "signing_failed");
-                error.to_status()
-            })?;
         let session = NewSession {
             identity,
             mode,
@@ -303,19 +329,29 @@ impl<H: SessionHook> Authentication for AuthService<H> {
         let transport = TransportIdentity::from_extensions(request.extensions());
         let token = &request.get_ref().refresh_token;
         if token.is_empty() {
-            if let Some(observer) = &self.observer {
-                observer.refused("refresh_token", "missing_token");
-            }
+            self.refused_refresh("missing_token");
             return Err(Status::unauthenticated("no refresh token in the RefreshTokenRequest"));
         }
         let cx = AuthContext::new(&transport, request.metadata().as_ref());
-        let (refreshed, identity) = self.sessions.refresh_session(token, &cx).map_err(|error| {
+        let verified = self.sessions.verify_refresh(token, &cx).map_err(|error| {
             tracing::info!(remote_addr = ?transport.remote_addr(), %error, "token refresh refused");
-            if let Some(observer) = &self.observer {
-                observer.refused("refresh_token", failure_reason(&error));
-            }
+            self.refused_refresh(failure_reason(&error));
             error.to_status()
         })?;
+        // Signed as `Authenticate` signs: through the signing gate, off the async workers, so
+        // agents refreshing together (they logged in together) queue, or are told when to come
+        // back, instead of taking every worker.
+        let identity = verified.identity().clone();
+        let refreshed = {
+            let sessions = self.sessions.clone();
+            self.sign(
+                &identity,
+                "the refreshed token",
+                |reason| self.refused_refresh(reason),
+                move || sessions.sign_refresh(&verified),
+            )
+            .await?
+        };
         self.hook.on_refreshed(&identity, refreshed.access_expires_at).inspect_err(|status| {
             tracing::info!(agent = %identity.name(), reason = status.message(), "token refresh refused");
         })?;
@@ -386,6 +422,26 @@ mod tests {
         held.done();
         let answer = service.authenticate(request()).await.unwrap().into_inner();
         assert!(!answer.access_token.is_empty());
+
+        // A refresh signs through the same gate: refused with the hint while the slot is held,
+        // after the token and the binding were checked (a bad token is refused as such).
+        let refresh = |token: &str| {
+            let mut r = Request::new(RefreshTokenRequest { refresh_token: token.to_owned() });
+            r.metadata_mut().insert("x-agent-id", "agent-a".parse().unwrap());
+            let from = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 40000)));
+            r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: from });
+            r
+        };
+        let held = sessions.signing().acquire().await.unwrap();
+        let status = service.refresh_token(refresh(&answer.refresh_token)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(crate::retry_hint(&status).is_some(), "{status:?}");
+        let status = service.refresh_token(refresh("not.a.token")).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "checked before the gate: {status:?}");
+        held.done();
+        let refreshed = service.refresh_token(refresh(&answer.refresh_token)).await.unwrap().into_inner();
+        assert!(!refreshed.access_token.is_empty());
+        assert_eq!(seen.lock().unwrap()[1], "refresh_token/overloaded");
     }
 
     #[tokio::test]

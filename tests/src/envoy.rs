@@ -248,9 +248,23 @@ impl EnvoySidecar {
     /// Envoy is missing (run `scripts/install-test-deps`), the template does not render, or Envoy
     /// exits or is not LIVE within a minute (its log tail is in the error).
     pub fn start(kind: SidecarKind, params: &SidecarParams) -> anyhow::Result<Self> {
+        Self::start_edited(kind, params, Ok)
+    }
+
+    /// As [`Self::start`], with `edit` applied to the rendered configuration first (e.g. a
+    /// control run without one of its settings, to show what that setting does).
+    ///
+    /// # Errors
+    /// As [`Self::start`], and whatever `edit` returns.
+    pub fn start_edited(
+        kind: SidecarKind,
+        params: &SidecarParams,
+        edit: impl FnOnce(String) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Self> {
         let envoy = envoy_path().context("Envoy sidecar tests need the real Envoy")?;
         let rendered = render(&template(kind.template_file())?, &params.placeholders(kind)?)
             .with_context(|| format!("cannot render envoy/{}", kind.template_file()))?;
+        let rendered = edit(rendered)?;
         let dir = tempfile::Builder::new().prefix(&format!("{}-", kind.label())).tempdir()?;
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, &rendered).with_context(|| format!("cannot write {}", config.display()))?;

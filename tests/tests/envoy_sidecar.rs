@@ -430,3 +430,101 @@ fn the_sds_variant_of_the_principal_sidecar_is_valid() -> Result<()> {
     ]);
     validate(&render(&template("principal-sidecar-sds.yaml")?, &values)?)
 }
+
+/// More streams than Envoy's default circuit breakers allow to one cluster (1,024 requests):
+/// every agent holds a long-lived `Subscribe`, so a principal sidecar with the defaults refuses
+/// agent 1,025 (docs/mesh/envoy.md).
+const STREAMS_PAST_THE_DEFAULT: usize = 1_100;
+
+/// Opens `n` `Subscribe` streams one after another, each on its own mTLS connection to the
+/// principal sidecar (as each agent's sidecar dials it), each echoing one event, and keeps them
+/// all open: `Err((opened, why))` at the first stream that fails.
+async fn open_streams(
+    pki: &Pki,
+    sidecar: SocketAddr,
+    n: usize,
+) -> std::result::Result<Vec<(mpsc::Sender<Event>, Streaming<Event>)>, (usize, String)> {
+    let mut open = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::channel(1);
+        let id = format!("stream-{i}");
+        let echoed = async {
+            let mut client = mtls_client(pki, sidecar).await.map_err(|e| format!("{e:#}"))?;
+            tx.send(event(&id)).await.map_err(|e| e.to_string())?;
+            let mut inbound =
+                client.subscribe(ReceiverStream::new(rx)).await.map_err(|s| format!("{s:?}"))?.into_inner();
+            match inbound.message().await {
+                Ok(Some(e)) if event_id(&e) == id => Ok(inbound),
+                other => Err(format!("{other:?}")),
+            }
+        };
+        match tokio::time::timeout(RPC, echoed).await {
+            Ok(Ok(inbound)) => open.push((tx, inbound)),
+            Ok(Err(why)) => return Err((open.len(), why)),
+            Err(_) => return Err((open.len(), "no echo in time".into())),
+        }
+    }
+    Ok(open)
+}
+
+/// The rendered principal sidecar without its `circuit_breakers` block: Envoy's defaults.
+fn without_circuit_breakers(rendered: String) -> Result<String> {
+    let mut out = String::with_capacity(rendered.len());
+    let (mut block, mut removed) = (None, false);
+    for line in rendered.lines() {
+        let indent = line.len() - line.trim_start().len();
+        if block.is_some_and(|at| indent > at) {
+            continue; // inside the block
+        }
+        block = None;
+        if line.trim_start().starts_with("circuit_breakers:") {
+            (block, removed) = (Some(indent), true);
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if !removed {
+        bail!("no circuit_breakers block in the rendered principal sidecar");
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_principal_sidecar_carries_more_agents_than_envoys_default_circuit_breakers() -> Result<()> {
+    let pki = Pki::new()?;
+    let backend = Backend::start().await?;
+
+    // As shipped: every stream reaches the principal and stays open, none overflows.
+    let principal = EnvoySidecar::start(SidecarKind::Principal, &pki.principal_params(backend.addr))?;
+    let open = match open_streams(&pki, principal.listen_addr(), STREAMS_PAST_THE_DEFAULT).await {
+        Ok(open) => open,
+        Err((opened, why)) => {
+            let (_, stats) =
+                tests::envoy::admin_get(principal.admin_addr(), "/stats?filter=rq_active|cx_active|overflow")?;
+            bail!("stream {opened} failed after {opened} were opened through the shipped sidecar: {why}\n{stats}");
+        }
+    };
+    assert_eq!(principal.stat("cluster.principal.upstream_rq_active")?, Some(STREAMS_PAST_THE_DEFAULT as u64));
+    assert_eq!(principal.stat("cluster.principal.upstream_rq_active_overflow")?.unwrap_or(0), 0);
+    assert_eq!(principal.stat("cluster.principal.upstream_rq_pending_overflow")?.unwrap_or(0), 0);
+    drop(open);
+    drop(principal);
+
+    // The control: Envoy's defaults refuse the stream past 1,024, so the test above can fail.
+    let defaults = EnvoySidecar::start_edited(
+        SidecarKind::Principal,
+        &pki.principal_params(backend.addr),
+        without_circuit_breakers,
+    )?;
+    match open_streams(&pki, defaults.listen_addr(), STREAMS_PAST_THE_DEFAULT).await {
+        Ok(_) => bail!("Envoy's default circuit breakers let {STREAMS_PAST_THE_DEFAULT} streams through"),
+        Err((opened, why)) => {
+            assert_eq!(opened, 1024, "refused at another stream than Envoy's default 1,024: {why}");
+            eprintln!("with Envoy's default circuit breakers, stream {opened} was refused: {why}");
+        }
+    }
+    let overflow = defaults.stat("cluster.principal.upstream_rq_active_overflow")?.unwrap_or(0);
+    assert_eq!(overflow, 1, "Envoy counted the refusal as a requests-circuit-breaker overflow");
+    Ok(())
+}

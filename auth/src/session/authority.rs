@@ -121,23 +121,30 @@ impl Sessions {
     ///
     /// The [`AuthError`] of the first check that fails.
     pub fn refresh(&self, refresh_token: &str, cx: &AuthContext<'_>) -> Result<RefreshedTokens, AuthError> {
-        self.refresh_session(refresh_token, cx).map(|(tokens, _identity)| tokens)
+        self.sign_refresh(&self.verify_refresh(refresh_token, cx)?)
     }
 
-    /// As [`Self::refresh`], also returning the identity the refresh token was bound to (and
-    /// the connection presented).
+    /// The first half of [`Self::refresh`]: checks the refresh token and that this call
+    /// presents the identity it is bound to, and signs nothing. The service signs with
+    /// [`Self::sign_refresh`] through the signing gate, so a refresh storm queues like a login
+    /// storm (see [`crate::admission`]).
     ///
     /// # Errors
     ///
     /// As [`Self::refresh`].
-    pub fn refresh_session(
-        &self,
-        refresh_token: &str,
-        cx: &AuthContext<'_>,
-    ) -> Result<(RefreshedTokens, AgentIdentity), AuthError> {
-        let verified = self.inner.issuer.verify(refresh_token, TokenKind::Refresh)?;
-        let identity = self.check_binding(&verified, cx)?;
-        Ok((self.inner.issuer.refresh(&verified)?, identity))
+    pub fn verify_refresh(&self, refresh_token: &str, cx: &AuthContext<'_>) -> Result<VerifiedRefresh, AuthError> {
+        let token = self.inner.issuer.verify(refresh_token, TokenKind::Refresh)?;
+        let identity = self.check_binding(&token, cx)?;
+        Ok(VerifiedRefresh { token, identity })
+    }
+
+    /// The second half of [`Self::refresh`]: signs the new tokens for a verified refresh token.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError`] if signing fails.
+    pub fn sign_refresh(&self, verified: &VerifiedRefresh) -> Result<RefreshedTokens, AuthError> {
+        self.inner.issuer.refresh(&verified.token)
     }
 
     fn check_name(&self, name: &str) -> Result<(), AuthError> {
@@ -178,6 +185,22 @@ impl Sessions {
             return Err(AuthError::BindingMismatch { kind, bound, presented });
         }
         Ok(AgentIdentity::new(verified.agent.clone(), method.method(), bound))
+    }
+}
+
+/// A refresh token that passed every check of [`Sessions::verify_refresh`], not yet
+/// exchanged for new tokens.
+#[derive(Debug, Clone)]
+pub struct VerifiedRefresh {
+    token: super::issuer::VerifiedToken,
+    identity: AgentIdentity,
+}
+
+impl VerifiedRefresh {
+    /// The identity the refresh token is bound to (and this call presented).
+    #[must_use]
+    pub fn identity(&self) -> &AgentIdentity {
+        &self.identity
     }
 }
 

@@ -10,7 +10,7 @@ pub mod issuer;
 pub mod keys;
 pub mod token;
 
-pub use authority::Sessions;
+pub use authority::{Sessions, VerifiedRefresh};
 pub use issuer::{Clock, ManualClock, SessionIssuer, SystemClock, TokenLifetimes, VerifiedToken};
 pub use keys::{KeyError, SigningKey};
 pub use token::{Claims, IssuedTokens, RefreshedTokens, TokenKind};
