@@ -22,6 +22,13 @@
 //! 3. `BENCH_MESH_AGENTS` (50,000) multiplexed, K per connection
 //!    (`BENCH_MESH_STREAMS_PER_CONNECTION`, 1,000).
 //!
+//! 4. `BENCH_MESH_ENVOY_AGENTS` (3,000: past the 1,024 streams Envoy's default circuit breakers
+//!    allow a cluster) through a real Envoy running `envoy/principal-sidecar.yaml` in front of the
+//!    principal: each agent dials it over mTLS with its own client certificate (an X.509-SVID, as
+//!    its own sidecar would), Envoy sets the XFCC and carries the streams to the principal on its
+//!    upstream connections; beside it, the same number multiplexed by the load generator (the
+//!    stand-in the larger sizes use), so the run shows how far the stand-in is from the sidecar.
+//!
 //! Agents connect at `BENCH_MESH_RAMP_RATE` (400) per second (`0`: all at once): every first
 //! connect is an `Authenticate` that signs two tokens (~12 ms of a core with RSA-4096, a fraction
 //! of that with ES256), and 50,000 at once queue past their own keepalive and session deadlines
@@ -42,9 +49,17 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
 use anyhow::{Context as _, bail};
-use tests::loadgen::{LoadConfig, LoadGen, procstat};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tests::envoy::{EnvoySidecar, SidecarKind, SidecarParams};
+use tests::loadgen::{ClientTls, LoadConfig, LoadGen, procstat};
 use tests::loadhub::{FANOUT_PROJECT, LoadHub, LoadPrincipal, fanout, fanout_project, progress, projects};
+use tests::pki::Ca;
 
 type Res<T> = anyhow::Result<T>;
 
@@ -87,6 +102,9 @@ async fn cpu_window(pid: u32, window: Duration) -> Res<(f64, f64)> {
 struct Row {
     agents: usize,
     per_connection: usize,
+    /// Through a real Envoy: its CPU over the idle window and its RSS growth, and the
+    /// principal's connections from it.
+    envoy: Option<EnvoyUse>,
     connect: Duration,
     rss0: u64,
     fds0: usize,
@@ -115,7 +133,9 @@ impl Row {
     }
 
     fn delivery(&self) -> String {
-        if self.per_connection == 1 {
+        if self.envoy.is_some() {
+            "through Envoy (each agent's own mTLS connection to it)".to_owned()
+        } else if self.per_connection == 1 {
             "one connection per agent".to_owned()
         } else {
             format!("multiplexed, {} per connection", self.per_connection)
@@ -132,10 +152,84 @@ struct Pace {
     ramp_rate: usize,
 }
 
-async fn level(hub: &LoadHub, agents: usize, per_connection: usize, pace: Pace) -> Res<Row> {
+/// What the Envoy in front of the principal cost at one level.
+struct EnvoyUse {
+    rss0: u64,
+    rss: u64,
+    cpu: f64,
+    upstream_connections: u64,
+}
+
+/// How a level's agents reach the principal.
+#[derive(Clone, Copy)]
+enum Delivery {
+    /// `per_connection` agents on one HTTP/2 connection from the load generator (1: each its own).
+    Direct { per_connection: usize },
+    /// Each agent its own mTLS connection to a real Envoy in front of the principal.
+    Envoy,
+}
+
+/// The principal sidecar's certificate and one client certificate per agent (its SPIFFE ID as
+/// URI SAN, which Envoy forwards in the XFCC), written where Envoy reads them.
+struct SidecarPki {
+    dir: tempfile::TempDir,
+    ca_der: CertificateDer<'static>,
+    ca: Ca,
+}
+
+impl SidecarPki {
+    fn new() -> Res<Self> {
+        let ca = Ca::generate("mesh-scale-ca")?;
+        let server = ca.server(
+            "argocd-agent-principal",
+            &["localhost", "127.0.0.1"],
+            &["spiffe://cluster.local/ns/argocd/sa/argocd-agent-principal"],
+        )?;
+        let dir = tempfile::Builder::new().prefix("mesh-scale-pki-").tempdir()?;
+        std::fs::write(dir.path().join("ca.pem"), &ca.pem)?;
+        std::fs::write(dir.path().join("principal.pem"), &server.cert)?;
+        std::fs::write(dir.path().join("principal-key.pem"), &server.key)?;
+        Ok(Self { ca_der: ca.der()?, ca, dir })
+    }
+
+    fn sidecar(&self, principal: SocketAddr) -> SidecarParams {
+        let path = |name: &str| self.dir.path().join(name);
+        SidecarParams::new(principal, path("principal.pem"), path("principal-key.pem"), path("ca.pem"))
+    }
+
+    /// Agent `n`'s TLS towards the sidecar, for each of `config`'s agents.
+    fn agents(&self, config: &LoadConfig) -> Res<ClientTls> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = BTreeMap::new();
+        for n in config.first..config.first + config.agents {
+            let issued = self.ca.client(&format!("agent-{n}"), &[&config.spiffe_id(n)])?;
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(self.ca_der.clone())?;
+            let chain = CertificateDer::pem_slice_iter(issued.cert.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+            let key = PrivateKeyDer::from_pem_slice(issued.key.as_bytes())?;
+            let client = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)?;
+            let agent =
+                agent::transport::AgentTls::Rustls { config: Arc::new(client), server_name: "127.0.0.1".into() };
+            tls.insert(n, agent);
+        }
+        Ok(ClientTls(Arc::new(move |n| tls.get(&n).cloned().context("no certificate for this agent"))))
+    }
+}
+
+async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> Res<Row> {
+    let per_connection = match delivery {
+        Delivery::Direct { per_connection } => per_connection,
+        Delivery::Envoy => 1,
+    };
     use kube::api::{Patch, PatchParams};
     let Pace { window, timeout, ramp_rate } = pace;
-    let label = format!("{agents} agents, {per_connection} per connection");
+    let label = match delivery {
+        Delivery::Direct { .. } => format!("{agents} agents, {per_connection} per connection"),
+        Delivery::Envoy => format!("{agents} agents through Envoy"),
+    };
     // Another level may have left the fan-out's marker in the description: the fan-out below must
     // be a change.
     let before = Patch::Merge(serde_json::json!({"spec": {"description": format!("before {label} connect")}}));
@@ -150,6 +244,17 @@ async fn level(hub: &LoadHub, agents: usize, per_connection: usize, pace: Pace) 
 
     let mut config = LoadConfig::new(principal.addr(), agents);
     config.streams_per_connection = per_connection;
+    let mut sidecar = None;
+    if let Delivery::Envoy = delivery {
+        let pki = SidecarPki::new()?;
+        let upstream: SocketAddr =
+            principal.addr().trim_start_matches("http://").parse().context("the principal's address")?;
+        let envoy = EnvoySidecar::start(SidecarKind::Principal, &pki.sidecar(upstream))?;
+        let envoy_rss0 = procstat::rss_kib(envoy.pid())?;
+        config.principal_addr = format!("https://{}", envoy.listen_addr());
+        config.mtls = Some(pki.agents(&config)?);
+        sidecar = Some((envoy, envoy_rss0, pki));
+    }
     if per_connection > 1 {
         // Envoy's upstream connections to the principal carry no keepalive PINGs.
         config.keepalive = None;
@@ -165,10 +270,20 @@ async fn level(hub: &LoadHub, agents: usize, per_connection: usize, pace: Pace) 
         .with_context(|| format!("{label}: not every agent connected; raise BENCH_MESH_TIMEOUT or lower the sizes"))?;
     eprintln!("  {label}: all resynced after {:.1} s", connect.as_secs_f64());
     let before = load.snapshot();
+    let envoy_ticks = sidecar.as_ref().map(|(e, _, _)| procstat::cpu_ticks(e.pid())).transpose()?;
+    let (window_started, hz) = (Instant::now(), procstat::clock_ticks_per_second() as f64);
     let (cpu, loadgen_cpu) = cpu_window(principal.pid(), window).await?;
     let after = load.snapshot();
     let rss = principal.rss()?;
     let fds = procstat::open_fds(principal.pid());
+    let envoy = match (&sidecar, envoy_ticks) {
+        (Some((e, rss0, _)), Some(t0)) => {
+            let cpu = (procstat::cpu_ticks(e.pid())? - t0) as f64 / hz / window_started.elapsed().as_secs_f64() * 100.0;
+            let upstream_connections = e.stat("cluster.principal.upstream_cx_active")?.unwrap_or(0);
+            Some(EnvoyUse { rss0: *rss0, rss: procstat::rss_kib(e.pid())?, cpu, upstream_connections })
+        }
+        _ => None,
+    };
     if after.connected != agents {
         bail!("{label}: only {} agents still connected after the idle window: {after:?}", after.connected);
     }
@@ -176,10 +291,12 @@ async fn level(hub: &LoadHub, agents: usize, per_connection: usize, pace: Pace) 
         fanout(hub, std::slice::from_ref(&load), agents, timeout).await.with_context(|| format!("{label}: fan-out"))?;
     let errors = errors(&principal);
     load.stop().await;
+    drop(sidecar);
     drop(principal);
     Ok(Row {
         agents,
         per_connection,
+        envoy,
         connect,
         rss0,
         fds0,
@@ -238,6 +355,33 @@ fn print_rows(rows: &[Row], window: Duration) {
     }
 }
 
+/// The Envoy level beside the load generator's stand-in at the same size.
+fn print_envoy(envoy: &Row, stand_in: &Row) {
+    let Some(e) = &envoy.envoy else { return };
+    println!(
+        "  through Envoy ({} agents): Envoy RSS {} -> {} ({:.1} KiB per agent), Envoy CPU idle {:.2}%, {} upstream connections to the principal",
+        envoy.agents,
+        mib(e.rss0),
+        mib(e.rss),
+        e.rss.saturating_sub(e.rss0) as f64 / envoy.agents as f64,
+        e.cpu,
+        e.upstream_connections,
+    );
+    println!(
+        "  through Envoy / the load generator's multiplexing ({} per connection), {} agents: principal memory per agent {:.2}x ({:.1} / {:.1} KiB), connect + resync {:.2}x, fan-out last agent {:.2}x ({} / {}), principal idle CPU {:.2}x",
+        stand_in.per_connection,
+        envoy.agents,
+        envoy.kib_per_agent() / stand_in.kib_per_agent().max(1e-9),
+        envoy.kib_per_agent(),
+        stand_in.kib_per_agent(),
+        envoy.connect.as_secs_f64() / stand_in.connect.as_secs_f64().max(1e-9),
+        envoy.last.as_secs_f64() / stand_in.last.as_secs_f64().max(1e-9),
+        ms(envoy.last),
+        ms(stand_in.last),
+        envoy.cpu / stand_in.cpu.max(1e-9),
+    );
+}
+
 fn print_ratios(direct: &Row, same: Option<&Row>, big: &Row) {
     if let Some(same) = same {
         println!(
@@ -285,6 +429,8 @@ async fn main() -> Res<()> {
     let agents = env("BENCH_MESH_AGENTS", 200, 50_000);
     let per_connection = env("BENCH_MESH_STREAMS_PER_CONNECTION", 50, 1000);
     let direct = env("BENCH_MESH_DIRECT_AGENTS", 100, 10_000);
+    // 0: no Envoy level.
+    let envoy_agents = tests::bench::env("BENCH_MESH_ENVOY_AGENTS", if quick { 100 } else { 3_000 });
     let window = Duration::from_secs(env("BENCH_MESH_WINDOW", 1, 20) as u64);
     let timeout = Duration::from_secs(env("BENCH_MESH_TIMEOUT", 120, 1800) as u64);
     let ramp_rate = tests::bench::env("BENCH_MESH_RAMP_RATE", if quick { 0 } else { 400 });
@@ -308,14 +454,14 @@ async fn main() -> Res<()> {
         .create(&kube::api::PostParams::default(), &fanout_project("created before the agents")?)
         .await
         .context("cannot create the fan-out AppProject")?;
-    let mut plan = vec![(direct, 1)];
+    let mut plan = vec![(direct, Delivery::Direct { per_connection: 1 })];
     if per_connection > 1 && direct != agents {
-        plan.push((direct, per_connection));
+        plan.push((direct, Delivery::Direct { per_connection }));
     }
-    plan.push((agents, per_connection));
+    plan.push((agents, Delivery::Direct { per_connection }));
     let mut rows = Vec::new();
-    for (n, k) in plan {
-        let row = level(&hub, n, k, pace).await?;
+    for (n, delivery) in plan {
+        let row = level(&hub, n, delivery, pace).await?;
         // Printed as soon as measured: a later level may fail.
         println!("level measured:");
         print_rows(std::slice::from_ref(&row), window);
@@ -328,6 +474,18 @@ async fn main() -> Res<()> {
     print_rows(&rows, window);
     let same = (rows.len() == 3).then(|| &rows[1]);
     print_ratios(&rows[0], same, &rows[rows.len() - 1]);
+
+    // Through a real sidecar, beside the stand-in at the same size.
+    if envoy_agents > 0 {
+        println!("through a real Envoy (envoy/principal-sidecar.yaml) and the load generator's stand-in for it:");
+        let mut pair = Vec::new();
+        for delivery in [Delivery::Direct { per_connection }, Delivery::Envoy] {
+            let row = level(&hub, envoy_agents, delivery, pace).await?;
+            print_rows(std::slice::from_ref(&row), window);
+            pair.push(row);
+        }
+        print_envoy(&pair[1], &pair[0]);
+    }
     drop(hub);
     Ok(())
 }

@@ -345,6 +345,12 @@ impl EnvoySidecar {
         &mut self.process
     }
 
+    /// Envoy's process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// A counter or gauge from the admin `/stats`, `None` if Envoy has no stat of that name.
     ///
     /// # Errors
