@@ -253,6 +253,7 @@ async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> 
         let envoy_rss0 = procstat::rss_kib(envoy.pid())?;
         config.principal_addr = format!("https://{}", envoy.listen_addr());
         config.mtls = Some(pki.agents(&config)?);
+        config.mtls_to_sidecar = true;
         sidecar = Some((envoy, envoy_rss0, pki));
     }
     if per_connection > 1 {
@@ -368,7 +369,7 @@ fn print_envoy(envoy: &Row, stand_in: &Row) {
         e.upstream_connections,
     );
     println!(
-        "  through Envoy / the load generator's multiplexing ({} per connection), {} agents: principal memory per agent {:.2}x ({:.1} / {:.1} KiB), connect + resync {:.2}x, fan-out last agent {:.2}x ({} / {}), principal idle CPU {:.2}x",
+        "  through Envoy / the load generator's multiplexing ({} per connection), {} agents: principal memory per agent {:.2}x ({:.1} / {:.1} KiB), connect + resync {:.2}x, fan-out last agent {:.2}x ({} / {}), principal idle CPU {:.2}% / {:.2}%",
         stand_in.per_connection,
         envoy.agents,
         envoy.kib_per_agent() / stand_in.kib_per_agent().max(1e-9),
@@ -378,7 +379,8 @@ fn print_envoy(envoy: &Row, stand_in: &Row) {
         envoy.last.as_secs_f64() / stand_in.last.as_secs_f64().max(1e-9),
         ms(envoy.last),
         ms(stand_in.last),
-        envoy.cpu / stand_in.cpu.max(1e-9),
+        envoy.cpu,
+        stand_in.cpu,
     );
 }
 

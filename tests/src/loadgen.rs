@@ -128,6 +128,10 @@ pub struct LoadConfig {
     /// The principal's HTTP/2 server advertises no `SETTINGS_MAX_CONCURRENT_STREAMS` (tonic's
     /// default: unlimited), so a connection carries any number of streams.
     pub streams_per_connection: usize,
+    /// With [`Self::mtls`]: the TLS ends at the principal's sidecar, which forwards the agent's
+    /// identity in its own `x-forwarded-client-cert`; agents authenticate with the header method
+    /// (upstream's `header`) and send no XFCC of their own.
+    pub mtls_to_sidecar: bool,
 }
 
 /// Makes agent `n`'s TLS towards the principal: its own client certificate (whose subject the
@@ -164,6 +168,7 @@ impl LoadConfig {
             periodic_resync: None,
             mtls: None,
             streams_per_connection: 1,
+            mtls_to_sidecar: false,
         }
     }
 
@@ -631,7 +636,12 @@ async fn run_agent(
     };
     let header = xfcc.clone();
     let (creds, method) = if tls.is_some() {
-        (Credentials::new(), auth::MtlsAuthenticator::METHOD)
+        let method = if shared.config.mtls_to_sidecar {
+            auth::HeaderAuthenticator::METHOD
+        } else {
+            auth::MtlsAuthenticator::METHOD
+        };
+        (Credentials::new(), method)
     } else {
         let creds = Credentials::new().with_call_metadata(Arc::new(move |md: &mut MetadataMap| {
             md.insert(XFCC, header.clone());
