@@ -125,6 +125,10 @@ impl ChildProc {
             .stdin(Stdio::piped())
             .stdout(Stdio::from(log_file))
             .stderr(Stdio::from(stderr))
+            // Its own process group, which the pipe watcher stops as a whole: the watcher runs
+            // before the program starts, so there is no moment when the program runs unwatched
+            // (this process killed just after the program started used to leave it running).
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd.spawn().with_context(|| format!("cannot start the {name} ({})", program.display()))?;
         let parent_pipe = child.stdin.take().context("the watchdog's stdin pipe")?;
@@ -165,17 +169,19 @@ impl ChildProc {
 }
 
 /// Runs `"$@"` (its stdin closed) and stops it with SIGTERM when the watchdog's stdin reaches
-/// end-of-file (the quickstart, which holds the only write end, is gone) or when the watchdog
-/// gets SIGTERM or SIGINT; exits with the program's status. `$0` names the program in `ps`.
+/// end-of-file (the quickstart, which holds the only write end, is gone: the whole process
+/// group, which the watchdog leads, gets SIGTERM) or when the watchdog gets SIGTERM or SIGINT;
+/// exits with the program's status. The pipe's reader starts before the program, so the
+/// program never runs unwatched. `$0` names the program in `ps`.
 /// (An asynchronous list's stdin is /dev/null in a shell without job control: the pipe is kept
 /// as fd 3 for the reader.)
 const WATCHDOG: &str = r#"
 exec 3<&0
+( cat <&3 >/dev/null; kill -TERM 0 2>/dev/null ) &
+w=$!
 "$@" </dev/null 3<&- &
 c=$!
 trap 'kill -TERM "$c" 2>/dev/null' TERM INT
-( cat <&3 >/dev/null; kill -TERM "$c" 2>/dev/null ) &
-w=$!
 s=0
 while kill -0 "$c" 2>/dev/null; do wait "$c"; s=$?; done
 kill "$w" 2>/dev/null
