@@ -50,23 +50,9 @@ impl BackoffConfig {
     }
 }
 
-/// The wait before calling again when the principal refused with a retry hint (`RESOURCE_EXHAUSTED`
-/// in a login storm, see `auth::admission`): at least `hint`, spread by [`auth::admission::HINT_JITTER`]
-/// so agents handed the same hint do not return together.
-#[must_use]
-pub fn hinted_random(hint: Duration) -> Duration {
-    auth::admission::hinted(hint, auth::admission::jitter_unit())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_hint_is_waited_at_least_and_spread() {
-        let hint = Duration::from_millis(1500);
-        assert!(hinted_random(hint) >= hint && hinted_random(hint) < Duration::from_millis(1801));
-    }
 
     #[test]
     fn grows_and_caps() {

@@ -129,7 +129,7 @@ impl Session {
                     // with RESOURCE_EXHAUSTED and the time to come back; wait that (with
                     // jitter) instead of our own backoff, which neither grows nor resets.
                     if let Some(hint) = e.retry_after() {
-                        let wait = crate::backoff::hinted_random(hint);
+                        let wait = auth::admission::hinted_random(hint);
                         tracing::info!(error = %e, retry_in = ?wait, "authentication deferred by the principal");
                         tokio::time::sleep(wait).await;
                         continue;

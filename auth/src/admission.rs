@@ -278,9 +278,15 @@ pub fn hinted(hint: Duration, u: f64) -> Duration {
     hint.mul_f64(1.0 + HINT_JITTER * u.clamp(0.0, 1.0))
 }
 
+/// [`hinted`] with a random jitter unit: what a caller handed a retry hint waits.
+#[must_use]
+pub fn hinted_random(hint: Duration) -> Duration {
+    hinted(hint, jitter_unit())
+}
+
 /// A random jitter unit in `[0, 1)` for [`hinted`] (0 if the system's random source fails).
 #[must_use]
-pub fn jitter_unit() -> f64 {
+fn jitter_unit() -> f64 {
     use ring::rand::SecureRandom as _;
     let mut bytes = [0u8; 4];
     match ring::rand::SystemRandom::new().fill(&mut bytes) {
@@ -302,6 +308,8 @@ mod tests {
             let u = jitter_unit();
             assert!((0.0..1.0).contains(&u), "{u}");
             let wait = hinted(hint, u);
+            assert!(wait >= hint && wait < Duration::from_millis(1801), "{wait:?}");
+            let wait = hinted_random(hint);
             assert!(wait >= hint && wait < Duration::from_millis(1801), "{wait:?}");
         }
     }

@@ -272,7 +272,7 @@ impl Credentials {
                 Err(error) => match error.retry_after() {
                     // The principal's signing queue is full: back when it says, not sooner.
                     Some(hint) => {
-                        let wait = crate::admission::hinted(hint, crate::admission::jitter_unit());
+                        let wait = crate::admission::hinted_random(hint);
                         tracing::info!(%error, ?wait, "token refresh deferred by the principal, retrying");
                         tokio::time::sleep(wait).await;
                     }

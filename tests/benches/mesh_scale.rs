@@ -54,8 +54,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 use tests::envoy::{EnvoySidecar, SidecarKind, SidecarParams};
 use tests::loadgen::{ClientTls, LoadConfig, LoadGen, procstat};
 use tests::loadhub::{FANOUT_PROJECT, LoadHub, LoadPrincipal, fanout, fanout_project, progress, projects};
@@ -85,16 +84,14 @@ fn errors(principal: &LoadPrincipal) -> usize {
     principal.process.stderr().lines().filter(|l| l.contains(" ERROR ")).count()
 }
 
-/// CPU of the principal and of this process (the load generator) over a measurement window, as
-/// % of one core.
-async fn cpu_window(pid: u32, window: Duration) -> Res<(f64, f64)> {
+/// CPU of each of `pids` over a measurement window, as % of one core.
+async fn cpu_window(pids: &[u32], window: Duration) -> Res<Vec<f64>> {
     let hz = procstat::clock_ticks_per_second() as f64;
-    let me = std::process::id();
-    let (p0, l0, t0) = (procstat::cpu_ticks(pid)?, procstat::cpu_ticks(me)?, Instant::now());
+    let before = pids.iter().map(|&p| procstat::cpu_ticks(p)).collect::<Res<Vec<_>>>()?;
+    let t0 = Instant::now();
     tokio::time::sleep(window).await; // a measurement window, not synchronisation
-    let (p1, l1) = (procstat::cpu_ticks(pid)?, procstat::cpu_ticks(me)?);
     let secs = t0.elapsed().as_secs_f64();
-    Ok(((p1 - p0) as f64 / hz / secs * 100.0, (l1 - l0) as f64 / hz / secs * 100.0))
+    pids.iter().zip(before).map(|(&p, b)| Ok((procstat::cpu_ticks(p)? - b) as f64 / hz / secs * 100.0)).collect()
 }
 
 /// One level: a fresh principal, its 0-agent baseline, `agents` agents `per_connection` to a
@@ -199,18 +196,10 @@ impl SidecarPki {
 
     /// Agent `n`'s TLS towards the sidecar, for each of `config`'s agents.
     fn agents(&self, config: &LoadConfig) -> Res<ClientTls> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut tls = BTreeMap::new();
         for n in config.first..config.first + config.agents {
             let issued = self.ca.client(&format!("agent-{n}"), &[&config.spiffe_id(n)])?;
-            let mut roots = rustls::RootCertStore::empty();
-            roots.add(self.ca_der.clone())?;
-            let chain = CertificateDer::pem_slice_iter(issued.cert.as_bytes()).collect::<Result<Vec<_>, _>>()?;
-            let key = PrivateKeyDer::from_pem_slice(issued.key.as_bytes())?;
-            let client = rustls::ClientConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_client_auth_cert(chain, key)?;
+            let client = issued.client_config(&self.ca_der)?;
             let agent =
                 agent::transport::AgentTls::Rustls { config: Arc::new(client), server_name: "127.0.0.1".into() };
             tls.insert(n, agent);
@@ -238,7 +227,7 @@ async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> 
         .await
         .context("cannot reset the fan-out AppProject")?;
     let (principal, _) = LoadPrincipal::start(hub, &hub.keys[0], 0, Instant::now())?;
-    let (cpu0, _) = cpu_window(principal.pid(), window).await?;
+    let cpu0 = cpu_window(&[principal.pid()], window).await?[0];
     let rss0 = principal.rss()?;
     let fds0 = procstat::open_fds(principal.pid());
 
@@ -271,19 +260,20 @@ async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> 
         .with_context(|| format!("{label}: not every agent connected; raise BENCH_MESH_TIMEOUT or lower the sizes"))?;
     eprintln!("  {label}: all resynced after {:.1} s", connect.as_secs_f64());
     let before = load.snapshot();
-    let envoy_ticks = sidecar.as_ref().map(|(e, _, _)| procstat::cpu_ticks(e.pid())).transpose()?;
-    let (window_started, hz) = (Instant::now(), procstat::clock_ticks_per_second() as f64);
-    let (cpu, loadgen_cpu) = cpu_window(principal.pid(), window).await?;
+    // The principal, this process (the load generator) and, in front of the principal, Envoy.
+    let mut pids = vec![principal.pid(), std::process::id()];
+    pids.extend(sidecar.as_ref().map(|(e, _, _)| e.pid()));
+    let cpus = cpu_window(&pids, window).await?;
+    let (cpu, loadgen_cpu) = (cpus[0], cpus[1]);
     let after = load.snapshot();
     let rss = principal.rss()?;
     let fds = procstat::open_fds(principal.pid());
-    let envoy = match (&sidecar, envoy_ticks) {
-        (Some((e, rss0, _)), Some(t0)) => {
-            let cpu = (procstat::cpu_ticks(e.pid())? - t0) as f64 / hz / window_started.elapsed().as_secs_f64() * 100.0;
+    let envoy = match &sidecar {
+        Some((e, rss0, _)) => {
             let upstream_connections = e.stat("cluster.principal.upstream_cx_active")?.unwrap_or(0);
-            Some(EnvoyUse { rss0: *rss0, rss: procstat::rss_kib(e.pid())?, cpu, upstream_connections })
+            Some(EnvoyUse { rss0: *rss0, rss: procstat::rss_kib(e.pid())?, cpu: cpus[2], upstream_connections })
         }
-        _ => None,
+        None => None,
     };
     if after.connected != agents {
         bail!("{label}: only {} agents still connected after the idle window: {after:?}", after.connected);

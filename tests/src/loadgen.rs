@@ -682,7 +682,7 @@ async fn run_agent(
                 // Deferred by the principal: its hint, and the backoff does not grow.
                 Some(hint) => {
                     attempt = attempt.saturating_sub(1);
-                    agent::backoff::hinted_random(hint)
+                    auth::admission::hinted_random(hint)
                 }
                 None => sim.shared.config.backoff.delay_random(attempt),
             };

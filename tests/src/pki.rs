@@ -32,6 +32,25 @@ pub struct Issued {
     pub key: String,
 }
 
+impl Issued {
+    /// A client's TLS configuration presenting this certificate and trusting `server_ca`
+    /// (`ring` provider, safe default protocol versions).
+    ///
+    /// # Errors
+    /// The PEM does not parse, or rustls refuses the certificate or key.
+    pub fn client_config(&self, server_ca: &CertificateDer<'static>) -> Result<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(server_ca.clone())?;
+        let chain = CertificateDer::pem_slice_iter(self.cert.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(self.key.as_bytes())?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        Ok(rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?)
+    }
+}
+
 impl Ca {
     /// A new self-signed CA with subject CN `cn`.
     ///

@@ -35,11 +35,11 @@ use agent::transport::AgentTls;
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tests::loadgen::{ClientTls, LoadConfig, LoadGen, Snapshot, procstat};
-use tests::pki::Ca;
+use tests::pki::{Ca, Issued};
 use tests::topology::{ARGOCD_NS, StartOptions, Topology};
 
 const RELOAD: &str = "1s";
@@ -79,18 +79,9 @@ fn agents() -> usize {
     std::env::var("CERT_ROTATION_AGENTS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(100)
 }
 
-/// Agent TLS: the client certificate (cert, key PEM) and `server_ca` to verify the principal with.
-fn client_tls(server_ca: &CertificateDer<'static>, cert: &str, key: &str) -> Result<AgentTls> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(server_ca.clone())?;
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>()?;
-    let key = PrivateKeyDer::from_pem_slice(key.as_bytes())?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)?;
-    Ok(AgentTls::Rustls { config: Arc::new(config), server_name: "127.0.0.1".to_owned() })
+/// Agent TLS: the client certificate `issued` and `server_ca` to verify the principal with.
+fn client_tls(server_ca: &CertificateDer<'static>, issued: &Issued) -> Result<AgentTls> {
+    Ok(AgentTls::Rustls { config: Arc::new(issued.client_config(server_ca)?), server_name: "127.0.0.1".to_owned() })
 }
 
 /// Load configuration for agents `agent-<first>`.. with client certificates from `ca`.
@@ -104,7 +95,7 @@ fn mtls_load(
     let mut tls = BTreeMap::new();
     for n in first..first + count {
         let issued = ca.client(&format!("agent-{n}"), &[])?;
-        tls.insert(n, client_tls(server_ca, &issued.cert, &issued.key)?);
+        tls.insert(n, client_tls(server_ca, &issued)?);
     }
     let mut config = LoadConfig::new(format!("https://{addr}"), count);
     config.first = first;
