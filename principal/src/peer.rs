@@ -41,36 +41,39 @@ pub fn reconnect_elsewhere(mut status: Status) -> Status {
 pub(crate) struct StreamHandle {
     attachment: Attachment,
     cancel: CancellationToken,
+    state: Arc<Mutex<Ends>>,
+}
+
+/// How a stream ends: by its session's deadline, or closed with a status. One small allocation
+/// per stream (a `watch` channel for the deadline and a `Status` inline were ~700 bytes).
+#[derive(Debug)]
+struct Ends {
     /// `None` while open; `Some(reason)` once closed (`Some(None)`: a clean end).
-    end: Arc<Mutex<Option<Option<Status>>>>,
-    /// When the stream's session expires (`None`: never); moved later by a refresh.
-    deadline: Arc<tokio::sync::watch::Sender<Option<SystemTime>>>,
+    end: Option<Option<Box<Status>>>,
+    /// When the stream's session expires (`None`: never); only ever moved later, by a refresh,
+    /// so whoever waits for it needs no wake-up: at the old deadline it looks again.
+    deadline: Option<SystemTime>,
 }
 
 impl StreamHandle {
     fn new(attachment: Attachment, deadline: Option<SystemTime>) -> Self {
-        Self {
-            attachment,
-            cancel: CancellationToken::new(),
-            end: Arc::new(Mutex::new(None)),
-            deadline: Arc::new(tokio::sync::watch::Sender::new(deadline)),
-        }
+        Self { attachment, cancel: CancellationToken::new(), state: Arc::new(Mutex::new(Ends { end: None, deadline })) }
     }
 
-    /// Follows the stream's deadline.
-    pub(crate) fn deadline(&self) -> tokio::sync::watch::Receiver<Option<SystemTime>> {
-        self.deadline.subscribe()
+    /// When the stream's session expires (`None`: never). It only ever moves later.
+    pub(crate) fn deadline(&self) -> Option<SystemTime> {
+        lock(&self.state).deadline
     }
 
     /// Moves the deadline to `to` when that is later; returns whether it moved.
     fn extend(&self, to: SystemTime) -> bool {
-        self.deadline.send_if_modified(|deadline| match deadline {
+        match &mut lock(&self.state).deadline {
             Some(current) if to > *current => {
-                *deadline = Some(to);
+                *current = to;
                 true
             }
             _ => false,
-        })
+        }
     }
 
     /// The stream's claim on its session's mailbox.
@@ -87,9 +90,9 @@ impl StreamHandle {
     /// reason given wins.
     pub(crate) fn close(&self, status: Option<Status>) {
         {
-            let mut end = lock(&self.end);
-            if end.is_none() {
-                *end = Some(status);
+            let mut state = lock(&self.state);
+            if state.end.is_none() {
+                state.end = Some(status.map(Box::new));
             }
         }
         self.cancel.cancel();
@@ -108,7 +111,7 @@ impl StreamHandle {
 
     /// The status the stream ends with (`None`: a clean end, or still open).
     pub(crate) fn end_status(&self) -> Option<Status> {
-        lock(&self.end).clone().flatten()
+        lock(&self.state).end.clone().flatten().map(|status| *status)
     }
 }
 

@@ -13,7 +13,7 @@ use tonic::codec::BufferSettings;
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
 /// A stream's encode and decode buffers start this large.
-pub const BUFFER_BYTES: usize = 1024;
+pub const BUFFER_BYTES: usize = 256;
 
 /// Encoded bytes a stream gathers before it yields them to the transport (tonic's default).
 pub const YIELD_THRESHOLD: usize = 32 * 1024;

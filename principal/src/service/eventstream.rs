@@ -26,14 +26,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use link::recv::{Inbound, Next};
-use link::send::{SendHooks, SendOptions};
+use link::send::{Outlet, SendHooks, SendOptions};
 use protocol::outbox::Parked;
 use protocol::pb::eventstreamapi::event_stream_server::EventStream;
 use protocol::pb::eventstreamapi::{Event as WireEvent, PingRequest, PongReply, PushSummary};
 use protocol::{Event, EventType, Payload, Target};
-use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -44,10 +43,6 @@ use crate::sync::hub::Hub;
 use crate::sync::inbound;
 use crate::sync::resync;
 use crate::{clusterinfo, ha, proxy, redis};
-
-/// Events buffered between the sender task and the transport; the sender waits when it is
-/// full (nothing is dropped; the outbox holds the rest).
-const STREAM_BUFFER: usize = 64;
 
 /// What the principal sends on a `Subscribe` stream: the outbox's events, then the status the
 /// stream was closed with.
@@ -205,57 +200,44 @@ async fn on_message(hub: &Hub, wings: &Wings, session: &AgentPeer, msg: WireEven
     true
 }
 
-/// What the send loop reports for one agent.
-struct AgentHooks<'a>(&'a str);
+/// An agent's mailbox, drawn by its stream, and what is reported about what it sends.
+struct PeerOutlet(Arc<AgentPeer>);
 
-impl SendHooks for AgentHooks<'_> {
+impl SendHooks for PeerOutlet {
     fn peer(&self) -> &str {
-        self.0
+        self.0.name()
     }
     fn sent(&self, _event: &Event) {
         crate::metrics::global().event_sent();
     }
     fn send_failed(&self) {
-        crate::metrics::global().send_failed(self.0, "transport-closing");
+        crate::metrics::global().send_failed(self.0.name(), "transport-closing");
     }
     fn discarded(&self, parked: &Parked<Event>) {
-        crate::metrics::global().event_discarded(self.0, &parked.item);
+        crate::metrics::global().event_discarded(self.0.name(), &parked.item);
     }
 }
 
-/// Drains the session's outbox onto the stream until the stream is closed or replaced, or the
-/// transport goes away. Events that would encode above `max_bytes` are given up on.
-async fn send_loop(session: Arc<AgentPeer>, tx: mpsc::Sender<Box<WireEvent>>, handle: StreamHandle, max_bytes: usize) {
-    let options = SendOptions { heartbeat: None, max_bytes };
-    link::send::send_loop(
-        session.mailbox(),
-        handle.attachment(),
-        &tx,
-        handle.stop(),
-        options,
-        &AgentHooks(session.name()),
-    )
-    .await;
+impl Outlet for PeerOutlet {
+    fn mailbox(&self) -> &link::Mailbox {
+        self.0.mailbox()
+    }
 }
 
 /// Closes the stream with `Unauthenticated` when its session expires: the access token that
 /// opened it, or the latest one a refresh of the same session issued.
 async fn expire_at(handle: StreamHandle, agent: String) {
-    let mut deadline = handle.deadline();
+    let Some(mut at) = handle.deadline() else { return };
     loop {
-        let Some(at) = *deadline.borrow_and_update() else { return };
         let remaining = at.duration_since(SystemTime::now()).unwrap_or_default();
         tokio::select! {
             () = handle.closed() => return,
-            changed = deadline.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            () = tokio::time::sleep(remaining) => {
-                if deadline.borrow().is_some_and(|d| d > at) {
-                    continue;
-                }
+            () = tokio::time::sleep(remaining) => {}
+        }
+        // A refresh may have moved the deadline later meanwhile (never earlier).
+        match handle.deadline() {
+            Some(later) if later > at => at = later,
+            _ => {
                 tracing::info!(%agent, "the agent's session expired without a refresh; stream closed");
                 handle.close(Some(expired(&agent, at)));
                 return;
@@ -264,25 +246,17 @@ async fn expire_at(handle: StreamHandle, agent: String) {
     }
 }
 
-/// The outgoing half: what the sender task queues until the stream is closed, then the status
-/// it was closed with. Whatever is still buffered then is dropped: the outbox has those events
-/// in flight and sends them again on the next stream.
-/// The channel carries boxed events: tokio allocates a channel's slots in blocks of 32, so a
-/// slot the size of a pointer keeps an idle stream's channel at a few hundred bytes (a
-/// `Result<WireEvent, Status>` slot made it 6 KiB per agent).
-fn outgoing(rx: mpsc::Receiver<Box<WireEvent>>, handle: StreamHandle) -> Outgoing {
-    Box::pin(futures::stream::unfold(Some((rx, handle)), |state| async move {
-        let (mut rx, handle) = state?;
-        let item = tokio::select! {
-            biased;
-            () = handle.closed() => None,
-            item = rx.recv() => item,
-        };
-        match item {
-            Some(item) => Some((Ok(*item), Some((rx, handle)))),
-            None => handle.end_status().map(|status| (Err(status), None)),
-        }
-    }))
+/// What the principal sends on the stream: the session's outbox, drawn as the connection takes
+/// events (no task or channel per stream between them: for an idle agent those were ~2.5 KiB,
+/// docs/performance.md), until the stream is closed or replaced; then the status it was closed
+/// with. Events the stream took and had not handed over when it ended are in flight in the
+/// outbox, and go again on the next stream. Events that would encode above `max_bytes` are
+/// given up on.
+fn outgoing(session: Arc<AgentPeer>, handle: StreamHandle, max_bytes: usize) -> Outgoing {
+    let options = SendOptions { heartbeat: None, max_bytes };
+    let events = link::send::events(PeerOutlet(session), handle.attachment(), handle.stop().clone(), options);
+    let end = futures::stream::once(async move { handle.end_status().map(Err) }).filter_map(std::future::ready);
+    Box::pin(events.map(Ok).chain(end))
 }
 
 /// The status relayed to the agent when reading its stream failed.
@@ -419,7 +393,6 @@ impl EventStream for EventStreamService {
                 why,
             }));
         }
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let expires = grant.expires_at.is_some();
         // Attach now, so an older stream of this agent is closed before this one runs. Among
         // replicas, the stream takes the agent's Lease before it applies anything
@@ -428,9 +401,9 @@ impl EventStream for EventStreamService {
         if expires {
             tokio::spawn(expire_at(handle.clone(), session.name().to_owned()));
         }
-        tokio::spawn(send_loop(session.clone(), tx, handle.clone(), self.hub.config.max_message_bytes));
-        tokio::spawn(run_stream(self.hub.clone(), self.wings.clone(), session, handle.clone(), request.into_inner()));
-        Ok(Response::new(outgoing(rx, handle)))
+        let outgoing = outgoing(session.clone(), handle.clone(), self.hub.config.max_message_bytes);
+        tokio::spawn(run_stream(self.hub.clone(), self.wings.clone(), session, handle, request.into_inner()));
+        Ok(Response::new(outgoing))
     }
 
     async fn push(&self, request: Request<Streaming<WireEvent>>) -> Result<Response<PushSummary>, Status> {

@@ -245,6 +245,12 @@ impl<T: Outgoing> Outbox<T> {
     /// ACKed or its retry deadline passes. Order: due retransmissions, then ACKs and the
     /// heartbeat, then resources in the order they became ready.
     pub fn next_ready(&mut self, now: Instant) -> Option<T> {
+        let next = self.take_next(now);
+        self.release_if_drained();
+        next
+    }
+
+    fn take_next(&mut self, now: Instant) -> Option<T> {
         while let Some((&key, _)) = self.timing.timers.first_key_value() {
             if key.0 > now {
                 break;
@@ -291,6 +297,7 @@ impl<T: Outgoing> Outbox<T> {
             return AckOutcome::Stale;
         }
         self.settle(resource_id);
+        self.release_if_drained();
         AckOutcome::Matched
     }
 
@@ -342,6 +349,7 @@ impl<T: Outgoing> Outbox<T> {
             self.inflight -= 1;
         }
         self.queued -= slot.pending.len();
+        self.release_if_drained();
         true
     }
 
@@ -366,6 +374,7 @@ impl<T: Outgoing> Outbox<T> {
             }
             self.settle(&rid);
         }
+        self.release_if_drained();
         requeued
     }
 
@@ -373,6 +382,7 @@ impl<T: Outgoing> Outbox<T> {
     pub fn take_parked(&mut self) -> Vec<Parked<T>> {
         let mut out: Vec<Parked<T>> = self.parked.drain().map(|(_, p)| p).collect();
         out.sort_by_key(|p| p.parked_at);
+        self.release_if_drained();
         out
     }
 
@@ -511,6 +521,43 @@ impl<T: Outgoing> Outbox<T> {
         self.parked
             .insert(rid.to_owned(), Parked { item: f.entry.item, attempts: f.entry.attempts, reason, parked_at: now });
         self.settle(rid);
+        self.release_if_drained();
+    }
+
+    /// Gives back the memory of every collection that has emptied. A burst (a resync, a
+    /// fan-out) grows them; kept at that size, they were several KiB of every idle peer's
+    /// memory (docs/performance.md), and an emptied `BTreeMap` keeps a node. The next burst
+    /// grows them again, on demand. `versions` is kept: it is state, not a buffer.
+    fn release_if_drained(&mut self) {
+        fn release_map<K, V>(map: &mut HashMap<K, V>) {
+            if map.is_empty() && map.capacity() > 0 {
+                *map = HashMap::new();
+            }
+        }
+        fn release_queue<V>(queue: &mut VecDeque<V>) {
+            if queue.is_empty() && queue.capacity() > 0 {
+                *queue = VecDeque::new();
+            }
+        }
+        release_map(&mut self.slots);
+        release_map(&mut self.ack_items);
+        release_map(&mut self.parked);
+        release_queue(&mut self.ready);
+        release_queue(&mut self.acks);
+        if self.timing.timers.is_empty() {
+            self.timing.timers = BTreeMap::new();
+        }
+    }
+
+    /// Entries' room kept by emptied collections (tests: [`Self::release_if_drained`] leaves none).
+    #[cfg(test)]
+    pub(crate) fn spare_capacity(&self) -> usize {
+        let spare = |len: usize, cap: usize| if len == 0 { cap } else { 0 };
+        spare(self.slots.len(), self.slots.capacity())
+            + spare(self.ack_items.len(), self.ack_items.capacity())
+            + spare(self.parked.len(), self.parked.capacity())
+            + spare(self.ready.len(), self.ready.capacity())
+            + spare(self.acks.len(), self.acks.capacity())
     }
 
     /// After a slot changed: list it as ready if it can send, drop it if it is empty.

@@ -292,3 +292,35 @@ fn a_withdrawn_request_is_neither_sent_nor_retransmitted() {
     assert_eq!(ids(&drain(&mut ob, t0 + Duration::from_secs(3600))), ["a1"], "no retransmission of r2");
     assert_eq!((ob.inflight(), ob.queued(), ob.resources()), (0, 0, 0));
 }
+
+#[test]
+fn a_drained_outbox_gives_its_collections_memory_back() {
+    let t0 = Instant::now();
+    let mut ob = outbox();
+    for i in 0..200 {
+        ob.push(ev(EventType::Create, &format!("r{i}"), &format!("e{i}")), t0);
+        ob.push(ev(EventType::Create, &format!("in{i}"), &format!("x{i}")).processed_ack(), t0);
+    }
+    // Half delivered and acknowledged, half given up on: both paths empty the outbox.
+    let mut sent = Vec::new();
+    while let Some(e) = ob.next_ready(t0) {
+        sent.push(e);
+    }
+    assert_eq!(sent.len(), 400);
+    for (n, e) in sent.iter().filter(|e| e.event_type == EventType::Create).enumerate() {
+        if n % 2 == 0 {
+            assert_eq!(ob.ack(&e.resource_id, &e.event_id), AckOutcome::Matched);
+        } else {
+            assert_eq!(ob.reject(&e.resource_id, &e.event_id, "refused", t0), AckOutcome::Matched);
+        }
+    }
+    assert_eq!(ob.take_parked().len(), 100);
+    assert!(ob.is_empty());
+    assert_eq!(ob.spare_capacity(), 0, "emptied collections keep no room");
+    assert!(ob.next_deadline().is_none());
+    // Grown again on demand: the next event is delivered as before.
+    ob.push(ev(EventType::SpecUpdate, "r0", "e-next"), t0);
+    assert_eq!(ob.next_ready(t0).map(|e| e.event_id), Some("e-next".to_owned()));
+    assert_eq!(ob.ack("r0", "e-next"), AckOutcome::Matched);
+    assert_eq!(ob.spare_capacity(), 0);
+}
