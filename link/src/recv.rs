@@ -57,9 +57,11 @@ pub async fn next(
     stop: &CancellationToken,
     silence: Option<Duration>,
 ) -> Next {
+    // Boxed, and only when there is a limit: inline, the timer sized every waiting receiver
+    // (one per idle agent on the principal, which sets none).
     let silent = async {
         match silence {
-            Some(limit) => tokio::time::sleep(limit).await,
+            Some(limit) => Box::pin(tokio::time::sleep(limit)).await,
             None => std::future::pending().await,
         }
     };

@@ -226,21 +226,27 @@ impl Outlet for PeerOutlet {
 
 /// Closes the stream with `Unauthenticated` when its session expires: the access token that
 /// opened it, or the latest one a refresh of the same session issued.
-async fn expire_at(handle: StreamHandle, agent: String) {
-    let Some(mut at) = handle.deadline() else { return };
-    loop {
-        let remaining = at.duration_since(SystemTime::now()).unwrap_or_default();
-        tokio::select! {
-            () = handle.closed() => return,
-            () = tokio::time::sleep(remaining) => {}
-        }
-        // A refresh may have moved the deadline later meanwhile (never earlier).
-        match handle.deadline() {
-            Some(later) if later > at => at = later,
-            _ => {
-                tracing::info!(%agent, "the agent's session expired without a refresh; stream closed");
-                handle.close(Some(expired(&agent, at)));
-                return;
+#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice (rust-lang/rust#62958)")]
+fn expire_at(handle: StreamHandle, session: Arc<AgentPeer>) -> impl Future<Output = ()> + Send + 'static {
+    // An `async` block, not an `async fn`, which would keep its arguments twice (see
+    // [`run_stream`]).
+    async move {
+        let Some(mut at) = handle.deadline() else { return };
+        loop {
+            let remaining = at.duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::select! {
+                () = handle.closed() => return,
+                () = tokio::time::sleep(remaining) => {}
+            }
+            // A refresh may have moved the deadline later meanwhile (never earlier).
+            match handle.deadline() {
+                Some(later) if later > at => at = later,
+                _ => {
+                    let agent = session.name();
+                    tracing::info!(%agent, "the agent's session expired without a refresh; stream closed");
+                    handle.close(Some(expired(agent, at)));
+                    return;
+                }
             }
         }
     }
@@ -278,37 +284,48 @@ fn inbound_failure(agent: &str, status: Status, limit: usize) -> Status {
 const RESYNC_RETRY_INITIAL: std::time::Duration = std::time::Duration::from_millis(500);
 const RESYNC_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-async fn run_stream(
+#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice (rust-lang/rust#62958)")]
+fn run_stream(
     hub: Arc<Hub>,
     wings: Wings,
     session: Arc<AgentPeer>,
     handle: StreamHandle,
-    inbound: Streaming<WireEvent>,
-) {
-    // Among replicas: the newest stream takes the agent's Lease (the old owner lets go); until
-    // it has, nothing from the agent is applied. A take that fails ends the stream.
-    if let Some(leases) = &hub.leases
-        && let Err(e) = tokio::select! {
-            // Boxed: the hub requests' futures would otherwise size every stream's task.
-            taken = Box::pin(leases.acquire(session.name())) => taken.map(drop),
-            () = handle.closed() => Ok(()),
+    mut inbound: Streaming<WireEvent>,
+) -> impl Future<Output = ()> + Send + 'static {
+    // An `async` block, not an `async fn`: an `async fn` keeps a second copy of its arguments
+    // in its future (rust-lang/rust#62958), ~300 bytes of every idle agent's stream task.
+    async move {
+        // Among replicas: the newest stream takes the agent's Lease (the old owner lets go); until
+        // it has, nothing from the agent is applied. A take that fails ends the stream. Boxed: only
+        // replicas take Leases, and inline the take would size every stream's task.
+        if let Some(leases) = &hub.leases {
+            Box::pin(take_lease(leases, &session, &handle)).await;
         }
-    {
+        if !handle.stop().is_cancelled() {
+            serve_stream(&hub, &wings, &session, &handle, &mut inbound).await;
+        }
+        if let Some(status) = handle.end_status() {
+            tracing::info!(agent = %session.name(), code = ?status.code(), reason = status.message(), "agent stream closed");
+        }
+        handle.close(None);
+        session.detach(&handle);
+        wings.agent_detached(&session);
+        crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
+        if hub.leases.is_some() {
+            hub.peers.forget_idle(session.name(), |agent| hub.acts_for(agent));
+        }
+    }
+}
+
+/// Takes the agent's Lease for this stream, or closes the stream saying why it could not.
+async fn take_lease(leases: &crate::lease::Ownership, session: &AgentPeer, handle: &StreamHandle) {
+    let taken = tokio::select! {
+        taken = leases.acquire(session.name()) => taken.map(drop),
+        () = handle.closed() => Ok(()),
+    };
+    if let Err(e) = taken {
         tracing::warn!(agent = %session.name(), error = %e, "stream closed: cannot take the agent's Lease");
         handle.close(Some(Status::from(e)));
-    }
-    if !handle.stop().is_cancelled() {
-        serve_stream(&hub, &wings, &session, &handle, inbound).await;
-    }
-    if let Some(status) = handle.end_status() {
-        tracing::info!(agent = %session.name(), code = ?status.code(), reason = status.message(), "agent stream closed");
-    }
-    handle.close(None);
-    session.detach(&handle);
-    wings.agent_detached(&session);
-    crate::metrics::global().agent_disconnected(session.name(), handle.end_status().as_ref());
-    if hub.leases.is_some() {
-        hub.peers.forget_idle(session.name(), |agent| hub.acts_for(agent));
     }
 }
 
@@ -318,7 +335,7 @@ async fn serve_stream(
     wings: &Wings,
     session: &Arc<AgentPeer>,
     handle: &StreamHandle,
-    mut inbound: Streaming<WireEvent>,
+    inbound: &mut Streaming<WireEvent>,
 ) {
     tracing::info!(agent = %session.name(), mode = %session.mode(), "agent connected");
     crate::metrics::global().agent_connected(session.name());
@@ -362,7 +379,7 @@ async fn serve_stream(
     });
     loop {
         // Once replaced, expired or revoked, nothing more from this stream is applied.
-        match link::recv::next(&mut inbound, handle.stop(), None).await {
+        match link::recv::next(inbound, handle.stop(), None).await {
             // Boxed: inline, the largest message handler (hub writes) would size this task,
             // which lives as long as the stream, for every idle agent.
             Next::Message(msg) => _ = Box::pin(on_message(hub, wings, session, msg)).await,
@@ -399,7 +416,7 @@ impl EventStream for EventStreamService {
         // ([`run_stream`]); events to the agent flow meanwhile.
         let (session, handle) = self.hub.peers.attach(&agent, mode, grant);
         if expires {
-            tokio::spawn(expire_at(handle.clone(), session.name().to_owned()));
+            tokio::spawn(expire_at(handle.clone(), session.clone()));
         }
         let outgoing = outgoing(session.clone(), handle.clone(), self.hub.config.max_message_bytes);
         tokio::spawn(run_stream(self.hub.clone(), self.wings.clone(), session, handle, request.into_inner()));
@@ -440,5 +457,33 @@ impl EventStream for EventStreamService {
     /// Unimplemented, as upstream (§2.1); liveness rides on the stream's heartbeats.
     async fn ping(&self, _request: Request<PingRequest>) -> Result<Response<PongReply>, Status> {
         Err(Status::unimplemented("Ping is not implemented; send heartbeat events on the Subscribe stream"))
+    }
+}
+
+#[cfg(test)]
+mod idle_footprint {
+    //! What every idle agent's stream holds, as sizes the compiler decides: a guard against
+    //! regrowth (each of these once grew by hundreds of bytes per agent; docs/performance.md).
+
+    use super::*;
+
+    fn returned<A, B, R>(_: fn(A, B) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    fn returned5<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    #[test]
+    fn an_idle_streams_tasks_and_session_stay_small() {
+        let sizes = [
+            ("the stream's receive task", returned5(run_stream), 1024),
+            ("the stream's expiry task", returned(expire_at), 384),
+            ("an agent's session", std::mem::size_of::<AgentPeer>(), 768),
+        ];
+        for (what, size, bound) in sizes {
+            assert!(size <= bound, "{what} is {size} bytes, above {bound}: look for a large inline future or field");
+        }
     }
 }

@@ -127,7 +127,8 @@ pub struct Outbox<T> {
     ready: VecDeque<String>,
     acks: VecDeque<String>,
     ack_items: HashMap<String, T>,
-    heartbeat: Option<T>,
+    /// Boxed: inline, an event's size in every peer's outbox, nearly always empty.
+    heartbeat: Option<Box<T>>,
     parked: HashMap<String, Parked<T>>,
     queued: usize,
     inflight: usize,
@@ -209,7 +210,7 @@ impl<T: Outgoing> Outbox<T> {
                     self.acks.push_back(rid);
                 }
             }
-            DeliveryClass::Heartbeat => self.heartbeat = Some(item),
+            DeliveryClass::Heartbeat => self.heartbeat = Some(Box::new(item)),
             DeliveryClass::Tracked | DeliveryClass::Delete => {
                 let rid = item.resource_id().to_owned();
                 let slot = self.slots.entry(rid.clone()).or_default();
@@ -268,7 +269,7 @@ impl<T: Outgoing> Outbox<T> {
             }
         }
         if let Some(item) = self.heartbeat.take() {
-            return Some(item);
+            return Some(*item);
         }
         while let Some(rid) = self.ready.pop_front() {
             if let Some(item) = self.start_next(&rid, now) {
