@@ -44,6 +44,8 @@
 //! < 5 s at 50,000 agents.
 //!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench mesh_scale`;
+//! `BENCH_MESH_PROGRAM=<argocd-agent binary>` runs another build's principal instead (a baseline:
+//! alternate runs with and without it);
 //! `BENCH_MESH_TIMEOUT` (1800 s) bounds each wait. `BENCH_QUICK=1`: 200 agents 50 per connection,
 //! 100 with one connection each, 1 s windows, no ramp.
 
@@ -226,7 +228,13 @@ async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> 
         .patch(FANOUT_PROJECT, &PatchParams::default(), &before)
         .await
         .context("cannot reset the fan-out AppProject")?;
-    let (principal, _) = LoadPrincipal::start(hub, &hub.keys[0], 0, Instant::now())?;
+    // Another build's principal (a same-run baseline: alternate runs with and without it).
+    let (principal, _) = match std::env::var_os("BENCH_MESH_PROGRAM") {
+        Some(program) => {
+            LoadPrincipal::start_program(std::path::Path::new(&program), hub, &hub.keys[0], 0, Instant::now(), &[])?
+        }
+        None => LoadPrincipal::start(hub, &hub.keys[0], 0, Instant::now())?,
+    };
     let cpu0 = cpu_window(&[principal.pid()], window).await?[0];
     let rss0 = principal.rss()?;
     let fds0 = procstat::open_fds(principal.pid());
