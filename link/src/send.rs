@@ -45,22 +45,6 @@ pub trait SendHooks: Sync {
     fn discarded(&self, _parked: &Parked<Event>) {}
 }
 
-/// Reporting is shared: a borrowed reporter reports like the one it borrows.
-impl<H: SendHooks + ?Sized> SendHooks for &H {
-    fn peer(&self) -> &str {
-        (**self).peer()
-    }
-    fn sent(&self, event: &Event) {
-        (**self).sent(event);
-    }
-    fn send_failed(&self) {
-        (**self).send_failed();
-    }
-    fn discarded(&self, parked: &Parked<Event>) {
-        (**self).discarded(parked);
-    }
-}
-
 /// Where a stream's events come from: the peer's mailbox, and who hears what happened to them.
 pub trait Outlet: SendHooks {
     /// The peer's mailbox.
@@ -95,15 +79,13 @@ struct Drawn<O: Outlet> {
     ticker: Option<tokio::time::Interval>,
     /// Taken from the mailbox (in flight), not yet handed over.
     batch: std::vec::IntoIter<Event>,
-    /// When to look at the mailbox again without being woken (a retransmission is due).
-    next: Option<std::time::Instant>,
 }
 
 impl<O: Outlet> Drawn<O> {
     fn new(outlet: O, attachment: Attachment, stop: CancellationToken, options: SendOptions) -> Self {
         let ticker =
             options.heartbeat.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
-        Self { outlet, attachment, stop, options, ticker, batch: Vec::new().into_iter(), next: None }
+        Self { outlet, attachment, stop, options, ticker, batch: Vec::new().into_iter() }
     }
 
     /// The transport refused an event: reported once, here; the rest of the batch stays in
@@ -142,13 +124,13 @@ impl<O: Outlet> Drawn<O> {
             for parked in &ready.parked {
                 self.outlet.discarded(parked);
             }
-            self.next = ready.next;
             if !ready.events.is_empty() {
                 self.batch = ready.events.into_iter();
                 continue;
             }
+            // When to look at the mailbox again without being woken (a retransmission is due).
             let retransmit = async {
-                match self.next {
+                match ready.next {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
