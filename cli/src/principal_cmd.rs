@@ -264,10 +264,17 @@ pub struct Args {
     /// Accepted, no effect: the HTTP/2 server here has no client PING-rate policy to set.
     #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL")]
     pub keepalive_min_interval: Option<String>,
-    /// At most this many agents' events are applied to the hub at once (each agent's one at a
-    /// time, in order); unset or 0: no limit.
+    /// At most this many events are applied to the hub at once, across all agents; unset or 0:
+    /// no limit.
     #[arg(long, env = "ARGOCD_PRINCIPAL_EVENT_PROCESSORS")]
     pub event_processors: Option<u32>,
+    /// At most this many of one agent's events are applied at once: the events of different
+    /// Applications run side by side, one Application's in order, and everything else (projects,
+    /// resync requests) one at a time in order. 1: one event at a time per agent, as upstream.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_CONCURRENCY",
+        default_value_t = principal::config::DEFAULT_AGENT_EVENT_CONCURRENCY as u32,
+        value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub agent_event_concurrency: u32,
     /// Cross-hub disaster recovery (`--ha-*`, upstream's active/passive pair; docs/ha.md).
     #[command(flatten)]
     pub ha: ha::HaArgs,
@@ -781,6 +788,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     config.namespace_create_enable = args.namespace_create_enable;
     (config.namespace_create_pattern, config.namespace_create_labels) = args.namespace_create()?;
     config.event_processors = args.event_processors.map(|n| n as usize);
+    config.agent_event_concurrency = args.agent_event_concurrency as usize;
     config.destination_based_mapping = args.destination_based_mapping == Some(true);
     config.client_cert_subject_match = args.client_cert_subject_match && !args.insecure_plaintext;
     config.label_selector = crate::flags::label_selector(args.label_selector.as_deref())?;

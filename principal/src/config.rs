@@ -34,6 +34,10 @@ pub struct PrincipalConfig {
     /// At most this many agents' events are applied at once (`--event-processors`; `None`:
     /// no limit besides one event at a time per agent).
     pub event_processors: Option<usize>,
+    /// At most this many of one agent's events applied at once, across Applications; one
+    /// Application's events, and everything else, in order (`--agent-event-concurrency`; 1:
+    /// one at a time, as upstream).
+    pub agent_event_concurrency: usize,
     /// The version reported by `versionapi.Version`.
     pub version: String,
     /// Retry timing for un-ACKed events sent to agents.
@@ -97,6 +101,10 @@ pub enum Mapping {
     Destination,
 }
 
+/// `--agent-event-concurrency` unless given: a quarter of the hub client's requests in flight
+/// (64), so that a few busy agents cannot take them all.
+pub const DEFAULT_AGENT_EVENT_CONCURRENCY: usize = 16;
+
 /// `--resync-min-interval` unless given.
 pub const DEFAULT_RESYNC_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -111,6 +119,7 @@ impl PrincipalConfig {
             namespace_create_labels: std::collections::BTreeMap::new(),
             namespace_create_pattern: None,
             event_processors: None,
+            agent_event_concurrency: DEFAULT_AGENT_EVENT_CONCURRENCY,
             version: DEFAULT_VERSION.to_owned(),
             retry: RetryPolicy::default(),
             max_message_bytes: MAX_MESSAGE_BYTES,

@@ -131,10 +131,57 @@ pub struct AgentPeer {
     mailbox: Mailbox,
     /// Lock order: `current` before the mailbox.
     current: Mutex<Option<Attached>>,
-    /// Held while one of the agent's events is applied, and while a resync starts.
-    applying: tokio::sync::Mutex<()>,
+    /// What of the agent's events is being applied (see [`AgentPeer::applying`]).
+    applying: Applying,
     /// When the agent's last periodic resync was answered (`--resync-min-interval`).
     last_periodic: Mutex<Option<std::time::Instant>>,
+}
+
+/// Which of an agent's events are being applied: each holds the gate shared and its resource
+/// exclusively; a resync start holds the gate alone.
+#[derive(Debug, Default)]
+struct Applying {
+    gate: tokio::sync::RwLock<()>,
+    /// One lock per resource with an event applying or waiting, and how many of them there
+    /// are; removed by the last, so an idle agent keeps none.
+    resources: Mutex<HashMap<Box<str>, ResourceLock>>,
+}
+
+/// One resource's lock and how many events hold it or wait for it.
+#[derive(Debug, Default)]
+struct ResourceLock {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    holders: usize,
+}
+
+/// Held while one of the agent's events is applied ([`AgentPeer::applying`]).
+#[must_use]
+pub(crate) struct ApplyGuard<'a> {
+    _resource: Option<ResourceHold<'a>>,
+    _gate: tokio::sync::RwLockReadGuard<'a, ()>,
+}
+
+/// One resource's lock, held or waited for; the last to let go removes it from the map.
+struct ResourceHold<'a> {
+    owner: &'a Applying,
+    key: Box<str>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for ResourceHold<'_> {
+    fn drop(&mut self) {
+        self.guard = None;
+        let mut resources = lock(&self.owner.resources);
+        let Some(resource) = resources.get_mut(&self.key) else { return };
+        resource.holders -= 1;
+        if resource.holders == 0 {
+            resources.remove(&self.key);
+            if resources.is_empty() {
+                // Give the table's memory back: most agents are idle most of the time.
+                *resources = HashMap::new();
+            }
+        }
+    }
 }
 
 impl AgentPeer {
@@ -144,7 +191,7 @@ impl AgentPeer {
             mode: Mutex::new(mode),
             mailbox: Mailbox::new(retry),
             current: Mutex::new(None),
-            applying: tokio::sync::Mutex::new(()),
+            applying: Applying::default(),
             last_periodic: Mutex::new(None),
         }
     }
@@ -186,13 +233,38 @@ impl AgentPeer {
         self.mailbox.push(event);
     }
 
-    /// Waits until no other event of this agent is being applied, and holds that until the
-    /// guard drops. The agent's events are applied one at a time whichever stream (or `Push`
+    /// Waits until the agent's events may apply to `resource` (an event's lane key; `None`: no
+    /// single resource, see [`crate::service::eventstream`]) and holds that until the guard
+    /// drops. Events of one resource are applied one at a time, whichever stream (or `Push`
     /// call) carried them: a replaced stream's last event, still being applied while its
-    /// successor opens, is neither interleaved with the successor's events nor missed by its
-    /// resync ([`crate::sync::resync::on_connect`] waits for it).
-    pub(crate) async fn applying(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.applying.lock().await
+    /// successor opens, is not interleaved with the successor's event for the same resource.
+    /// Events of different resources run at once; none runs while a resync starts
+    /// ([`AgentPeer::applying_alone`]).
+    pub(crate) async fn applying(&self, resource: Option<&str>) -> ApplyGuard<'_> {
+        let gate = self.applying.gate.read().await;
+        let resource = match resource {
+            None => None,
+            Some(key) => {
+                let resource = {
+                    let mut resources = lock(&self.applying.resources);
+                    let resource = resources.entry(key.into()).or_default();
+                    resource.holders += 1;
+                    resource.lock.clone()
+                };
+                // Counted before the wait, so that a wait given up on is uncounted too.
+                let mut hold = ResourceHold { owner: &self.applying, key: key.into(), guard: None };
+                hold.guard = Some(resource.lock_owned().await);
+                Some(hold)
+            }
+        };
+        ApplyGuard { _resource: resource, _gate: gate }
+    }
+
+    /// Waits until none of the agent's events is being applied, and holds that until the guard
+    /// drops: a resync starting on a new stream reads the hub after every write of the
+    /// agent's earlier events (its previous stream's transport may have died mid-event).
+    pub(crate) async fn applying_alone(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.applying.gate.write().await
     }
 
     /// The agent's mailbox: what is owed to it, and which stream may take it.
@@ -398,6 +470,49 @@ mod tests {
         assert!(peer.periodic_due(std::time::Duration::from_secs(3600)), "the first is answered");
         assert!(!peer.periodic_due(std::time::Duration::from_secs(3600)), "the next within the minimum is not");
         assert!(peer.periodic_due(std::time::Duration::ZERO), "with no minimum every one is");
+    }
+
+    /// Whether `fut` is still waiting after the runtime has had plenty of chances to run it.
+    async fn still_waiting<F: std::future::Future + Unpin>(fut: &mut F) -> bool {
+        for _ in 0..20 {
+            if futures::poll!(&mut *fut).is_ready() {
+                return false;
+            }
+            tokio::task::yield_now().await;
+        }
+        true
+    }
+
+    #[tokio::test]
+    async fn one_resource_applies_one_event_at_a_time_and_others_go_by() {
+        let peer = AgentPeer::new("a", AgentMode::Managed, RetryPolicy::default());
+        let first = peer.applying(Some("argocd/app-1")).await;
+        let mut same = Box::pin(peer.applying(Some("argocd/app-1")));
+        assert!(still_waiting(&mut same).await, "the same resource waits for the event before it");
+        let other = peer.applying(Some("argocd/app-2")).await;
+        let mut resync = Box::pin(peer.applying_alone());
+        assert!(still_waiting(&mut resync).await, "a resync waits for every event");
+        drop(first);
+        let same = same.await;
+        drop((same, other));
+        drop(resync.await);
+        assert!(lock(&peer.applying.resources).is_empty(), "no lock is kept once nothing applies");
+        assert_eq!(lock(&peer.applying.resources).capacity(), 0, "nor the table's memory");
+    }
+
+    #[tokio::test]
+    async fn a_wait_given_up_on_leaves_no_lock_behind() {
+        let peer = AgentPeer::new("a", AgentMode::Managed, RetryPolicy::default());
+        let held = peer.applying(Some("argocd/app-1")).await;
+        let mut waiting = Box::pin(peer.applying(Some("argocd/app-1")));
+        assert!(still_waiting(&mut waiting).await);
+        drop(waiting);
+        drop(held);
+        assert!(lock(&peer.applying.resources).is_empty());
+        // Events without a resource take no lock, and nothing waits for them but a resync.
+        let _a = peer.applying(None).await;
+        let _b = peer.applying(None).await;
+        assert!(lock(&peer.applying.resources).is_empty());
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //!   own create to watch-event latency;
 //! - status throughput: the spoke's Argo CD (played by this bench, `BENCH_REALKUBE_WRITERS` in
 //!   flight) writes status on `BENCH_REALKUBE_APPS` Applications; status updates/s until the hub
-//!   has them all, beside the hub API server's own status-patch rate at the same concurrency;
+//!   has them all, beside the hub API server's own status-patch rate at the same concurrency,
+//!   and beside the same through a principal that applies the agent's events one at a time
+//!   (`--agent-event-concurrency 1`, as upstream and this principal before; a fresh topology
+//!   on the same kind of API server);
 //! - the ratio real/embedded of each.
 //!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench realkube` (sizes:
@@ -18,11 +21,14 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use tests::bench::{AGENT, Seen, Side, app_json, env, percentile, watch_values};
+use tests::bench::{AGENT, Seen, Side, app_json, cpu_time, env, machine_busy, percentile, watch_values};
 use tests::fixtures::{application_resource, dynamic};
-use tests::topology::{ARGOCD_NS, ClusterKind, Clusters, Mode, Topology};
+use tests::topology::{ARGOCD_NS, ClusterKind, Clusters, Mode, StartOptions, Topology};
 
 type Res<T> = anyhow::Result<T>;
+
+/// The spoke namespace of the Applications the ceiling writes straight to.
+const CEILING_NS: &str = "bench-ceiling";
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
@@ -50,21 +56,47 @@ fn label(o: &DynamicObject) -> Option<String> {
 struct Figures {
     e2e: Vec<Duration>,
     hub_watch: Vec<Duration>,
-    status_rate: f64,
+    status: Status,
+    /// The same through a principal applying one event at a time.
+    one_at_a_time: Status,
+}
+
+/// One status throughput measurement ([`status_throughput`]).
+struct Status {
+    /// Updates/s from the spoke's writes until the hub has them all.
+    rate: f64,
+    /// The hub API server's own status patches/s at the same concurrency.
     hub_rate: f64,
+    /// The same patches written straight to the spoke and the hub at once, `writers` in flight
+    /// each: what both API servers manage together on the machine's cores, per update.
+    ceiling: f64,
+    /// Share of the machine's cores busy during each of the two.
+    busy: f64,
+    hub_busy: f64,
+    /// CPU per update of the principal and of the agent.
+    principal: Duration,
+    agent: Duration,
 }
 
 fn status_patch(value: &str) -> Patch<serde_json::Value> {
     Patch::Merge(serde_json::json!({"status": {"sync": {"status": "Synced", "revision": value}}}))
 }
 
-async fn measure(kind: ClusterKind, latency_n: usize, apps: usize, writers: usize) -> Res<Figures> {
+/// The principal and one managed agent on API servers of `kind`, the principal started with
+/// `principal_args`.
+async fn start(kind: ClusterKind, principal_args: &[&str]) -> Res<Side> {
     let clusters = Clusters { hub: kind, spokes: kind };
-    let topology = Topology::start_on(&[(AGENT, Mode::Managed)], clusters, true).await?;
-    let mut side = Side::start(topology).await?;
-    let hub: Api<DynamicObject> = Api::namespaced_with(side.topology.hub(), AGENT, &application_resource());
-    let spoke: Api<DynamicObject> =
-        Api::namespaced_with(side.topology.spoke(AGENT)?, ARGOCD_NS, &application_resource());
+    let options = StartOptions {
+        clusters,
+        start_agents: true,
+        principal_args: principal_args.iter().map(|a| (*a).to_owned()).collect(),
+        ..StartOptions::default()
+    };
+    Side::start(Topology::start_with_options(&[(AGENT, Mode::Managed)], options).await?).await
+}
+
+async fn measure(kind: ClusterKind, latency_n: usize, apps: usize, writers: usize) -> Res<Figures> {
+    let mut side = start(kind, &[]).await?;
 
     // Baseline latency: the hub API server's own create -> watch event, on another namespace.
     let base_ns = "bench-baseline";
@@ -85,50 +117,107 @@ async fn measure(kind: ClusterKind, latency_n: usize, apps: usize, writers: usiz
     }
     base_watch.abort();
 
-    // Status throughput: `apps` Applications on the spoke, statuses written there with
-    // `writers` in flight; the rate at which they land on the hub.
+    let status = status_throughput(&mut side, apps, writers).await?;
+    let mut e2e = std::mem::take(&mut side.latencies);
+    e2e.sort();
+    hub_watch.sort();
+    drop(side);
+
+    // The same-run comparison: a fresh principal, hub and spoke of the same kind, the principal
+    // applying the agent's events one at a time.
+    let mut one = start(kind, &["--agent-event-concurrency", "1"]).await?;
+    let one_at_a_time = status_throughput(&mut one, apps, writers).await?;
+    drop(one);
+    Ok(Figures { e2e, hub_watch, status, one_at_a_time })
+}
+
+/// `apps` Applications on the spoke, statuses written there with `writers` in flight: the rate
+/// at which they land on the hub; then the hub API server's own rate of the same status
+/// patches at the same concurrency; with the machine's busy share and the principal's and the
+/// agent's CPU per update.
+async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<Status> {
+    let hub: Api<DynamicObject> = Api::namespaced_with(side.topology.hub(), AGENT, &application_resource());
+    let spoke: Api<DynamicObject> =
+        Api::namespaced_with(side.topology.spoke(AGENT)?, ARGOCD_NS, &application_resource());
     side.throughput(apps).await?;
     let names: Vec<String> =
         spoke.list(&Default::default()).await?.items.into_iter().filter_map(|o| o.metadata.name).take(apps).collect();
     let (hub_seen, hub_watch_task) = watch_values(hub.clone(), revision);
+    let principal_pid = side.topology.principal_pid().ok_or_else(|| anyhow::anyhow!("no principal"))?;
+    let agent_pid = side.topology.agent_pid(AGENT).ok_or_else(|| anyhow::anyhow!("no agent"))?;
+    let cpu = || -> Res<[Duration; 3]> { Ok([machine_busy()?, cpu_time(principal_pid)?, cpu_time(agent_pid)?]) };
+    let before = cpu()?;
     let start = Instant::now();
-    futures::stream::iter(&names)
-        .map(|name| {
-            let spoke = spoke.clone();
-            async move { spoke.patch(name, &PatchParams::default(), &status_patch(&format!("e2e-{name}"))).await }
-        })
-        .buffer_unordered(writers)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+    patch_all(&spoke, &names, writers, "e2e").await?;
     let deadline = start + Duration::from_secs(300);
     let mut last = start;
     for name in &names {
         last = last.max(wait_seen(&hub_seen, &(name.clone(), format!("e2e-{name}")), deadline).await?);
     }
+    let after = cpu()?;
+    let wall = last.duration_since(start).as_secs_f64().max(1e-9);
     hub_watch_task.abort();
-    let status_rate = names.len() as f64 / last.duration_since(start).as_secs_f64().max(1e-9);
+    let rate = names.len() as f64 / wall;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
+    let per_update = |i: usize| (after[i] - before[i]) / u32::try_from(names.len().max(1)).unwrap_or(u32::MAX);
 
     // Baseline: the hub API server's own rate of the same status patches, same concurrency.
+    let hub_before = machine_busy()?;
     let start = Instant::now();
+    patch_all(&hub, &names, writers, "base").await?;
+    let hub_wall = start.elapsed().as_secs_f64().max(1e-9);
+    let hub_busy = (machine_busy()? - hub_before).as_secs_f64() / hub_wall / cores;
+
+    // The ceiling on one machine: every update through the agent costs a write on the spoke's
+    // API server and one on the hub's, on the same cores. The same patches written straight to
+    // both at once, the spoke's on copies in a namespace the agent does not watch.
+    let spoke_client = side.topology.spoke(AGENT)?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(spoke_client.clone());
+    namespaces.create(&PostParams::default(), &dynamic_ns(CEILING_NS)?).await?;
+    let aside: Api<DynamicObject> = Api::namespaced_with(spoke_client, CEILING_NS, &application_resource());
     futures::stream::iter(&names)
         .map(|name| {
-            let hub = hub.clone();
-            async move { hub.patch(name, &PatchParams::default(), &status_patch(&format!("base-{name}"))).await }
+            let aside = aside.clone();
+            async move {
+                aside
+                    .create(&PostParams::default(), &dynamic(app_json(name, CEILING_NS))?)
+                    .await
+                    .map_err(anyhow::Error::from)
+            }
         })
         .buffer_unordered(writers)
         .collect::<Vec<_>>()
         .await
         .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
-    let hub_rate = names.len() as f64 / start.elapsed().as_secs_f64().max(1e-9);
+        .collect::<Res<Vec<_>>>()?;
+    let start = Instant::now();
+    let (spoke_done, hub_done) =
+        tokio::join!(patch_all(&aside, &names, writers, "ceiling"), patch_all(&hub, &names, writers, "ceiling"));
+    spoke_done?;
+    hub_done?;
+    let ceiling = names.len() as f64 / start.elapsed().as_secs_f64().max(1e-9);
+    Ok(Status {
+        ceiling,
+        rate,
+        hub_rate: names.len() as f64 / hub_wall,
+        busy: (after[0] - before[0]).as_secs_f64() / wall / cores,
+        hub_busy,
+        principal: per_update(1),
+        agent: per_update(2),
+    })
+}
 
-    let mut e2e = std::mem::take(&mut side.latencies);
-    e2e.sort();
-    hub_watch.sort();
-    drop(side);
-    Ok(Figures { e2e, hub_watch, status_rate, hub_rate })
+/// Status patches on every one of `names` through `api`, `writers` in flight, each naming
+/// `{tag}-{name}` as its revision.
+async fn patch_all(api: &Api<DynamicObject>, names: &[String], writers: usize, tag: &str) -> Res<()> {
+    futures::stream::iter(names)
+        .map(|name| async move { api.patch(name, &PatchParams::default(), &status_patch(&format!("{tag}-{name}"))).await })
+        .buffer_unordered(writers)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(())
 }
 
 fn dynamic_ns(name: &str) -> Res<k8s_openapi::api::core::v1::Namespace> {
@@ -166,20 +255,38 @@ async fn main() -> Res<()> {
             ms(percentile(&f.hub_watch, 0.99)),
             p50(&f.e2e) / p50(&f.hub_watch)
         );
-        println!(
-            "  status spoke -> hub, {apps} Applications, {writers} in flight   {:>8.0} updates/s   baseline hub status patches {:>8.0} writes/s  ({:.2}x)",
-            f.status_rate,
-            f.hub_rate,
-            f.status_rate / f.hub_rate.max(1e-9)
-        );
+        for (label, st) in [
+            ("", &f.status),
+            (", principal applying one event at a time (--agent-event-concurrency 1)", &f.one_at_a_time),
+        ] {
+            println!(
+                "  status spoke -> hub{label}, {apps} Applications, {writers} in flight   {:>8.0} updates/s   baseline hub status patches {:>8.0} writes/s  ({:.2}x)",
+                st.rate,
+                st.hub_rate,
+                st.rate / st.hub_rate.max(1e-9)
+            );
+            println!(
+                "    ceiling: the same patches straight to the spoke and the hub at once {:>8.0} updates/s  (end to end {:.2}x of it)",
+                st.ceiling,
+                st.rate / st.ceiling.max(1e-9)
+            );
+            println!(
+                "    machine busy {:.0} % of its cores (hub alone {:.0} %); CPU per update: principal {:.0} µs, agent {:.0} µs",
+                st.busy * 100.0,
+                st.hub_busy * 100.0,
+                st.principal.as_secs_f64() * 1e6,
+                st.agent.as_secs_f64() * 1e6
+            );
+        }
+        println!("  concurrent / one at a time {:.2}x", f.status.rate / f.one_at_a_time.rate.max(1e-9));
     }
     println!("real / embedded:");
     println!(
         "  latency p50 {:.2}x  p99 {:.2}x   status throughput {:.2}x   API server write rate {:.2}x",
         p50(&real.e2e) / p50(&embedded.e2e),
         p99(&real.e2e) / p99(&embedded.e2e),
-        real.status_rate / embedded.status_rate.max(1e-9),
-        real.hub_rate / embedded.hub_rate.max(1e-9)
+        real.status.rate / embedded.status.rate.max(1e-9),
+        real.status.hub_rate / embedded.status.hub_rate.max(1e-9)
     );
     Ok(())
 }

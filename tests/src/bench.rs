@@ -226,6 +226,25 @@ pub fn cpu_time(pid: u32) -> Res<Duration> {
     Ok(Duration::from_secs_f64(total as f64 / clock_ticks_per_second() as f64))
 }
 
+/// CPU time the whole machine has spent busy so far (every core: user, nice, system, irq,
+/// softirq, steal; not idle or iowait), from `/proc/stat`.
+///
+/// # Errors
+/// The file does not parse.
+pub fn machine_busy() -> Res<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .next()
+        .filter(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow::anyhow!("/proc/stat: no cpu line"))?;
+    let fields: Vec<u64> = line.split_whitespace().skip(1).map(str::parse).collect::<Result<_, _>>()?;
+    anyhow::ensure!(fields.len() >= 8, "/proc/stat: {line}");
+    // user nice system idle iowait irq softirq steal
+    let busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7];
+    Ok(Duration::from_secs_f64(busy as f64 / clock_ticks_per_second() as f64))
+}
+
 /// `getconf CLK_TCK` (100 on Linux unless it says otherwise).
 fn clock_ticks_per_second() -> u64 {
     static TCK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();

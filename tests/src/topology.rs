@@ -847,6 +847,12 @@ impl Topology {
         self.principal.as_ref().map(ChildProcess::pid)
     }
 
+    /// Agent `name`'s process id (`None`: no such agent, or not running).
+    #[must_use]
+    pub fn agent_pid(&self, name: &str) -> Option<u32> {
+        self.agents.get(name)?.process.as_ref().map(ChildProcess::pid)
+    }
+
     /// Where the running principal serves `/metrics` (`None`: not running or not yet bound).
     #[must_use]
     pub fn principal_metrics_addr(&self) -> Option<std::net::SocketAddr> {

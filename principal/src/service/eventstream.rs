@@ -2,9 +2,10 @@
 //!
 //! Per stream: the caller arrives with a [`Permit`] from the authorization layer
 //! ([`crate::access::authz`]: who it is, its mode, the access token's id and expiry); the agent's peer is
-//! attached (closing any older stream of the same agent); a sender task drains the peer's
-//! mailbox onto the stream; the receive loop applies each event in order and ACKs it
-//! ([`link::recv`]).
+//! attached (closing any older stream of the same agent); the stream's body draws the peer's
+//! mailbox as the connection pulls ([`link::send::events`]); the receive loop applies the
+//! agent's events, at once across Applications and in order within one ([`super::lanes`]),
+//! and ACKs each ([`link::recv`]).
 //!
 //! Policies (docs/reliability.md, "Delivery guarantees"):
 //! * **Bad events.** A malformed, unknown or failing event is answered (ACKed) and logged; it
@@ -157,20 +158,65 @@ impl EventStreamService {
 /// Handles one message from the agent by the ACK policy of [`link::recv`]; returns whether it
 /// was processed.
 async fn on_message(hub: &Hub, wings: &Wings, session: &AgentPeer, msg: WireEvent) -> bool {
+    match received(wings, session, msg) {
+        Received::Event(ev) => {
+            apply(hub, wings, session, lane_key(&ev), ev).await;
+            true
+        }
+        Received::Done(processed) => processed,
+    }
+}
+
+/// A message from the agent after the cheap part of handling it.
+enum Received {
+    /// Settled already (an ACK, an answer to a proxy's request), or not (undecodable).
+    Done(bool),
+    /// An event to apply to the hub.
+    Event(Box<Event>),
+}
+
+/// Decodes a message, settles ACKs and answers the proxies' requests; what is left is an event
+/// to [`apply`].
+fn received(wings: &Wings, session: &AgentPeer, msg: WireEvent) -> Received {
     crate::metrics::global().event_received();
     let ev = match link::recv::receive(session.mailbox(), session.name(), msg) {
         Inbound::Event(ev) => ev,
-        Inbound::Ack { .. } => return true,
-        Inbound::Undecodable => return false,
+        Inbound::Ack { .. } => return Received::Done(true),
+        Inbound::Undecodable => return Received::Done(false),
     };
-    let span = crate::otel::received_span(session, &ev);
     if let Some(result) = wings.answer(session.name(), &ev).or_else(|| wings.cluster_cache_info(session.name(), &ev)) {
         link::recv::settle(session.mailbox(), &ev, &result);
-        return true;
+        return Received::Done(true);
     }
+    Received::Event(ev)
+}
+
+/// The lane an event from the agent is applied in ([`lanes`](super::lanes)): an Application's
+/// namespace and name for its create, update, status and delete; `None` (one at a time, in
+/// order with everything else) for the rest: AppProjects, which Applications refer to, and
+/// resync requests, which read what the events before them wrote.
+fn lane_key(ev: &Event) -> Option<Box<str>> {
+    if ev.target != Target::Application
+        || !matches!(
+            ev.event_type,
+            EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate | EventType::Delete
+        )
+    {
+        return None;
+    }
+    let meta = ev.data.as_ref()?.value().get("metadata")?;
+    let name = meta.get("name")?.as_str()?;
+    let namespace = meta.get("namespace").and_then(serde_json::Value::as_str).unwrap_or_default();
+    Some(format!("{namespace}/{name}").into_boxed_str())
+}
+
+/// Applies one event of the agent to the hub and answers it by the ACK policy of
+/// [`link::recv`]; `key` is its [`lane_key`].
+async fn apply(hub: &Hub, wings: &Wings, session: &AgentPeer, key: Option<Box<str>>, ev: Box<Event>) {
+    let span = crate::otel::received_span(session, &ev);
     async {
-        let _applying = session.applying().await;
-        // `--event-processors`: a bounded number of agents' events applied at once (the
+        let _applying = session.applying(key.as_deref()).await;
+        // `--event-processors`: a bounded number of events applied at once across agents (the
         // semaphore is never closed, so acquiring only waits).
         let _processing = match &hub.processors {
             Some(slots) => slots.acquire().await.ok(),
@@ -197,7 +243,6 @@ async fn on_message(hub: &Hub, wings: &Wings, session: &AgentPeer, msg: WireEven
     }
     .instrument(span)
     .await;
-    true
 }
 
 /// An agent's mailbox, drawn by its stream, and what is reported about what it sends.
@@ -377,19 +422,33 @@ async fn serve_stream(
             }
         }
     });
+    // Boxed: inline, the largest event's future (hub writes) would size this task, which lives
+    // as long as the stream, for every idle agent.
+    let mut lanes = super::lanes::Lanes::new(hub.config.agent_event_concurrency, |key, ev| {
+        Box::pin(apply(hub, wings, session, key, ev)) as futures::future::BoxFuture<'_, ()>
+    });
     loop {
-        // Once replaced, expired or revoked, nothing more from this stream is applied.
-        match link::recv::next(inbound, handle.stop(), None).await {
-            // Boxed: inline, the largest message handler (hub writes) would size this task,
-            // which lives as long as the stream, for every idle agent.
-            Next::Message(msg) => _ = Box::pin(on_message(hub, wings, session, msg)).await,
-            Next::Ended | Next::Stopped | Next::Silent(_) => break,
-            Next::Failed(status) => {
-                handle.close(Some(inbound_failure(session.name(), status, hub.config.max_message_bytes)));
-                break;
-            }
+        tokio::select! {
+            biased;
+            Some(()) = lanes.finished() => {}
+            // Once replaced, expired or revoked, nothing more from this stream is applied.
+            next = link::recv::next(inbound, handle.stop(), None), if lanes.has_room() => match next {
+                Next::Message(msg) => {
+                    if let Received::Event(ev) = received(wings, session, msg) {
+                        lanes.submit(lane_key(&ev), ev);
+                    }
+                }
+                Next::Ended | Next::Stopped | Next::Silent(_) => break,
+                Next::Failed(status) => {
+                    handle.close(Some(inbound_failure(session.name(), status, hub.config.max_message_bytes)));
+                    break;
+                }
+            },
         }
     }
+    // What started is finished and answered; what was held back is not, and the agent sends
+    // it again on its next stream.
+    lanes.drain().await;
 }
 
 #[tonic::async_trait]

@@ -183,7 +183,7 @@ async fn autonomous_copies(hub: &Hub, agent: &str) -> Result<Vec<Application>, S
 /// applied (from its previous stream, whose transport may have died mid-event) are done: what
 /// the resync reads of the hub then includes their writes.
 pub(crate) async fn on_connect(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
-    let _applying = session.applying().await;
+    let _applying = session.applying_alone().await;
     let started = std::time::Instant::now();
     let result = start(hub, session).await;
     crate::metrics::global().resync(session.name(), session.mode(), started.elapsed(), result.is_ok());

@@ -255,7 +255,7 @@ async fn a_resync_starts_only_once_the_event_being_applied_is_done() {
     let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
     let _ = sent(&peer, &stream);
     // An event of the agent's previous stream is still being applied.
-    let applying = peer.applying().await;
+    let applying = peer.applying(Some("argocd/app-1")).await;
     let resync = tokio::spawn({
         let (hub, peer) = (Arc::new(hub), peer.clone());
         async move { crate::sync::resync::on_connect(&hub, &peer).await }

@@ -123,12 +123,12 @@ pub(crate) async fn hub_copy_changed(
 /// A hub copy disappeared: expected (the agent deleted it) or reverted by recreating it.
 pub(crate) async fn hub_copy_deleted(hub: &Hub, app: &Application) -> Result<(), StoreError> {
     let key = key_of(&app.metadata);
-    // The agent's events are applied under its peer's lock: holding it until the restore is
-    // written, a `delete` from the agent is applied wholly before (this deletion is then
-    // expected) or after (and deletes the restored copy), never in between (upstream #1056).
+    // Holding the agent's events off until the restore is written, a `delete` from the agent
+    // is applied wholly before (this deletion is then expected) or after (and deletes the
+    // restored copy), never in between (upstream #1056).
     let peer = hub.peers.get(&key.0);
     let _applying = match &peer {
-        Some(p) => Some(p.applying().await),
+        Some(p) => Some(p.applying_alone().await),
         None => None,
     };
     let Gone::Restore(mut src) = hub.autonomous.deleted(&key) else { return Ok(()) };
