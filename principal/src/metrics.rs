@@ -69,6 +69,7 @@ pub struct PrincipalMetrics {
     resyncs: CounterVec,
     resync_duration: HistogramVec,
     auth_failures: CounterVec,
+    status_writes: CounterVec,
     proxy_requests: CounterVec,
     proxy_errors: CounterVec,
     proxy_duration: HistogramVec,
@@ -154,6 +155,11 @@ impl PrincipalMetrics {
                 "Time to start a resync on connect: reading the hub and queueing the resync events (in seconds).",
                 &["mode"],
                 DEFAULT_BUCKETS,
+            ),
+            status_writes: CounterVec::new(
+                "argocd_principal_status_writes_total",
+                "The total number of managed agents' status updates written to the hub, by how: patched (one conditional merge patch), or read_modify_write after the patch was refused (refused), with no base known (no_base) or with nothing to patch against the base (unchanged).",
+                &["path"],
             ),
             auth_failures: CounterVec::new(
                 "argocd_principal_auth_failures_total",
@@ -243,6 +249,11 @@ impl PrincipalMetrics {
     /// A message arrived from an agent.
     pub fn event_received(&self) {
         self.events_received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A managed agent's status update went to the hub by `path` (see the family's help).
+    pub fn status_write(&self, path: &str) {
+        self.status_writes.inc(&[path]);
     }
 
     /// An event was written to an agent's stream.
@@ -484,6 +495,7 @@ impl PrincipalMetrics {
             &self.discarded,
             &self.resyncs,
             &self.auth_failures,
+            &self.status_writes,
             &self.proxy_requests,
             &self.proxy_errors,
             &self.redis_requests,

@@ -76,6 +76,21 @@ struct Status {
     /// CPU per update of the principal and of the agent.
     principal: Duration,
     agent: Duration,
+    /// How the principal wrote the statuses ([`STATUS_PATHS`]), counted over the round.
+    paths: [f64; 4],
+}
+
+/// The `path` values of `argocd_principal_status_writes_total`.
+const STATUS_PATHS: [&str; 4] = ["patched", "refused", "no_base", "unchanged"];
+
+/// The principal's count of status writes by each of [`STATUS_PATHS`].
+async fn status_paths(side: &Side) -> Res<[f64; 4]> {
+    let addr = side.topology.principal_metrics_addr().ok_or_else(|| anyhow::anyhow!("no principal metrics address"))?;
+    let (code, text) = tests::http::get(addr, "/metrics").await?;
+    anyhow::ensure!(code == 200, "/metrics answered {code}");
+    Ok(STATUS_PATHS.map(|p| {
+        tests::http::sample(&text, "argocd_principal_status_writes_total", &format!("path=\"{p}\"")).unwrap_or(0.0)
+    }))
 }
 
 fn status_patch(value: &str) -> Patch<serde_json::Value> {
@@ -146,6 +161,7 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
     let principal_pid = side.topology.principal_pid().ok_or_else(|| anyhow::anyhow!("no principal"))?;
     let agent_pid = side.topology.agent_pid(AGENT).ok_or_else(|| anyhow::anyhow!("no agent"))?;
     let cpu = || -> Res<[Duration; 3]> { Ok([machine_busy()?, cpu_time(principal_pid)?, cpu_time(agent_pid)?]) };
+    let paths_before = status_paths(side).await?;
     let before = cpu()?;
     let start = Instant::now();
     patch_all(&spoke, &names, writers, "e2e").await?;
@@ -155,6 +171,7 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
         last = last.max(wait_seen(&hub_seen, &(name.clone(), format!("e2e-{name}")), deadline).await?);
     }
     let after = cpu()?;
+    let paths_after = status_paths(side).await?;
     let wall = last.duration_since(start).as_secs_f64().max(1e-9);
     hub_watch_task.abort();
     let rate = names.len() as f64 / wall;
@@ -204,6 +221,7 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
         hub_busy,
         principal: per_update(1),
         agent: per_update(2),
+        paths: std::array::from_fn(|i| paths_after[i] - paths_before[i]),
     })
 }
 
@@ -277,6 +295,8 @@ async fn main() -> Res<()> {
                 st.principal.as_secs_f64() * 1e6,
                 st.agent.as_secs_f64() * 1e6
             );
+            let paths: Vec<String> = STATUS_PATHS.iter().zip(st.paths).map(|(p, n)| format!("{p} {n:.0}")).collect();
+            println!("    the principal's status writes: {}", paths.join(", "));
         }
         println!("  concurrent / one at a time {:.2}x", f.status.rate / f.one_at_a_time.rate.max(1e-9));
     }

@@ -147,16 +147,23 @@ pub(crate) async fn status_update(hub: &Hub, agent: &str, incoming: &Application
     }
     let base = hub.seen_apps.status_base(&key);
     let paths = &hub.status_paths;
-    if let Some(patch) = base.and_then(|b| status_patch(&b, incoming, &now)) {
-        if let Some(written) = hub.apps.patch_if_unchanged::<Application>(ns, name, &patch).await? {
-            StatusPathCounters::count(&paths.patched);
-            hub.seen_apps.wrote_status(key, &written);
-            return Ok(());
+    let rmw_because = match base.as_ref().map(|b| status_patch(b, incoming, &now)) {
+        None => "no_base",
+        Some(None) => "unchanged",
+        Some(Some(patch)) => {
+            if let Some(written) = hub.apps.patch_if_unchanged::<Application>(ns, name, &patch).await? {
+                StatusPathCounters::count(&paths.patched);
+                crate::metrics::global().status_write("patched");
+                hub.seen_apps.wrote_status(key, &written);
+                return Ok(());
+            }
+            // 409: the hub moved on since the base (or the Application is gone).
+            StatusPathCounters::count(&paths.patch_refused);
+            "refused"
         }
-        // 409: the hub moved on since the base (or the Application is gone).
-        StatusPathCounters::count(&paths.patch_refused);
-    }
+    };
     StatusPathCounters::count(&paths.read_modify_write);
+    crate::metrics::global().status_write(rmw_because);
     let mut foreign = false;
     let written = hub
         .apps
