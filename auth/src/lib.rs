@@ -49,5 +49,5 @@ pub use method::spec::{AuthMethodSpec, DEFAULT_SUBJECT_REGEX, SpecError, XFCC_KE
 pub use method::xfcc::XfccAuthenticator;
 pub use method::{AuthContext, AuthMethods, Authenticator};
 pub use service::{AuthObserver, AuthService, AuthServiceConfig, NewSession, SessionHook, VersionCheck};
-pub use session::{SessionIssuer, Sessions, SigningKey, TokenKind, TokenLifetimes};
+pub use session::{AccessLifetimeOutOfRange, SessionIssuer, Sessions, SigningKey, TokenKind, TokenLifetimes};
 pub use version::{DEFAULT_MIN_AGENT_VERSION, ReleaseVersion};

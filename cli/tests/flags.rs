@@ -180,6 +180,23 @@ fn a_label_selector_that_does_not_parse_is_refused_naming_the_flag() {
 }
 
 #[test]
+fn an_access_token_lifetime_outside_a_minute_to_an_hour_is_refused_naming_the_flag_and_the_range() {
+    let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];
+    for (flag, env) in [(Some("30s"), None), (None, Some("2h")), (Some("soon"), None)] {
+        let args = flag.map_or_else(|| base.to_vec(), |v| [&base[..], &["--access-token-lifetime", v]].concat());
+        let env: Vec<_> = env.map(|v| ("ARGOCD_PRINCIPAL_ACCESS_TOKEN_LIFETIME", v)).into_iter().collect();
+        let (ok, err) = run(&args, &env);
+        assert!(!ok && err.contains("--access-token-lifetime"), "{flag:?} {env:?}: {err}");
+        if flag != Some("soon") {
+            assert!(err.contains("60s..=3600s"), "{err}");
+        }
+    }
+    // In range, startup goes past the flags (to the cluster, which is not there).
+    let (ok, err) = run(&[&base[..], &["--access-token-lifetime", "30m"]].concat(), &[]);
+    assert!(!ok && !err.contains("--access-token-lifetime"), "{err}");
+}
+
+#[test]
 fn otlp_flags_are_accepted_and_checked() {
     // --otlp-address is supported (docs/operations/tracing.md); bad values are refused by name.
     let base = ["principal", "-n", "argocd", "--auth", "mtls:subject:CN=([^,]+)", "--metrics-port", "0"];

@@ -45,7 +45,8 @@
 //!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench mesh_scale`;
 //! `BENCH_MESH_PROGRAM=<argocd-agent binary>` runs another build's principal instead (a baseline:
-//! alternate runs with and without it);
+//! alternate runs with and without it); `BENCH_PRINCIPAL_FLAGS` adds flags to its command line
+//! (e.g. `--access-token-lifetime 30m`);
 //! `BENCH_MESH_TIMEOUT` (1800 s) bounds each wait. `BENCH_QUICK=1`: 200 agents 50 per connection,
 //! 100 with one connection each, 1 s windows, no ramp.
 
@@ -229,11 +230,19 @@ async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> 
         .await
         .context("cannot reset the fan-out AppProject")?;
     // Another build's principal (a same-run baseline: alternate runs with and without it).
+    // `BENCH_PRINCIPAL_FLAGS`: e.g. `--access-token-lifetime 30m` with an RSA key.
+    let flags = tests::loadhub::principal_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let (principal, _) = match std::env::var_os("BENCH_MESH_PROGRAM") {
-        Some(program) => {
-            LoadPrincipal::start_program(std::path::Path::new(&program), hub, &hub.keys[0], 0, Instant::now(), &[])?
-        }
-        None => LoadPrincipal::start(hub, &hub.keys[0], 0, Instant::now())?,
+        Some(program) => LoadPrincipal::start_program(
+            std::path::Path::new(&program),
+            hub,
+            &hub.keys[0],
+            0,
+            Instant::now(),
+            &flags,
+        )?,
+        None => LoadPrincipal::start_with(hub, &hub.keys[0], 0, Instant::now(), &flags)?,
     };
     let cpu0 = cpu_window(&[principal.pid()], window).await?[0];
     let rss0 = principal.rss()?;

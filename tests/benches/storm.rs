@@ -56,13 +56,6 @@ use tests::loadhub::{
 
 type Res<T> = anyhow::Result<T>;
 
-/// Extra flags for the idle and storm phases' principals (`BENCH_PRINCIPAL_FLAGS`, split on whitespace),
-/// e.g. `--auth-signing-concurrency 512 --auth-signing-queue 1000000`: signing as before the
-/// signing gate (tokio's 512 blocking threads, no queue bound), for a same-binary baseline.
-fn principal_flags() -> Vec<String> {
-    std::env::var("BENCH_PRINCIPAL_FLAGS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
-}
-
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -150,7 +143,7 @@ async fn idle(
     window: Duration,
     timeout: Duration,
 ) -> Res<(u64, usize, Window, Vec<IdleRow>)> {
-    let flags = principal_flags();
+    let flags = tests::loadhub::principal_flags();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let (principal, _) = Principal::start_with(hub, &hub.keys[0], 0, Instant::now(), &flags)?;
     projects(hub)
@@ -214,7 +207,7 @@ struct Storm {
 /// `rekey`: the restarted principal signs with another key, so every session is refused and
 /// every agent authenticates again.
 async fn storm(hub: &Hub, agents: usize, rekey: bool, window: Duration, timeout: Duration) -> Res<Storm> {
-    let flags = principal_flags();
+    let flags = tests::loadhub::principal_flags();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let (mut principal, _) = Principal::start_with(hub, &hub.keys[0], 0, Instant::now(), &flags)?;
     let rss0 = principal.rss()?;

@@ -93,6 +93,14 @@ pub struct LoadPrincipal {
     pub port: u16,
 }
 
+/// Extra flags for the benchmarks' principals (`BENCH_PRINCIPAL_FLAGS`, split on whitespace),
+/// e.g. `--auth-signing-concurrency 512 --auth-signing-queue 1000000` (signing as before the
+/// signing gate, for a same-binary baseline) or `--access-token-lifetime 30m`.
+#[must_use]
+pub fn principal_flags() -> Vec<String> {
+    std::env::var("BENCH_PRINCIPAL_FLAGS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
+}
+
 impl LoadPrincipal {
     /// Starts one signing with `key` on `port` (0: a free one); returns it and how long after
     /// `start` it listened.

@@ -81,6 +81,49 @@ pub struct TokenLifetimes {
     pub renew_refresh_within: Duration,
 }
 
+/// An access-token lifetime outside what [`TokenLifetimes::with_access`] accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "an access-token lifetime of {}s is outside {}s..={}s (upstream's is {}s)",
+    found.as_secs(),
+    TokenLifetimes::MIN_ACCESS.as_secs(),
+    TokenLifetimes::MAX_ACCESS.as_secs(),
+    ACCESS_TOKEN_LIFETIME.as_secs()
+)]
+pub struct AccessLifetimeOutOfRange {
+    /// The lifetime asked for.
+    pub found: Duration,
+}
+
+impl TokenLifetimes {
+    /// The shortest access-token lifetime [`Self::with_access`] accepts: agents refresh 30 s
+    /// before expiry (upstream's threshold), so a shorter one would have them refresh nearly
+    /// all the time.
+    pub const MIN_ACCESS: Duration = Duration::from_secs(60);
+    /// The longest. A token is bound to the transport identity it was issued to, and the
+    /// principal's blocklist refuses a listed agent's token whatever its expiry, so a longer
+    /// lifetime does not let a stolen token be used without the identity; an hour still keeps
+    /// short the life of a token presented alone (a method that accepts a token alone for a
+    /// call that presents no identity).
+    pub const MAX_ACCESS: Duration = Duration::from_secs(60 * 60);
+
+    /// Upstream's lifetimes with another access-token lifetime (upstream's is 5 min). Each
+    /// refresh signs a new access token, so the signing a fleet costs in steady state is its
+    /// size over this lifetime. The refresh token is renewed when it expires within two access
+    /// lifetimes (at least upstream's 10 min), so an agent that refreshes once per access
+    /// lifetime always renews it before it runs out.
+    ///
+    /// # Errors
+    ///
+    /// [`AccessLifetimeOutOfRange`] outside [`Self::MIN_ACCESS`]..=[`Self::MAX_ACCESS`].
+    pub fn with_access(access: Duration) -> Result<Self, AccessLifetimeOutOfRange> {
+        if !(Self::MIN_ACCESS..=Self::MAX_ACCESS).contains(&access) {
+            return Err(AccessLifetimeOutOfRange { found: access });
+        }
+        Ok(Self { access, renew_refresh_within: REFRESH_TOKEN_RENEW_WITHIN.max(access * 2), ..Self::default() })
+    }
+}
+
 impl Default for TokenLifetimes {
     fn default() -> Self {
         Self {

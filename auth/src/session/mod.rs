@@ -11,6 +11,8 @@ pub mod keys;
 pub mod token;
 
 pub use authority::{Sessions, VerifiedRefresh};
-pub use issuer::{Clock, ManualClock, SessionIssuer, SystemClock, TokenLifetimes, VerifiedToken};
+pub use issuer::{
+    AccessLifetimeOutOfRange, Clock, ManualClock, SessionIssuer, SystemClock, TokenLifetimes, VerifiedToken,
+};
 pub use keys::{KeyError, SigningKey};
 pub use token::{Claims, IssuedTokens, RefreshedTokens, TokenKind};

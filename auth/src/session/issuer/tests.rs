@@ -144,6 +144,54 @@ fn refresh_renews_the_refresh_token_only_near_expiry() {
 }
 
 #[test]
+fn a_longer_access_lifetime_signs_fewer_refreshes_and_still_renews_the_refresh_token_in_time() {
+    let clock = ManualClock::new(start());
+    let thirty_minutes = Duration::from_secs(30 * 60);
+    let lifetimes = TokenLifetimes::with_access(thirty_minutes).expect("in range");
+    assert_eq!(lifetimes.refresh, REFRESH_TOKEN_LIFETIME);
+    let iss = issuer(KEY_A, &clock).with_lifetimes(lifetimes);
+    let tokens = iss.issue(&identity(), AgentMode::Managed).expect("issue");
+    let access = iss.verify(&tokens.access_token, TokenKind::Access).expect("access");
+    assert_eq!(access.expires_at, Some(start() + thirty_minutes));
+    assert_eq!(access.claims.exp, Some(1_700_000_000 + 30 * 60));
+
+    // An agent refreshing 30 s before each access token expires: the refresh token is renewed
+    // on the last refresh before it runs out, never found expired.
+    let mut refresh_token = tokens.refresh_token;
+    let mut renewed = 0;
+    let mut at = start();
+    while at < start() + 2 * REFRESH_TOKEN_LIFETIME {
+        at += thirty_minutes - Duration::from_secs(30);
+        clock.set(at);
+        let refresh = iss.verify(&refresh_token, TokenKind::Refresh).expect("the refresh token is still valid");
+        let out = iss.refresh(&refresh).expect("refreshed");
+        assert_eq!(out.access_expires_at, at + thirty_minutes);
+        if let Some(next) = out.refresh_token {
+            refresh_token = next;
+            renewed += 1;
+        }
+    }
+    assert_eq!(renewed, 2, "renewed once per refresh-token lifetime");
+}
+
+#[test]
+fn access_lifetimes_outside_a_minute_to_an_hour_are_refused_naming_the_range() {
+    assert_eq!(TokenLifetimes::with_access(ACCESS_TOKEN_LIFETIME).expect("upstream's"), TokenLifetimes::default());
+    for bad in [Duration::ZERO, Duration::from_secs(59), Duration::from_secs(60 * 60 + 1)] {
+        let err = TokenLifetimes::with_access(bad).expect_err("out of range");
+        assert_eq!(err.found, bad);
+        let text = err.to_string();
+        assert!(text.contains("60s..=3600s") && text.contains("upstream's is 300s"), "{text}");
+    }
+    for good in [TokenLifetimes::MIN_ACCESS, TokenLifetimes::MAX_ACCESS] {
+        let lifetimes = TokenLifetimes::with_access(good).expect("in range");
+        assert!(
+            lifetimes.renew_refresh_within >= 2 * good && lifetimes.renew_refresh_within >= REFRESH_TOKEN_RENEW_WITHIN
+        );
+    }
+}
+
+#[test]
 fn a_refresh_reports_the_access_tokens_own_expiry_to_the_second() {
     // Mid-second: the token's `exp` is whole seconds, and a stream extended to the reported
     // expiry must not outlive the token.
