@@ -234,14 +234,9 @@ async fn level(hub: &LoadHub, agents: usize, delivery: Delivery, pace: Pace) -> 
     let flags = tests::loadhub::principal_flags();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let (principal, _) = match std::env::var_os("BENCH_MESH_PROGRAM") {
-        Some(program) => LoadPrincipal::start_program(
-            std::path::Path::new(&program),
-            hub,
-            &hub.keys[0],
-            0,
-            Instant::now(),
-            &flags,
-        )?,
+        Some(program) => {
+            LoadPrincipal::start_program(std::path::Path::new(&program), hub, &hub.keys[0], 0, Instant::now(), &flags)?
+        }
         None => LoadPrincipal::start_with(hub, &hub.keys[0], 0, Instant::now(), &flags)?,
     };
     let cpu0 = cpu_window(&[principal.pid()], window).await?[0];
