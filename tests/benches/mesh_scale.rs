@@ -16,8 +16,9 @@
 //!
 //! Levels, each on a fresh principal whose RSS and descriptors with 0 agents (after an idle
 //! window) are that level's baseline:
-//! 1. `BENCH_MESH_DIRECT_AGENTS` (10,000) agents, one connection each: the per-agent cost today,
-//!    bounded by the open-files limit (20,000 here, one descriptor per agent in each process);
+//! 1. `BENCH_MESH_DIRECT_AGENTS` (9,000) agents, one connection each: the per-agent cost today,
+//!    bounded by the open-files limit (20,000 here: one descriptor per agent in each process, and
+//!    the principal's default connection cap is half of it, 9,968);
 //! 2. the same number multiplexed, K per connection (the same-size comparison);
 //! 3. `BENCH_MESH_AGENTS` (50,000) multiplexed, K per connection
 //!    (`BENCH_MESH_STREAMS_PER_CONNECTION`, 1,000).
@@ -432,7 +433,9 @@ async fn main() -> Res<()> {
     };
     let agents = env("BENCH_MESH_AGENTS", 200, 50_000);
     let per_connection = env("BENCH_MESH_STREAMS_PER_CONNECTION", 50, 1000);
-    let direct = env("BENCH_MESH_DIRECT_AGENTS", 100, 10_000);
+    // One connection each: at most the principal's default connection cap (9,968 agents at
+    // `ulimit -n` 20,000), checked below.
+    let direct = env("BENCH_MESH_DIRECT_AGENTS", 100, 9_000);
     // 0: no Envoy level.
     let envoy_agents = tests::bench::env("BENCH_MESH_ENVOY_AGENTS", if quick { 100 } else { 3_000 });
     let window = Duration::from_secs(env("BENCH_MESH_WINDOW", 1, 20) as u64);
@@ -452,6 +455,12 @@ async fn main() -> Res<()> {
                 "ulimit -n is {limit}: {direct} agents with a connection each (or {agents} agents {per_connection} per connection) need {needed} descriptors in this process and in the principal; lower BENCH_MESH_DIRECT_AGENTS or raise BENCH_MESH_STREAMS_PER_CONNECTION"
             );
         }
+    }
+    let cap = tests::loadhub::agent_connection_cap();
+    if direct > cap {
+        bail!(
+            "BENCH_MESH_DIRECT_AGENTS={direct}: the principal holds at most {cap} agent connections with this open-file limit (half of it, less a reserve); lower it or raise ulimit -n"
+        );
     }
     let hub = LoadHub::start_with_key_type("ecdsa-p256").await?;
     projects(&hub)

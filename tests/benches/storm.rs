@@ -39,7 +39,7 @@
 //!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench storm` (phases:
 //! BENCH_STORM_PHASES=idle,storm,latency,status,periodic; sizes:
-//! BENCH_STATUS_AGENTS=1000, BENCH_STATUS_INTERVAL_MS=500,200, BENCH_STORM_AGENTS=5000, BENCH_LATENCY_AGENTS=1000, BENCH_LATENCY_RATE=50, BENCH_IDLE_AGENTS=1000,5000,10000, BENCH_IDLE_WINDOW=60 seconds,
+//! BENCH_STATUS_AGENTS=1000, BENCH_STATUS_INTERVAL_MS=500,200, BENCH_STORM_AGENTS=5000, BENCH_LATENCY_AGENTS=1000, BENCH_LATENCY_RATE=50, BENCH_IDLE_AGENTS=1000,5000,9000 (the principal's default connection cap is half of `ulimit -n`: 9,968 at 20,000), BENCH_IDLE_WINDOW=60 seconds,
 //! BENCH_STORM_TIMEOUT=900 seconds; BENCH_QUICK=1: 50 agents, 1 s windows; BENCH_PRINCIPAL_FLAGS:
 //! extra flags for the idle and storm phases' principals). Each agent holds
 //! one TCP connection in this process and one in the principal: `ulimit -n` must exceed the
@@ -547,7 +547,7 @@ fn print_window(label: &str, w: &Window) {
 async fn main() -> Res<()> {
     let quick = std::env::var("BENCH_QUICK").is_ok();
     let storm_n = env_usize("BENCH_STORM_AGENTS", if quick { 50 } else { 5000 });
-    let idle_sizes = env_list("BENCH_IDLE_AGENTS", if quick { "50" } else { "1000,5000,10000" });
+    let idle_sizes = env_list("BENCH_IDLE_AGENTS", if quick { "50" } else { "1000,5000,9000" });
     let window = Duration::from_secs(env_usize("BENCH_IDLE_WINDOW", if quick { 1 } else { 60 }) as u64);
     let timeout = Duration::from_secs(env_usize("BENCH_STORM_TIMEOUT", if quick { 120 } else { 900 }) as u64);
     let status_n = env_usize("BENCH_STATUS_AGENTS", if quick { 50 } else { 1000 });
@@ -566,6 +566,13 @@ async fn main() -> Res<()> {
     {
         bail!(
             "ulimit -n is {limit}: {largest} agents need one descriptor each plus ~256; raise it (ulimit -n) or lower the sizes"
+        );
+    }
+    let cap = tests::loadhub::agent_connection_cap();
+    if largest > cap {
+        bail!(
+            "{largest} agents with a connection each: the principal holds at most {cap} agent connections with ulimit -n {} (half the open-file limit, less a reserve); lower the sizes (BENCH_IDLE_AGENTS, BENCH_STORM_AGENTS, ...) or raise ulimit -n",
+            limit.map_or("unknown".to_owned(), |l| l.to_string())
         );
     }
     let phases =

@@ -93,6 +93,17 @@ pub struct LoadPrincipal {
     pub port: u16,
 }
 
+/// How many agent connections a principal started by these benchmarks holds at once: its
+/// default `--grpc-max-connections`, half of the open-file limit less a reserve
+/// (`principal::transport::limits::cap`; the principal inherits this process's limit). Agents
+/// past it are refused at connect and retry for ever, so a benchmark size above it never
+/// completes: the benchmarks check their sizes against it first.
+#[must_use]
+pub fn agent_connection_cap() -> usize {
+    use principal::transport::limits::{Listener, cap, open_file_limit};
+    cap(Listener::Agents, None, open_file_limit())
+}
+
 /// Extra flags for the benchmarks' principals (`BENCH_PRINCIPAL_FLAGS`, split on whitespace),
 /// e.g. `--auth-signing-concurrency 512 --auth-signing-queue 1000000` (signing as before the
 /// signing gate, for a same-binary baseline) or `--access-token-lifetime 30m`.
