@@ -176,19 +176,20 @@ impl ObjectStore {
         }
     }
 
+    fn decode_err(&self, ns: &str, name: &str, source: serde_json::Error) -> StoreError {
+        StoreError::Decode { kind: self.kind, namespace: ns.to_owned(), name: name.to_owned(), source }
+    }
+
     /// Converts a dynamic object into a typed one.
     ///
     /// # Errors
     ///
     /// [`StoreError::Decode`] when it does not fit `T`.
     pub fn decode<T: DeserializeOwned>(&self, obj: &DynamicObject) -> Result<T, StoreError> {
-        let err = |source| StoreError::Decode {
-            kind: self.kind,
-            namespace: obj.metadata.namespace.clone().unwrap_or_default(),
-            name: obj.metadata.name.clone().unwrap_or_default(),
-            source,
-        };
-        serde_json::to_value(obj).and_then(serde_json::from_value).map_err(err)
+        serde_json::to_value(obj).and_then(serde_json::from_value).map_err(|source| {
+            let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+            self.decode_err(ns, obj.metadata.name.as_deref().unwrap_or_default(), source)
+        })
     }
 
     /// As [`Self::decode`] for a watcher: an object that does not decode is logged (naming
@@ -200,8 +201,7 @@ impl ObjectStore {
 
     /// `obj` as the body of a write: its JSON with this kind's `apiVersion` and `kind`.
     fn encode<T: Serialize>(&self, ns: &str, name: &str, obj: &T) -> Result<Vec<u8>, StoreError> {
-        let err =
-            |source| StoreError::Decode { kind: self.kind, namespace: ns.to_owned(), name: name.to_owned(), source };
+        let err = |source| self.decode_err(ns, name, source);
         let mut value = serde_json::to_value(obj).map_err(err)?;
         if let Some(map) = value.as_object_mut() {
             map.insert("apiVersion".into(), self.resource.api_version.clone().into());
@@ -232,12 +232,7 @@ impl ObjectStore {
 
     /// An object the API server answered ([`Self::send`]) as `T`.
     fn decoded<T: DeserializeOwned>(&self, ns: &str, name: &str, text: &str) -> Result<T, StoreError> {
-        serde_json::from_str(text).map_err(|source| StoreError::Decode {
-            kind: self.kind,
-            namespace: ns.to_owned(),
-            name: name.to_owned(),
-            source,
-        })
+        serde_json::from_str(text).map_err(|source| self.decode_err(ns, name, source))
     }
 
     /// Reads one object; `None` if it does not exist.
