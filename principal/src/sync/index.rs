@@ -63,6 +63,11 @@ struct Inner {
     /// resourceVersion that write produced, until the watch shows that version (or a newer
     /// object replaces it).
     written: HashMap<Key, StatusBase>,
+    /// Applications a managed agent holds from a live read of the hub, which the watch has not
+    /// shown (yet): kept until the watch shows or deletes one, so a re-list that no longer
+    /// returns it deletes it on the agent. Without them an Application created and deleted
+    /// while the watch was down (a 410 Gone, an API server restart) would stay on its agent.
+    shipped: HashMap<Key, Application>,
 }
 
 /// The agent an Application's destination names, for [`Inner::by_destination`].
@@ -132,9 +137,27 @@ impl AppIndex {
         lock(&self.inner).seen.get(key).map(|s| s.app.clone())
     }
 
-    /// Every Application the watch has shown.
+    /// Every Application the watch has shown, and those agents were sent from a live read the
+    /// watch has not shown ([`Self::shipped_unwatched`]): what a re-list that no longer returns
+    /// one deletes.
     pub(crate) fn all(&self) -> Vec<Application> {
-        lock(&self.inner).seen.values().map(|s| s.app.clone()).collect()
+        let inner = lock(&self.inner);
+        inner.seen.values().map(|s| s.app.clone()).chain(inner.shipped.values().cloned()).collect()
+    }
+
+    /// A managed agent holds `app`, read live from the hub: when the watch has not shown it,
+    /// it is kept beside what the watch showed until the watch shows or deletes it.
+    pub(crate) fn shipped_unwatched(&self, key: Key, app: &Application) {
+        let mut inner = lock(&self.inner);
+        if !inner.seen.contains_key(&key) {
+            inner.shipped.insert(key, app.clone());
+        }
+    }
+
+    /// Whether the principal knows `key` only from a live read ([`Self::shipped_unwatched`]).
+    pub(crate) fn only_shipped(&self, key: &Key) -> bool {
+        let inner = lock(&self.inner);
+        !inner.seen.contains_key(key) && inner.shipped.contains_key(key)
     }
 
     /// The Applications of `which` that `keep` selects.
@@ -210,24 +233,27 @@ impl AppIndex {
         // The same version again (a re-list) keeps its digest entry.
         let entry =
             inner.seen.get(&key).filter(|s| same_version(&s.app.metadata, &app.metadata)).and_then(|s| s.entry.clone());
+        let shipped = inner.shipped.remove(&key);
         let prev = inner.seen.insert(key.clone(), Seen { app: app.clone(), entry }).map(|s| s.app);
         if let Some(prev) = &prev {
             inner.unindex(&key, prev);
         }
         inner.index(&key, app);
-        prev
+        // What the agent was sent from a live read is what this version is compared with.
+        prev.or(shipped)
     }
 
     /// `key` is gone (deleted, or no longer one the principal routes): forgets it and any
-    /// status write to it; returns the last version.
+    /// status write to it; returns the last version (or the one sent from a live read).
     pub(crate) fn forget(&self, key: &Key) -> Option<Application> {
         let mut inner = lock(&self.inner);
         inner.written.remove(key);
+        let shipped = inner.shipped.remove(key);
         let prev = inner.seen.remove(key).map(|s| s.app);
         if let Some(prev) = &prev {
             inner.unindex(key, prev);
         }
-        prev
+        prev.or(shipped)
     }
 
     /// What the next status write to `key` is a patch against: the principal's own last write

@@ -31,6 +31,10 @@ struct Inner {
     /// The digest entries of the copies of each project of `seen` computed so far, by the
     /// destinations a copy keeps ([`copy_of`]).
     copies: HashMap<String, HashMap<Vec<usize>, Entry>>,
+    /// Projects an agent was sent from a live read of the hub that the watch has not shown
+    /// (yet), until it shows or deletes them: as `AppIndex`'s, so a re-list that no longer
+    /// returns one deletes it on the agents.
+    shipped: HashMap<String, AppProject>,
 }
 
 /// Which destinations of `p` the copy `agent` gets keeps: those whose name is not a deny and
@@ -136,6 +140,8 @@ impl ProjectIndex {
     pub(crate) fn insert(&self, name: String, p: AppProject) -> Option<AppProject> {
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
+        // What agents were sent from a live read is what this version is compared with.
+        let shipped = inner.shipped.remove(&name);
         let prev = inner.seen.insert(name.clone(), p);
         let cur = &inner.seen[&name];
         if prev.as_ref().is_some_and(|prev| same_version(&prev.metadata, &cur.metadata)) {
@@ -153,13 +159,14 @@ impl ProjectIndex {
                 held.remove(&name);
             }
         }
-        prev
+        prev.or(shipped)
     }
 
-    /// Forgets `name`; returns its last version.
+    /// Forgets `name`; returns its last version (or the one sent from a live read).
     pub(crate) fn remove(&self, name: &str) -> Option<AppProject> {
         let mut inner = lock(&self.inner);
-        let prev = inner.seen.remove(name)?;
+        let shipped = inner.shipped.remove(name);
+        let Some(prev) = inner.seen.remove(name) else { return shipped };
         inner.reach.remove(name, &prev);
         inner.copies.remove(name);
         for held in inner.agents.values_mut() {
@@ -173,9 +180,27 @@ impl ProjectIndex {
         lock(&self.inner).seen.get(name).cloned()
     }
 
-    /// Every last version.
+    /// Every last version, and the projects agents were sent from a live read the watch has
+    /// not shown: what a re-list that no longer returns one deletes.
     pub(crate) fn values(&self) -> Vec<AppProject> {
-        lock(&self.inner).seen.values().cloned().collect()
+        let inner = lock(&self.inner);
+        inner.seen.values().chain(inner.shipped.values()).cloned().collect()
+    }
+
+    /// An agent was sent `p`, read live from the hub: when the watch has not shown it, it is
+    /// kept beside what the watch showed until the watch shows or deletes it.
+    pub(crate) fn shipped_unwatched(&self, p: &AppProject) {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let mut inner = lock(&self.inner);
+        if !inner.seen.contains_key(&name) {
+            inner.shipped.insert(name, p.clone());
+        }
+    }
+
+    /// Whether the principal knows `name` only from a live read ([`Self::shipped_unwatched`]).
+    pub(crate) fn only_shipped(&self, name: &str) -> bool {
+        let inner = lock(&self.inner);
+        !inner.seen.contains_key(name) && inner.shipped.contains_key(name)
     }
 
     /// The projects matching `agent`.
@@ -193,7 +218,7 @@ impl ProjectIndex {
         let (mut names, mut out, mut missing) = (Vec::new(), Vec::new(), Vec::new());
         {
             let mut guard = lock(&self.inner);
-            let Inner { seen, reach, agents, copies } = &mut *guard;
+            let Inner { seen, reach, agents, copies, .. } = &mut *guard;
             for (name, entry) in held(seen, reach, agents, agent, self.mapping).iter_mut() {
                 let Some(p) = seen.get(name).filter(|p| keep(p)) else { continue };
                 names.push(name.clone());

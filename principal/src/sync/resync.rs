@@ -43,7 +43,7 @@ use serde::Serialize;
 use crate::config::AgentMode;
 use crate::error::InboundError;
 use crate::peer::AgentPeer;
-use crate::sync::hub::{AgentApps, DigestEntry, Hub, Shipped, app_entry, digest, project_entry};
+use crate::sync::hub::{AgentApps, DigestEntry, Hub, Shipped, app_entry, digest, key_of, project_entry};
 use crate::sync::route::{managed, project, repository};
 use crate::sync::rules::{self, is_autonomous_copy};
 
@@ -196,6 +196,7 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
         AgentMode::Managed => {
             for p in matching_projects(hub, agent).await? {
                 push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
+                hub.seen_projects.shipped_unwatched(&p);
             }
             load_repos(hub).await?;
             hub.repos.resync(agent, |r| repository::belongs_on(hub, r, agent), |a, ty, r| hub.ship(a, ty, r));
@@ -209,6 +210,7 @@ async fn start(hub: &Hub, session: &AgentPeer) -> Result<(), StoreError> {
                 // already is updated in place by upstream's agent).
                 for app in managed_apps(hub, agent).await? {
                     push(session, managed::event_for(hub, EventType::Create, &app));
+                    hub.seen_apps.shipped_unwatched(key_of(&app.metadata), &app);
                 }
             }
             push(session, resync_event(EventType::RequestResourceResync, &RequestResourceResync {}));
@@ -419,6 +421,9 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
                 if checksum_of(&app) != req.checksum || req.uid.is_empty() || app.is_being_deleted() {
                     push(session, managed::event_for(hub, EventType::SpecUpdate, &app));
                 }
+                // The agent holds it now: one the watch has not shown is deleted on the agent
+                // by the re-list that no longer returns it.
+                hub.seen_apps.shipped_unwatched(key_of(&app.metadata), &app);
             }
             _ => {
                 let stub = Application { metadata: stub_meta(&req.name, ns, &req.uid), ..Default::default() };
@@ -433,6 +438,7 @@ async fn managed_request_update(hub: &Hub, session: &AgentPeer, req: &RequestUpd
                 {
                     push(session, project::event_for(hub, EventType::SpecUpdate, &p, agent));
                 }
+                hub.seen_projects.shipped_unwatched(&p);
             }
             _ => {
                 let stub = AppProject { metadata: stub_meta(&req.name, agent, &req.uid), ..Default::default() };

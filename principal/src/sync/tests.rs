@@ -8,6 +8,7 @@ use kube::api::DynamicObject;
 use kube::runtime::watcher::Event as WatchEvent;
 use link::watch::{Index, drive};
 use protocol::argocd::annotations::IGNORE_SYNC;
+use protocol::checksum::{RESYNC_KIND_APP_PROJECT, RESYNC_KIND_APPLICATION};
 use protocol::payload::RequestUpdate;
 use protocol::{Event, EventType, Payload, Target};
 use serde_json::json;
@@ -151,6 +152,98 @@ async fn a_relist_that_no_longer_returns_an_application_deletes_it_on_the_agent(
     )
     .await;
     assert_eq!(sent(&peer, &stream), ["delete gone"]);
+}
+
+/// A managed agent's `request-update` for a resource of `kind` it does not hold (no UID, no
+/// checksum).
+async fn ask(hub: &Hub, peer: &AgentPeer, kind: &str, name: &str) {
+    let req = RequestUpdate {
+        name: name.into(),
+        namespace: "argocd".into(),
+        uid: String::new(),
+        kind: kind.into(),
+        checksum: None,
+    };
+    let ev = Event::request(EventType::RequestUpdate, Target::ResourceResync, "req").with_json(&req).expect("event");
+    let payload = ev.payload().expect("payload");
+    crate::sync::resync::handle(hub, peer, &ev, payload).await.expect("answered");
+}
+
+/// `obj` as a client creates it: no UID, no resourceVersion.
+fn new_object(mut obj: DynamicObject) -> DynamicObject {
+    obj.metadata.uid = None;
+    obj.metadata.resource_version = None;
+    obj
+}
+
+/// Creates the Application `name` of agent-1 on the hub's API server.
+async fn create(hub: &Hub, name: &str) {
+    assert!(hub.apps.create("agent-1", name, &new_object(app("agent-1", name, "v1"))).await.expect("created"));
+}
+
+/// A hub on the embedded API server with the namespaces `argocd` and `agent-1`, listed empty.
+async fn live_hub(dir: &std::path::Path) -> (apiserver::ApiServer, Hub) {
+    let server = apiserver::ApiServer::start(apiserver::Config::new(dir.join("data"))).await.expect("started");
+    let client = server.client().await.expect("a client");
+    for ns in ["argocd", "agent-1"] {
+        protocol::kube_store::ensure_namespace(&client, ns, &Default::default()).await.expect("a namespace");
+    }
+    let mut config = PrincipalConfig::new("argocd");
+    config.allowed_namespaces = vec!["agent-*".into()];
+    let hub = Hub::new(config, "principal-uid".into(), client);
+    listed(&hub, vec![], vec![]).await;
+    (server, hub)
+}
+
+/// The watch listed the hub, then broke (a 410 Gone: the real API server answers one when its
+/// watch cache starts after the list). Meanwhile `down` was created, a resync's live read sent it
+/// to its agent, and it was deleted: the re-list that no longer returns it deletes it on the
+/// agent. `late`, sent the same way and still on the hub, was created after that re-list's
+/// snapshot: it is not deleted, and the watch showing it later sends nothing new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_sent_from_a_live_read_and_deleted_while_unwatched_is_deleted_on_the_agent() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (_server, hub) = live_hub(dir.path()).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+
+    create(&hub, "down").await;
+    ask(&hub, &peer, RESYNC_KIND_APPLICATION, "down").await;
+    assert_eq!(sent(&peer, &stream), ["spec-update down"], "read live: the watch has not shown it");
+    assert!(hub.apps.delete("agent-1", "down").await.expect("deleted"));
+    create(&hub, "late").await;
+    ask(&hub, &peer, RESYNC_KIND_APPLICATION, "late").await;
+    assert_eq!(sent(&peer, &stream), ["spec-update late"]);
+    let late = hub.apps.get::<DynamicObject>("agent-1", "late").await.expect("read").expect("on the hub");
+
+    feed(&Applications(&hub), vec![WatchEvent::Init, WatchEvent::InitDone]).await;
+    assert_eq!(sent(&peer, &stream), ["delete down"], "deleted while unwatched; `late` is newer than the re-list");
+    feed(&Applications(&hub), vec![WatchEvent::Apply(late)]).await;
+    assert!(sent(&peer, &stream).is_empty(), "the agent holds this version already");
+    assert!(hub.seen_apps.contains(&("agent-1".into(), "late".into())));
+    assert!(!hub.seen_apps.only_shipped(&("agent-1".into(), "late".into())), "watched now");
+}
+
+/// As [`an_application_sent_from_a_live_read_and_deleted_while_unwatched_is_deleted_on_the_agent`],
+/// for an AppProject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_project_sent_from_a_live_read_and_deleted_while_unwatched_is_deleted_on_the_agent() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (_server, hub) = live_hub(dir.path()).await;
+    let (peer, stream) = connect(&hub, "agent-1", AgentMode::Managed);
+    for name in ["gone", "late"] {
+        assert!(hub.projects.create("argocd", name, &new_object(project(name, "agent-*"))).await.expect("created"));
+        ask(&hub, &peer, RESYNC_KIND_APP_PROJECT, name).await;
+        assert_eq!(sent(&peer, &stream), [format!("spec-update {name}")], "read live");
+        if name == "gone" {
+            assert!(hub.projects.delete("argocd", name).await.expect("deleted"));
+        }
+    }
+    feed(&Projects(&hub), vec![WatchEvent::Init, WatchEvent::InitDone]).await;
+    assert_eq!(sent(&peer, &stream), ["delete gone"], "deleted while unwatched; `late` is newer than the re-list");
+    let late = hub.projects.get::<DynamicObject>("argocd", "late").await.expect("read").expect("on the hub");
+    feed(&Projects(&hub), vec![WatchEvent::Apply(late)]).await;
+    assert!(sent(&peer, &stream).is_empty(), "the agent holds this version already");
+    assert!(!hub.seen_projects.only_shipped("late"), "watched now");
 }
 
 #[tokio::test]

@@ -4,6 +4,9 @@
 //! Recovery: the watcher re-lists after errors and 410 Gone. A re-list is bracketed by
 //! `Init`..`InitDone`; objects the principal knew that the re-list did not return were deleted
 //! during the gap and are handled as deletions then (upstream drops such tombstones, §10.11).
+//! The principal knows an Application from the watch, or from a resync's live read that sent it
+//! to an agent before the watch showed it; one of the latter the re-list did not return is
+//! deleted only once the hub confirms it is gone (the re-list may be older than that read).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -92,6 +95,9 @@ async fn app_deleted(hub: &Hub, app: Application) {
 
 async fn app_deleted_in_span(hub: &Hub, app: Application) {
     let key = key_of(&app.metadata);
+    if hub.seen_apps.only_shipped(&key) && still_on_the_hub(hub, &key, &app).await {
+        return; // a re-list older than the live read that sent it: the watch shows it next
+    }
     let seen = hub.seen_apps.forget(&key);
     if seen.is_none() && !is_autonomous_copy(&app) && hub.excluded(&app.metadata) {
         return; // never distributed: nothing to delete anywhere
@@ -102,6 +108,40 @@ async fn app_deleted_in_span(hub: &Hub, app: Application) {
         }
     } else {
         managed::hub_app_deleted(hub, &app);
+    }
+}
+
+/// Whether the hub still has `app` (the same incarnation), read live. An Application an agent
+/// was sent from a live read the watch had not shown ([`super::index::AppIndex::shipped_unwatched`])
+/// and a re-list did not return was deleted while the watch was down, or the re-list is older
+/// than that read; only the hub can tell which. When it cannot be read the Application is kept:
+/// a wrong delete would remove a live Application on the agent, a kept one is settled by the
+/// next re-list or the agent's periodic resync.
+async fn still_on_the_hub(hub: &Hub, key: &Key, app: &Application) -> bool {
+    let live = hub.apps.get::<Application>(&key.0, &key.1).await;
+    same_incarnation(live.map(|l| l.map(|l| l.metadata)), &app.metadata, "Application")
+}
+
+/// [`still_on_the_hub`] for an AppProject of the principal namespace.
+async fn project_still_on_the_hub(hub: &Hub, name: &str, p: &AppProject) -> bool {
+    let live = hub.projects.get::<AppProject>(&hub.config.namespace, name).await;
+    same_incarnation(live.map(|l| l.map(|l| l.metadata)), &p.metadata, "AppProject")
+}
+
+/// Whether a live read found the object of `shipped` (same UID); `true` when it failed.
+fn same_incarnation(
+    live: Result<Option<protocol::argocd::ObjectMeta>, protocol::kube_store::StoreError>,
+    shipped: &protocol::argocd::ObjectMeta,
+    kind: &str,
+) -> bool {
+    match live {
+        Ok(live) => live.is_some_and(|live| live.uid == shipped.uid),
+        Err(e) => {
+            tracing::warn!(namespace = ?shipped.namespace, name = ?shipped.name, error = %e,
+                "a re-list did not return an {kind} an agent was sent from a live read, and the hub cannot be \
+                 read to tell whether it was deleted; kept until the next re-list");
+            true
+        }
     }
 }
 
@@ -140,7 +180,11 @@ impl Index for Projects<'_> {
         repository::project_changed(self.0, &Self::key(&p));
     }
     async fn delete(&self, p: AppProject) {
-        if self.0.seen_projects.remove(&Self::key(&p)).is_none() && self.0.excluded(&p.metadata) {
+        let name = Self::key(&p);
+        if self.0.seen_projects.only_shipped(&name) && project_still_on_the_hub(self.0, &name, &p).await {
+            return; // a re-list older than the live read that sent it: the watch shows it next
+        }
+        if self.0.seen_projects.remove(&name).is_none() && self.0.excluded(&p.metadata) {
             return;
         }
         let _span = crate::otel::hub_event_span("AppProject", "delete", &p.metadata).entered();
