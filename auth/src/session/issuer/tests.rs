@@ -236,4 +236,8 @@ fn verified_access_tokens_are_cached_by_their_exact_bytes() {
     // A cached access token is still not a refresh token, and another key's issuer does not share the cache.
     assert!(iss.verify(&tokens.access_token, TokenKind::Refresh).is_err());
     assert!(issuer(KEY_B, &clock).verify(&tokens.access_token, TokenKind::Access).is_err());
+    // A hit skips only the signature: the claims are checked again, the clock included.
+    clock.advance(TokenLifetimes::default().access);
+    let err = iss.verify(&tokens.access_token, TokenKind::Access).expect_err("expired since");
+    assert!(matches!(err, AuthError::TokenExpired { .. }), "{err}");
 }
