@@ -515,7 +515,7 @@ impl PrincipalMetrics {
                 "The total number of pod-log bytes streamed through the resource proxy, by agent.",
             );
             for (agent, bytes) in log_bytes {
-                protocol::metrics::sample(&mut out, name, &["agent_name"], &[agent], None, &bytes.to_string());
+                protocol::metrics::sample(&mut out, name, &["agent_name"], &[agent.as_str()], None, &bytes.to_string());
             }
         }
         self.event_processing.encode(&mut out);
