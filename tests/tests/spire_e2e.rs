@@ -236,6 +236,21 @@ impl Setup {
     }
 }
 
+/// `localauthority <kind> prepare`, then waits until SPIRE Agent has the bundle with the prepared
+/// authority (its next sync with the server), as SPIRE's rotation procedure asks before
+/// `activate`. Activating earlier makes SPIRE Server present a certificate of the new CA that the
+/// agent cannot verify yet: an agent that reconnects in that window (to renew its own SVID, every
+/// few seconds with these TTLs) stops with "Agent crashed", and every workload with it.
+async fn prepare_and_propagate(spire: &Spire, kind: Authority) -> Result<String> {
+    let bundle_updates = spire.agent_log_count("Bundle updated", "trust_domain_id", TD);
+    let prepared = blocking(|| spire.prepare_authority(kind))?;
+    wait_until_async(CONVERGE, "SPIRE Agent to have the bundle with the prepared authority", || async {
+        spire.agent_log_count("Bundle updated", "trust_domain_id", TD) > bundle_updates
+    })
+    .await?;
+    Ok(prepared)
+}
+
 // === Certificates as the peer sees them ===
 
 /// The leaf certificate a TLS server presents (the handshake itself may then fail: the
@@ -387,11 +402,10 @@ async fn spire_x509_rotation_of_svids_and_ca_keeps_the_stream_and_new_handshakes
     let started = Instant::now();
     let old_ca = first_ca;
     let agent_renewals = renewed(&agent_id(TD, agent));
-    let new_ca = blocking(|| {
-        let new_ca = spire.prepare_authority(Authority::X509)?;
+    let new_ca = prepare_and_propagate(&spire, Authority::X509).await?;
+    blocking(|| {
         spire.authority_action(Authority::X509, "activate", &new_ca)?;
-        spire.authority_action(Authority::X509, "taint", &old_ca)?;
-        Ok(new_ca)
+        spire.authority_action(Authority::X509, "taint", &old_ca)
     })?;
     wait_for_async(CONVERGE, "the principal to serve an SVID of the new CA", || async {
         let ca = served_svid(s.principal_addr()).await.ok().map(|(_, ca)| ca);
@@ -422,6 +436,52 @@ async fn spire_x509_rotation_of_svids_and_ca_keeps_the_stream_and_new_handshakes
     let (_, ca) = served_svid(s.principal_addr()).await?;
     assert_eq!(ca, new_ca);
     Ok(())
+}
+
+/// The principal's own entry is deleted: SPIRE Agent withdraws its identity ("no identity
+/// issued"), so it has no SVID to present and every new handshake fails. It says so at WARN with
+/// the Workload API's reason (not only the clients' failed handshakes at DEBUG), and once the entry
+/// is back it presents an SVID again, says so, and an agent connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spire_x509_principal_without_an_svid_warns_and_recovers() -> Result<()> {
+    let agent = "rw";
+    let spire = start_spire(TD)?;
+    let binary = workspace_binary("argocd-agent")?;
+    let principal_bin = spire.workload_binary(&binary, "argocd-agent-principal")?;
+    let agent_bin = spire.workload_binary(&binary, &format!("argocd-agent-{agent}"))?;
+    let principal_entry = Entry::for_binary("principal", PRINCIPAL_ID, &principal_bin);
+    blocking(|| {
+        spire.create_entry(&principal_entry)?;
+        spire.create_entry(&Entry::for_binary("agent", &agent_id(TD, agent), &agent_bin))
+    })?;
+    let auth = format!("spiffe:x509:trust-domain={TD};namespaces=agents;endpoint={}", spire.endpoint());
+    let mut s = Setup::start(agent, principal_bin, &["--auth".to_string(), auth]).await?;
+    served_svid(s.principal_addr()).await.context("the principal serves its SVID")?;
+
+    blocking(|| spire.delete_entry("principal"))?;
+    let warning = "no X.509-SVID to present";
+    wait_until_async(CONVERGE, "the principal to warn that it has no SVID to present", || async {
+        // Each probe is a handshake the principal cannot serve once SPIRE withdrew its SVID.
+        let _ = served_svid(s.principal_addr()).await;
+        s.principal_log().contains(warning)
+    })
+    .await
+    .with_context(|| s.logs())?;
+    let log = s.principal_log();
+    let line = log.lines().find(|l| l.contains(warning)).unwrap_or_default();
+    assert!(line.contains("WARN") && line.contains("no identity issued"), "names the Workload API's reason: {line}");
+
+    blocking(|| spire.create_entry(&principal_entry))?;
+    wait_for_async(CONVERGE, "the principal to present an SVID again", || async {
+        Ok(served_svid(s.principal_addr()).await.ok().map(|_| ()))
+    })
+    .await
+    .with_context(|| s.logs())?;
+    assert!(s.principal_log().contains("an X.509-SVID to present again"), "{}", s.logs());
+    let creds = format!("spiffe:x509:endpoint={};principal-id={PRINCIPAL_ID}", spire.endpoint());
+    s.start_agent(&agent_bin, s.principal_port, &["--creds", &creds])?;
+    s.wait_connects(1).await?;
+    s.sync_both_ways("after-the-entry-is-back").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,8 +610,8 @@ async fn spire_jwt_short_lived_svids_and_key_rotation_keep_the_stream() -> Resul
     let started = Instant::now();
     let old_key = blocking(|| spire.authorities(Authority::Jwt))?.active.context("no JWT authority")?;
     let refreshed = s.agent_log_count("JWT-SVID refreshed");
+    let new_key = prepare_and_propagate(&spire, Authority::Jwt).await?;
     blocking(|| {
-        let new_key = spire.prepare_authority(Authority::Jwt)?;
         spire.authority_action(Authority::Jwt, "activate", &new_key)?;
         spire.authority_action(Authority::Jwt, "taint", &old_key)
     })?;
