@@ -195,7 +195,7 @@ pub async fn principal_tls(
             .with_protocol_versions(&policy.versions()?)
             .context("the TLS versions of --tls-min-version/--tls-max-version")?
             .with_no_client_auth()
-            .with_cert_resolver(Arc::new(resolver));
+            .with_cert_resolver(identity.warn_when_unresolved(Arc::new(resolver)));
         config.alpn_protocols = vec![b"h2".to_vec()];
         Arc::new(config)
     };

@@ -40,7 +40,7 @@ mod x509;
 use std::time::Duration;
 
 pub use jwt::{FetchedJwtSvid, JwtIdentity, JwtSvidRejection, VerifiedJwtSvid, verify_jwt_svid};
-pub use x509::{PeerAuthorization, PeerIdError, X509Identity, peer_spiffe_id};
+pub use x509::{PeerAuthorization, PeerIdError, UNRESOLVED_WARN_EVERY, X509Identity, peer_spiffe_id};
 
 use crate::spiffe::SpiffeIdError;
 

@@ -197,9 +197,29 @@ impl X509Identity {
     ///
     /// [`WorkloadError::Tls`] when the source holds no SVID.
     pub fn server_config(&self, peers: &PeerAuthorization) -> Result<Arc<ServerConfig>, WorkloadError> {
-        let config =
+        let mut config =
             mtls_server(self.source.clone()).authorize(peers.authorizer()).with_alpn_protocols([ALPN_H2]).build()?;
+        config.cert_resolver = self.warn_when_unresolved(config.cert_resolver.clone());
         Ok(Arc::new(config))
+    }
+
+    /// `inner` (a resolver presenting this source's SVID), saying at WARN when it has nothing to
+    /// present: the server's own identity is gone (the Workload API withdrew it, e.g. SPIRE's "no
+    /// identity issued", or it expired), so every new handshake fails, which the failed
+    /// handshakes alone only show at DEBUG and from the client's side. At most one warning per
+    /// [`UNRESOLVED_WARN_EVERY`] with the handshakes refused since; one INFO when it is back.
+    #[must_use]
+    pub fn warn_when_unresolved(
+        &self,
+        inner: Arc<dyn rustls::server::ResolvesServerCert>,
+    ) -> Arc<dyn rustls::server::ResolvesServerCert> {
+        Arc::new(WarnWhenUnresolved {
+            inner,
+            source: self.source.clone(),
+            endpoint: self.endpoint.clone(),
+            down: std::sync::atomic::AtomicBool::new(false),
+            outage: std::sync::Mutex::new(None),
+        })
     }
 
     /// The agent's rustls client config: presents the current SVID as client certificate and
@@ -218,5 +238,106 @@ impl X509Identity {
     /// Stops the background stream.
     pub async fn shutdown(&self) {
         self.source.shutdown().await;
+    }
+}
+
+/// How often a server without an SVID to present says so.
+pub const UNRESOLVED_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// See [`X509Identity::warn_when_unresolved`].
+struct WarnWhenUnresolved {
+    inner: Arc<dyn rustls::server::ResolvesServerCert>,
+    source: X509Source,
+    endpoint: String,
+    /// Whether `outage` is set: the handshakes that succeed take no lock.
+    down: std::sync::atomic::AtomicBool,
+    outage: std::sync::Mutex<Option<Outage>>,
+}
+
+/// Since when the server has had nothing to present, and what it has said about it.
+struct Outage {
+    since: std::time::Instant,
+    warned: std::time::Instant,
+    refused: u64,
+    refused_since_warned: u64,
+}
+
+impl fmt::Debug for WarnWhenUnresolved {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WarnWhenUnresolved").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
+}
+
+impl WarnWhenUnresolved {
+    /// Why the source has no SVID to present, as far as it says.
+    fn reason(&self) -> String {
+        match self.source.state().svid() {
+            Err(e) => e.to_string(),
+            Ok(_) => "the latest material from the Workload API is not usable for TLS yet".to_owned(),
+        }
+    }
+
+    fn unresolved(&self) {
+        let now = std::time::Instant::now();
+        let mut outage = self.outage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.down.store(true, std::sync::atomic::Ordering::Release);
+        let warn = match outage.as_mut() {
+            None => {
+                *outage = Some(Outage { since: now, warned: now, refused: 1, refused_since_warned: 1 });
+                true
+            }
+            Some(o) => {
+                o.refused += 1;
+                o.refused_since_warned += 1;
+                let due = now.duration_since(o.warned) >= UNRESOLVED_WARN_EVERY;
+                if due {
+                    o.warned = now;
+                }
+                due
+            }
+        };
+        let Some(o) = outage.as_mut() else { return };
+        if warn {
+            let refused = std::mem::take(&mut o.refused_since_warned);
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                reason = %self.reason(),
+                refused,
+                for_secs = now.duration_since(o.since).as_secs(),
+                "no X.509-SVID to present: new TLS handshakes are refused until the Workload API issues one \
+                 (with SPIRE: is SPIRE Agent up, and does this workload still match its registration entry?)"
+            );
+        }
+    }
+
+    fn resolved(&self) {
+        if !self.down.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let mut outage = self.outage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(o) = outage.take() {
+            tracing::info!(
+                endpoint = %self.endpoint,
+                refused = o.refused,
+                after_ms = u64::try_from(o.since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "an X.509-SVID to present again: new TLS handshakes succeed"
+            );
+        }
+    }
+}
+
+impl rustls::server::ResolvesServerCert for WarnWhenUnresolved {
+    fn resolve(&self, hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let resolved = self.inner.resolve(hello);
+        if resolved.is_some() {
+            self.resolved();
+        } else {
+            self.unresolved();
+        }
+        resolved
+    }
+
+    fn only_raw_public_keys(&self) -> bool {
+        self.inner.only_raw_public_keys()
     }
 }
