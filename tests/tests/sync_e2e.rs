@@ -335,9 +335,10 @@ async fn count_with_path(api: &Api<DynamicObject>, prefix: &str, path: &str) -> 
 /// How many of a batch had reached the other side in each mode (managed, autonomous).
 type Arrived = (usize, usize);
 
-/// Writes a batch of `n` creates named `<prefix>-NNN` on the owner side of both modes,
-/// concurrently, and SIGKILLs `victim` as soon as the batch has reached the other side of both
-/// modes (or a quarter of it in one mode), while the rest are still being written or crossing.
+/// Writes a batch of `n` creates named `<prefix>-NNN` on the owner side of both modes (the modes
+/// concurrently, each one create at a time), and SIGKILLs `victim` as soon as the batch has
+/// reached the other side of both modes (or a quarter of it in one mode), while the rest are
+/// still being written or crossing.
 /// Returns how many had arrived in each mode, counted right after the kill (an upper bound of
 /// what had arrived at the kill: nothing is deleted meanwhile).
 async fn kill_during_batch(
@@ -351,19 +352,16 @@ async fn kill_during_batch(
     let other_m = apps(&t.spoke(managed)?, ARGOCD_NS);
     let owner_a = apps(&t.spoke(autonomous)?, ARGOCD_NS);
     let other_a = apps(&t.hub(), autonomous);
+    // One create after the other, at the owner's API server's pace: the batch then crosses over
+    // as long as it takes to write, longer than the kill takes to react. Written all at once, a
+    // real API server's watch delivered a mode's whole batch in one burst, which crossed before
+    // any kill could land.
     let batch = |api: Api<DynamicObject>, ns: String| {
         let prefix = prefix.to_owned();
         async move {
-            let writes = (0..n).map(|i| {
-                let (api, ns, prefix) = (api.clone(), ns.clone(), prefix.clone());
-                async move {
-                    let obj = app(&format!("{prefix}-{i:03}"), &ns, "v1")?;
-                    api.create(&PostParams::default(), &obj).await?;
-                    anyhow::Ok(())
-                }
-            });
-            for r in futures::future::join_all(writes).await {
-                r?;
+            for i in 0..n {
+                let obj = app(&format!("{prefix}-{i:03}"), &ns, "v1")?;
+                api.create(&PostParams::default(), &obj).await?;
             }
             anyhow::Ok(())
         }

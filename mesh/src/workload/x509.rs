@@ -311,7 +311,10 @@ impl WarnWhenUnresolved {
     }
 
     fn resolved(&self) {
-        if !self.down.swap(false, std::sync::atomic::Ordering::AcqRel) {
+        // A load first: a successful handshake (the usual case) writes nothing shared.
+        if !self.down.load(std::sync::atomic::Ordering::Acquire)
+            || !self.down.swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
             return;
         }
         let mut outage = self.outage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
