@@ -242,13 +242,33 @@ impl Setup {
 /// agent cannot verify yet: an agent that reconnects in that window (to renew its own SVID, every
 /// few seconds with these TTLs) stops with "Agent crashed", and every workload with it.
 async fn prepare_and_propagate(spire: &Spire, kind: Authority) -> Result<String> {
+    change_bundle(spire, "the bundle with the prepared authority", || spire.prepare_authority(kind)).await
+}
+
+/// Makes `change` on SPIRE Server, then waits until SPIRE Agent has the changed bundle (its next
+/// sync logs "Bundle updated"); `what` names the bundle for the timeout's message.
+async fn change_bundle<T>(spire: &Spire, what: &str, change: impl FnOnce() -> Result<T>) -> Result<T> {
     let bundle_updates = spire.agent_log_count("Bundle updated", "trust_domain_id", TD);
-    let prepared = blocking(|| spire.prepare_authority(kind))?;
-    wait_until_async(CONVERGE, "SPIRE Agent to have the bundle with the prepared authority", || async {
+    let changed = blocking(change)?;
+    wait_until_async(CONVERGE, &format!("SPIRE Agent to have {what}"), || async {
         spire.agent_log_count("Bundle updated", "trust_domain_id", TD) > bundle_updates
     })
     .await?;
-    Ok(prepared)
+    Ok(changed)
+}
+
+/// The principal's and `agent`'s workload binaries (copies of `binary`), each registered in
+/// `spire` (entries `principal` and `agent`), and the principal's entry (to create it again or
+/// change it).
+fn register_workloads(spire: &Spire, binary: &Path, agent: &str) -> Result<(PathBuf, PathBuf, Entry)> {
+    let principal_bin = spire.workload_binary(binary, "argocd-agent-principal")?;
+    let agent_bin = spire.workload_binary(binary, &format!("argocd-agent-{agent}"))?;
+    let principal_entry = Entry::for_binary("principal", PRINCIPAL_ID, &principal_bin);
+    blocking(|| {
+        spire.create_entry(&principal_entry)?;
+        spire.create_entry(&Entry::for_binary("agent", &agent_id(TD, agent), &agent_bin))
+    })?;
+    Ok((principal_bin, agent_bin, principal_entry))
 }
 
 // === Certificates as the peer sees them ===
@@ -361,13 +381,7 @@ async fn served_svid(addr: SocketAddr) -> Result<(String, String)> {
 async fn spire_x509_rotation_of_svids_and_ca_keeps_the_stream_and_new_handshakes_use_the_new_svid() -> Result<()> {
     let agent = "rx";
     let spire = start_spire(TD)?;
-    let binary = workspace_binary("argocd-agent")?;
-    let principal_bin = spire.workload_binary(&binary, "argocd-agent-principal")?;
-    let agent_bin = spire.workload_binary(&binary, &format!("argocd-agent-{agent}"))?;
-    blocking(|| {
-        spire.create_entry(&Entry::for_binary("principal", PRINCIPAL_ID, &principal_bin))?;
-        spire.create_entry(&Entry::for_binary("agent", &agent_id(TD, agent), &agent_bin))
-    })?;
+    let (principal_bin, agent_bin, _) = register_workloads(&spire, &workspace_binary("argocd-agent")?, agent)?;
 
     let auth = format!("spiffe:x509:trust-domain={TD};namespaces=agents;endpoint={}", spire.endpoint());
     let mut s = Setup::start(agent, principal_bin, &["--auth".to_string(), auth]).await?;
@@ -417,10 +431,8 @@ async fn spire_x509_rotation_of_svids_and_ca_keeps_the_stream_and_new_handshakes
         renewed(&agent_id(TD, agent)) > agent_renewals
     })
     .await?;
-    let bundle_updates = spire.agent_log_count("Bundle updated", "trust_domain_id", TD);
-    blocking(|| spire.authority_action(Authority::X509, "revoke", &old_ca))?;
-    wait_until_async(CONVERGE, "SPIRE Agent to have the bundle without the old CA", || async {
-        spire.agent_log_count("Bundle updated", "trust_domain_id", TD) > bundle_updates
+    change_bundle(&spire, "the bundle without the old CA", || {
+        spire.authority_action(Authority::X509, "revoke", &old_ca)
     })
     .await?;
     eprintln!("CA rotated (prepare to revoke) in {:?}", started.elapsed());
@@ -446,14 +458,8 @@ async fn spire_x509_rotation_of_svids_and_ca_keeps_the_stream_and_new_handshakes
 async fn spire_x509_principal_without_an_svid_warns_and_recovers() -> Result<()> {
     let agent = "rw";
     let spire = start_spire(TD)?;
-    let binary = workspace_binary("argocd-agent")?;
-    let principal_bin = spire.workload_binary(&binary, "argocd-agent-principal")?;
-    let agent_bin = spire.workload_binary(&binary, &format!("argocd-agent-{agent}"))?;
-    let principal_entry = Entry::for_binary("principal", PRINCIPAL_ID, &principal_bin);
-    blocking(|| {
-        spire.create_entry(&principal_entry)?;
-        spire.create_entry(&Entry::for_binary("agent", &agent_id(TD, agent), &agent_bin))
-    })?;
+    let (principal_bin, agent_bin, principal_entry) =
+        register_workloads(&spire, &workspace_binary("argocd-agent")?, agent)?;
     let auth = format!("spiffe:x509:trust-domain={TD};namespaces=agents;endpoint={}", spire.endpoint());
     let mut s = Setup::start(agent, principal_bin, &["--auth".to_string(), auth]).await?;
     served_svid(s.principal_addr()).await.context("the principal serves its SVID")?;
@@ -490,14 +496,10 @@ async fn spire_x509_refuses_a_deleted_entry_and_another_trust_domain() -> Result
     let spire = start_spire(TD)?;
     let foreign = start_spire(FOREIGN_TD)?;
     let binary = workspace_binary("argocd-agent")?;
-    let principal_bin = spire.workload_binary(&binary, "argocd-agent-principal")?;
-    let agent_bin = spire.workload_binary(&binary, &format!("argocd-agent-{agent}"))?;
+    let (principal_bin, agent_bin, principal_entry) = register_workloads(&spire, &binary, agent)?;
     // The same agent name in the other trust domain: an impostor with a valid SVID of its own.
     let impostor_bin = foreign.workload_binary(&binary, &format!("argocd-agent-{agent}"))?;
-    let principal_entry = Entry::for_binary("principal", PRINCIPAL_ID, &principal_bin);
     blocking(|| {
-        spire.create_entry(&principal_entry)?;
-        spire.create_entry(&Entry::for_binary("agent", &agent_id(TD, agent), &agent_bin))?;
         // The impostor trusts the principal (its SPIRE federates with ours), so the handshake
         // reaches the principal's check of the client.
         foreign.set_federated_bundle(TD, &spire.bundle_pem()?)?;
@@ -615,10 +617,8 @@ async fn spire_jwt_short_lived_svids_and_key_rotation_keep_the_stream() -> Resul
         spire.authority_action(Authority::Jwt, "activate", &new_key)?;
         spire.authority_action(Authority::Jwt, "taint", &old_key)
     })?;
-    let bundle_updates = spire.agent_log_count("Bundle updated", "trust_domain_id", TD);
-    blocking(|| spire.authority_action(Authority::Jwt, "revoke", &old_key))?;
-    wait_until_async(CONVERGE, "SPIRE Agent to have the bundle without the old key", || async {
-        spire.agent_log_count("Bundle updated", "trust_domain_id", TD) > bundle_updates
+    change_bundle(&spire, "the bundle without the old key", || {
+        spire.authority_action(Authority::Jwt, "revoke", &old_key)
     })
     .await?;
     s.wait_agent_log("JWT-SVID refreshed", refreshed + 1).await?;

@@ -412,10 +412,9 @@ async fn restart(t: &mut Topology, victim: Victim, (managed, autonomous): (&str,
 /// A batch of creates on the owner side of both modes is crossing when `victim` is SIGKILLed:
 /// some have reached the other side, and in each mode not all (checked, with fresh batches up to
 /// [`MID_SYNC_ATTEMPTS`] times, each mode needing one such kill in some attempt; the test fails
-/// if a mode never had one). More creates,
-/// updates and deletes land while it is down and after it is back. Every Application must end in
-/// its owner's final state on the other side: none lost, none resurrected, none left at an older
-/// path.
+/// if a mode never had one). More creates, updates and deletes land while it is down and after it
+/// is back. Every Application must end in its owner's final state on the other side: none lost,
+/// none resurrected, none left at an older path.
 async fn restart_mid_sync(victim: Victim, managed: &str, autonomous: &str, clusters: Clusters) -> Result<()> {
     let mut t = Topology::start_on(&[(managed, Mode::Managed), (autonomous, Mode::Autonomous)], clusters, true).await?;
     let owner_m = apps(&t.hub(), managed);

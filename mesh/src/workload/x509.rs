@@ -281,33 +281,23 @@ impl WarnWhenUnresolved {
         let now = std::time::Instant::now();
         let mut outage = self.outage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.down.store(true, std::sync::atomic::Ordering::Release);
-        let warn = match outage.as_mut() {
-            None => {
-                *outage = Some(Outage { since: now, warned: now, refused: 1, refused_since_warned: 1 });
-                true
-            }
-            Some(o) => {
-                o.refused += 1;
-                o.refused_since_warned += 1;
-                let due = now.duration_since(o.warned) >= UNRESOLVED_WARN_EVERY;
-                if due {
-                    o.warned = now;
-                }
-                due
-            }
-        };
-        let Some(o) = outage.as_mut() else { return };
-        if warn {
-            let refused = std::mem::take(&mut o.refused_since_warned);
-            tracing::warn!(
-                endpoint = %self.endpoint,
-                reason = %self.reason(),
-                refused,
-                for_secs = now.duration_since(o.since).as_secs(),
-                "no X.509-SVID to present: new TLS handshakes are refused until the Workload API issues one \
-                 (with SPIRE: is SPIRE Agent up, and does this workload still match its registration entry?)"
-            );
+        let first = outage.is_none();
+        let o = outage.get_or_insert(Outage { since: now, warned: now, refused: 0, refused_since_warned: 0 });
+        o.refused += 1;
+        o.refused_since_warned += 1;
+        if !first && now.duration_since(o.warned) < UNRESOLVED_WARN_EVERY {
+            return;
         }
+        o.warned = now;
+        let refused = std::mem::take(&mut o.refused_since_warned);
+        tracing::warn!(
+            endpoint = %self.endpoint,
+            reason = %self.reason(),
+            refused,
+            for_secs = now.duration_since(o.since).as_secs(),
+            "no X.509-SVID to present: new TLS handshakes are refused until the Workload API issues one \
+             (with SPIRE: is SPIRE Agent up, and does this workload still match its registration entry?)"
+        );
     }
 
     fn resolved(&self) {
