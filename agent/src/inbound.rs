@@ -132,6 +132,18 @@ async fn upsert_managed(
     let (at, name) = spoke_key(spoke, incoming)?;
     let ns = at.namespace;
     let key = (ns.to_owned(), name.clone());
+    if create && !incoming.is_being_deleted() && spoke.managed.source(&key).is_none() {
+        // A new Application where, as far as this agent knows, nothing is (every copy here has
+        // a source since the watch's first list): one request, the create. Only when something
+        // is there after all is it read and decided on below. The source is recorded after the
+        // create, so no copy of another source is ever held to this one; the applying lock
+        // keeps the principal's next event for it behind this.
+        let local = to_spoke(incoming, at, principal_uid);
+        if create_in_namespace(spoke, ns, &name, &local).await? {
+            spoke.managed.set_source(key, local);
+            return Ok(());
+        }
+    }
     let existing = spoke.apps.get::<Application>(ns, &name).await?;
     // Another hub Application holds this place here (one from the principal's namespace
     // and one from the agent's, of one name): the first one stays.
@@ -190,7 +202,7 @@ async fn upsert_managed(
     }
     let updated = spoke
         .apps
-        .update::<Application, _>(ns, &name, |cur| {
+        .update_from::<Application, _>(ns, &name, existing, |cur| {
             let before = cur.clone();
             cur.spec.clone_from(&local.spec);
             cur.metadata.labels.clone_from(&local.metadata.labels);

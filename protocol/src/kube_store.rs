@@ -290,13 +290,37 @@ impl ObjectStore {
     ///
     /// [`StoreError`] when the API call fails, or [`StoreError::Conflict`] after repeated
     /// conflicts.
-    pub async fn update<T, F>(&self, ns: &str, name: &str, mut mutate: F) -> Result<Option<T>, StoreError>
+    pub async fn update<T, F>(&self, ns: &str, name: &str, mutate: F) -> Result<Option<T>, StoreError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(&mut T) -> bool,
+    {
+        self.update_from(ns, name, None, mutate).await
+    }
+
+    /// [`Self::update`] starting from `read`, the object as the caller has just read it (one
+    /// request fewer); a conflict re-reads as [`Self::update`] does. `None` reads it first.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::update`].
+    pub async fn update_from<T, F>(
+        &self,
+        ns: &str,
+        name: &str,
+        mut read: Option<T>,
+        mut mutate: F,
+    ) -> Result<Option<T>, StoreError>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(&mut T) -> bool,
     {
         for _ in 0..CONFLICT_RETRIES {
-            let Some(mut obj) = self.get::<T>(ns, name).await? else { return Ok(None) };
+            let current = match read.take() {
+                Some(obj) => Some(obj),
+                None => self.get::<T>(ns, name).await?,
+            };
+            let Some(mut obj) = current else { return Ok(None) };
             if !mutate(&mut obj) {
                 return Ok(Some(obj));
             }
