@@ -4,7 +4,9 @@
 //! the same run:
 //!
 //! - latency, one at a time: hub create to spoke arrival (p50/p99), beside the hub API server's
-//!   own create to watch-event latency;
+//!   own create to watch-event latency, and beside the floor of any relay: the same two hops
+//!   chained by the bench itself (a create on the hub, its watch event, then a create on the
+//!   spoke and its watch event), with nothing in between;
 //! - status throughput: the spoke's Argo CD (played by this bench, `BENCH_REALKUBE_WRITERS` in
 //!   flight) writes status on `BENCH_REALKUBE_APPS` Applications; status updates/s until the hub
 //!   has them all, beside the hub API server's own status-patch rate at the same concurrency,
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use tests::bench::{AGENT, Seen, Side, app_json, cpu_time, env, machine_busy, percentile, watch_values};
 use tests::fixtures::{application_resource, dynamic};
 use tests::topology::{ARGOCD_NS, ClusterKind, Clusters, Mode, StartOptions, Topology};
@@ -29,6 +32,9 @@ type Res<T> = anyhow::Result<T>;
 
 /// The spoke namespace of the Applications the ceiling writes straight to.
 const CEILING_NS: &str = "bench-ceiling";
+
+/// The namespace, on the hub and on the spoke, of the latency baselines' Applications.
+const BASE_NS: &str = "bench-baseline";
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
@@ -44,6 +50,30 @@ async fn wait_seen(seen: &Seen, key: &(String, String), deadline: Instant) -> Re
     }
 }
 
+/// Creates Application `name`, labelled round `i`, through `api`.
+async fn create(api: &Api<DynamicObject>, name: &str, i: usize) -> Res<()> {
+    let mut obj = app_json(name, BASE_NS);
+    obj["metadata"]["labels"]["bench-round"] = serde_json::json!(i.to_string());
+    api.create(&PostParams::default(), &dynamic(obj)?).await?;
+    Ok(())
+}
+
+/// Waits (60 s at most) for `events` to show the object `name`.
+async fn next_named(
+    events: &mut (impl futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Unpin),
+    name: &str,
+) -> Res<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(Ok(o))) if o.metadata.name.as_deref() == Some(name) => return Ok(()),
+            Ok(Some(_)) => {}
+            Ok(None) => anyhow::bail!("the hub's watch ended before {name} was seen"),
+            Err(_) => anyhow::bail!("{name} was not seen on the hub in time"),
+        }
+    }
+}
+
 fn revision(o: &DynamicObject) -> Option<String> {
     o.data["status"]["sync"]["revision"].as_str().map(str::to_string)
 }
@@ -56,6 +86,8 @@ fn label(o: &DynamicObject) -> Option<String> {
 struct Figures {
     e2e: Vec<Duration>,
     hub_watch: Vec<Duration>,
+    /// Hub create to the spoke's watch event of a create the bench made on seeing the hub's.
+    chained: Vec<Duration>,
     status: Status,
     /// The same through a principal applying one event at a time.
     one_at_a_time: Status,
@@ -113,29 +145,51 @@ async fn start(kind: ClusterKind, principal_args: &[&str]) -> Res<Side> {
 async fn measure(kind: ClusterKind, latency_n: usize, apps: usize, writers: usize) -> Res<Figures> {
     let mut side = start(kind, &[]).await?;
 
-    // Baseline latency: the hub API server's own create -> watch event, on another namespace.
-    let base_ns = "bench-baseline";
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(side.topology.hub());
-    namespaces.create(&PostParams::default(), &dynamic_ns(base_ns)?).await?;
-    let base: Api<DynamicObject> = Api::namespaced_with(side.topology.hub(), base_ns, &application_resource());
-    let (base_seen, base_watch) = watch_values(base.clone(), label);
+    // Baselines, in a namespace the principal and the agent do not watch: the hub API server's
+    // own create -> watch event, and the two hops chained (the hub's watch event, then a create
+    // on the spoke and its watch event).
+    let spoke = side.topology.spoke(AGENT)?;
+    let mut watches = Vec::new();
+    let mut apis = Vec::new();
+    for client in [side.topology.hub(), spoke] {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        namespaces.create(&PostParams::default(), &dynamic_ns(BASE_NS)?).await?;
+        let api: Api<DynamicObject> = Api::namespaced_with(client, BASE_NS, &application_resource());
+        watches.push(watch_values(api.clone(), label));
+        apis.push(api);
+    }
+    let (base, spoke_base) = (&apis[0], &apis[1]);
+    let (base_seen, spoke_seen) = (&watches[0].0, &watches[1].0);
+    // The chain acts on the hub's watch events as they arrive, as the principal does (polling
+    // what the watch task recorded would add its poll interval); a first object starts it.
+    let mut hub_events = watcher(base.clone(), watcher::Config::default()).applied_objects().boxed();
+    create(base, "chain-start", 0).await?;
+    next_named(&mut hub_events, "chain-start").await?;
     let mut hub_watch = Vec::with_capacity(latency_n);
-    // End to end and baseline alternate, so load from elsewhere falls on both.
+    let mut chained = Vec::with_capacity(latency_n);
+    // End to end and the baselines alternate, so load from elsewhere falls on all three.
     for i in 0..latency_n {
         side.latency(1).await?;
-        let mut obj = app_json(&format!("base-{i}"), base_ns);
-        obj["metadata"]["labels"]["bench-round"] = serde_json::json!(i.to_string());
-        let sent = Instant::now();
-        base.create(&PostParams::default(), &dynamic(obj)?).await?;
-        let seen = wait_seen(&base_seen, &(format!("base-{i}"), i.to_string()), sent + Duration::from_secs(60)).await?;
+        let (name, sent) = (format!("base-{i}"), Instant::now());
+        create(base, &name, i).await?;
+        let seen = wait_seen(base_seen, &(name, i.to_string()), sent + Duration::from_secs(60)).await?;
         hub_watch.push(seen.saturating_duration_since(sent));
+        let (name, sent) = (format!("chain-{i}"), Instant::now());
+        create(base, &name, i).await?;
+        next_named(&mut hub_events, &name).await?;
+        create(spoke_base, &name, i).await?;
+        let seen = wait_seen(spoke_seen, &(name, i.to_string()), sent + Duration::from_secs(60)).await?;
+        chained.push(seen.saturating_duration_since(sent));
     }
-    base_watch.abort();
+    for (_, task) in &watches {
+        task.abort();
+    }
 
     let status = status_throughput(&mut side, apps, writers).await?;
     let mut e2e = std::mem::take(&mut side.latencies);
     e2e.sort();
     hub_watch.sort();
+    chained.sort();
     drop(side);
 
     // The same-run comparison: a fresh principal, hub and spoke of the same kind, the principal
@@ -143,7 +197,7 @@ async fn measure(kind: ClusterKind, latency_n: usize, apps: usize, writers: usiz
     let mut one = start(kind, &["--agent-event-concurrency", "1"]).await?;
     let one_at_a_time = status_throughput(&mut one, apps, writers).await?;
     drop(one);
-    Ok(Figures { e2e, hub_watch, status, one_at_a_time })
+    Ok(Figures { e2e, hub_watch, chained, status, one_at_a_time })
 }
 
 /// `apps` Applications on the spoke, statuses written there with `writers` in flight: the rate
@@ -272,6 +326,18 @@ async fn main() -> Res<()> {
             ms(percentile(&f.hub_watch, 0.5)),
             ms(percentile(&f.hub_watch, 0.99)),
             p50(&f.e2e) / p50(&f.hub_watch)
+        );
+        println!(
+            "    the two hops chained by the bench (hub create, its watch event, spoke create, its watch event)  p50 {:>10}  p99 {:>10}",
+            ms(percentile(&f.chained, 0.5)),
+            ms(percentile(&f.chained, 0.99)),
+        );
+        println!(
+            "    end to end / hub create -> hub watch  p50 {:.2}x  p99 {:.2}x;  end to end / the two hops chained  p50 {:.2}x  p99 {:.2}x",
+            p50(&f.e2e) / p50(&f.hub_watch),
+            p99(&f.e2e) / p99(&f.hub_watch),
+            p50(&f.e2e) / p50(&f.chained),
+            p99(&f.e2e) / p99(&f.chained),
         );
         for (label, st) in [
             ("", &f.status),
