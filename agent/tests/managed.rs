@@ -272,3 +272,34 @@ async fn managed_hub_delete_with_finalizers_while_principal_down_completes_after
     wait_gone(&hub, "fin", "hub deletion completed").await;
     env.shutdown().await;
 }
+
+#[tokio::test]
+async fn managed_create_is_one_spoke_request_and_an_update_reads_once() {
+    let env = Env::new(AgentMode::Managed).await;
+    let (hub, spoke) = (env.hub_apps(), env.spoke_apps());
+    // Once one Application has crossed, the agent's first resync is behind it: a resync resends
+    // what the hub has, and a resent Application is rightly read (the agent has a copy of it).
+    create(&hub, app_json("first", AGENT, "guestbook")).await;
+    wait_obj(&spoke, "first", "the first app on the spoke", |_| true).await;
+    env.spoke.requests.lock().unwrap().clear();
+    let names = ["one", "two", "three"];
+    for name in names {
+        create(&hub, app_json(name, AGENT, "guestbook")).await;
+    }
+    for name in names {
+        wait_obj(&spoke, name, "app created on the spoke", |_| true).await;
+    }
+    let collection = format!("/apis/argoproj.io/v1alpha1/namespaces/{SPOKE_NS}/applications");
+    let object = format!("{collection}/one");
+    assert_eq!(env.spoke.requests_to(&http::Method::POST, &collection), names.len(), "one create each");
+    for name in names {
+        let path = format!("{collection}/{name}");
+        assert_eq!(env.spoke.requests_to(&http::Method::GET, &path), 0, "{name} was read before it was created");
+    }
+
+    merge(&hub, "one", json!({"spec": {"source": {"path": "helm-guestbook"}}})).await;
+    wait_obj(&spoke, "one", "spec update on the spoke", |v| path(v) == Some("helm-guestbook")).await;
+    assert_eq!(env.spoke.requests_to(&http::Method::GET, &object), 1, "an update reads the copy once");
+    assert_eq!(env.spoke.requests_to(&http::Method::PUT, &object), 1, "and writes it once");
+    env.shutdown().await;
+}

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent::{Agent, AgentConfig, AgentMode, BackoffConfig, static_headers};
@@ -23,6 +24,8 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 pub struct Cluster {
     pub server: Option<apiserver::ApiServer>,
     pub client: kube::Client,
+    /// Every request made through [`Cluster::logged_client`], as (method, path).
+    pub requests: Arc<Mutex<Vec<(http::Method, String)>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -36,7 +39,24 @@ impl Cluster {
             n.metadata.name = Some((*ns).into());
             let _ = Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &n).await;
         }
-        Cluster { server: Some(server), client, _dir: dir }
+        Cluster { server: Some(server), client, requests: Arc::default(), _dir: dir }
+    }
+
+    /// A client of this API server that records each request's method and path in
+    /// [`Cluster::requests`] before sending it on.
+    pub fn logged_client(&self) -> kube::Client {
+        let (client, log) = (self.client.clone(), self.requests.clone());
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            log.lock().unwrap().push((req.method().clone(), req.uri().path().to_owned()));
+            let client = client.clone();
+            async move { client.send(req).await }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// How many recorded requests had `method` and `path`.
+    pub fn requests_to(&self, method: &http::Method, path: &str) -> usize {
+        self.requests.lock().unwrap().iter().filter(|(m, p)| m == method && p == path).count()
     }
 }
 
@@ -139,7 +159,7 @@ impl Env {
         if let Some(max) = self.max_message_bytes {
             config.max_message_bytes = max;
         }
-        let agent = Agent::new(config, self.spoke.client.clone()).unwrap();
+        let agent = Agent::new(config, self.spoke.logged_client()).unwrap();
         let cancel = CancellationToken::new();
         let task = tokio::spawn({
             let cancel = cancel.clone();
