@@ -132,7 +132,7 @@ async fn upsert_managed(
     let (at, name) = spoke_key(spoke, incoming)?;
     let ns = at.namespace;
     let key = (ns.to_owned(), name.clone());
-    if create && !incoming.is_being_deleted() && spoke.managed.source(&key).is_none() {
+    if create && !incoming.is_being_deleted() && !spoke.managed.has_source(&key) {
         // A new Application where, as far as this agent knows, nothing is (every copy here has
         // a source since the watch's first list): one request, the create. Only when something
         // is there after all is it read and decided on below. The source is recorded after the

@@ -58,6 +58,14 @@ impl<K: Eq + Hash + Clone, V: Clone> Copies<K, V> {
         lock(&self.inner).source.get(key).cloned()
     }
 
+    /// Whether the owner's version of `key` is known (without copying it).
+    pub fn has_source<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
+        lock(&self.inner).source.contains_key(key)
+    }
+
     /// Records what the owner says `key` is; returns the previous version.
     pub fn set_source(&self, key: K, value: V) -> Option<V> {
         lock(&self.inner).source.insert(key, value)
@@ -188,7 +196,9 @@ mod tests {
     #[test]
     fn a_copy_without_a_source_is_adopted_as_it_is() {
         let copies: Copies<String, u32> = Copies::default();
+        assert!(!copies.has_source("a"));
         assert_eq!(copies.source_or_adopt("a", &7), None, "adopted: nothing to revert");
+        assert!(copies.has_source("a"), "an adopted copy has a source");
         assert_eq!(copies.source_or_adopt("a", &8), Some(7), "the adopted version is the source now");
         copies.update_source("a", |v| *v = 9);
         assert_eq!(copies.sources(), [9]);
