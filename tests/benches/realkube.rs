@@ -13,6 +13,9 @@
 //!   and beside the same through a principal that applies the agent's events one at a time
 //!   (`--agent-event-concurrency 1`, as upstream and this principal before; a fresh topology
 //!   on the same kind of API server);
+//! - hub to spoke throughput, from each status round's set-up: `BENCH_REALKUBE_APPS` creates by
+//!   `BENCH_REALKUBE_WRITERS` hub writers until the last is on the spoke, beside the spoke API
+//!   server's own create rate at the same concurrency;
 //! - the ratio real/embedded of each.
 //!
 //! Run: `cargo build --release -p cli && cargo bench -p tests --bench realkube` (sizes:
@@ -110,6 +113,10 @@ struct Status {
     agent: Duration,
     /// How the principal wrote the statuses ([`STATUS_PATHS`]), counted over the round.
     paths: [f64; 4],
+    /// Applications/s created on the hub by `writers` until the last is on the spoke (the
+    /// round's set-up), and the spoke API server's own create rate at the same concurrency.
+    down: f64,
+    spoke_creates: f64,
 }
 
 /// The `path` values of `argocd_principal_status_writes_total`.
@@ -209,6 +216,7 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
     let spoke: Api<DynamicObject> =
         Api::namespaced_with(side.topology.spoke(AGENT)?, ARGOCD_NS, &application_resource());
     side.throughput(apps).await?;
+    let down = side.rate();
     let names: Vec<String> =
         spoke.list(&Default::default()).await?.items.into_iter().filter_map(|o| o.metadata.name).take(apps).collect();
     let (hub_seen, hub_watch_task) = watch_values(hub.clone(), revision);
@@ -246,6 +254,7 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(spoke_client.clone());
     namespaces.create(&PostParams::default(), &dynamic_ns(CEILING_NS)?).await?;
     let aside: Api<DynamicObject> = Api::namespaced_with(spoke_client, CEILING_NS, &application_resource());
+    let creates = Instant::now();
     futures::stream::iter(&names)
         .map(|name| {
             let aside = aside.clone();
@@ -261,6 +270,7 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
         .await
         .into_iter()
         .collect::<Res<Vec<_>>>()?;
+    let spoke_creates = names.len() as f64 / creates.elapsed().as_secs_f64().max(1e-9);
     let start = Instant::now();
     let (spoke_done, hub_done) =
         tokio::join!(patch_all(&aside, &names, writers, "ceiling"), patch_all(&hub, &names, writers, "ceiling"));
@@ -276,6 +286,8 @@ async fn status_throughput(side: &mut Side, apps: usize, writers: usize) -> Res<
         principal: per_update(1),
         agent: per_update(2),
         paths: std::array::from_fn(|i| paths_after[i] - paths_before[i]),
+        down,
+        spoke_creates,
     })
 }
 
@@ -363,6 +375,12 @@ async fn main() -> Res<()> {
             );
             let paths: Vec<String> = STATUS_PATHS.iter().zip(st.paths).map(|(p, n)| format!("{p} {n:.0}")).collect();
             println!("    the principal's status writes: {}", paths.join(", "));
+            println!(
+                "    set-up, hub -> spoke: {apps} creates by {writers} hub writers {:>8.0} Applications/s   baseline spoke creates, {writers} in flight {:>8.0}/s  ({:.2}x)",
+                st.down,
+                st.spoke_creates,
+                st.down / st.spoke_creates.max(1e-9)
+            );
         }
         println!("  concurrent / one at a time {:.2}x", f.status.rate / f.one_at_a_time.rate.max(1e-9));
     }
