@@ -25,6 +25,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tests::bench::{AGENT, Seen, Side, app_json, cpu_time, env, machine_busy, percentile, watch_values};
@@ -53,36 +54,43 @@ async fn wait_seen(seen: &Seen, key: &(String, String), deadline: Instant) -> Re
     }
 }
 
-/// Creates Application `name`, labelled round `i`, through `api`.
-async fn create(api: &Api<DynamicObject>, name: &str, i: usize) -> Res<()> {
-    let mut obj = app_json(name, BASE_NS);
-    obj["metadata"]["labels"]["bench-round"] = serde_json::json!(i.to_string());
-    api.create(&PostParams::default(), &dynamic(obj)?).await?;
+/// Creates Application `name` through `api`.
+async fn create(api: &Api<DynamicObject>, name: &str) -> Res<()> {
+    api.create(&PostParams::default(), &dynamic(app_json(name, BASE_NS))?).await?;
     Ok(())
 }
 
+type Applied = BoxStream<'static, Result<DynamicObject, watcher::Error>>;
+
+/// [`BASE_NS`] on `client`'s API server, and its Applications as its watch delivers them, acted
+/// on as they arrive (as the principal and the agent do; polling what a watch task recorded would
+/// add its poll interval). A first object, created and seen here, has the watch running when this
+/// returns.
+async fn baseline_ns(client: kube::Client) -> Res<(Api<DynamicObject>, Applied)> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces.create(&PostParams::default(), &dynamic_ns(BASE_NS)?).await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client, BASE_NS, &application_resource());
+    let mut events = watcher(api.clone(), watcher::Config::default()).applied_objects().boxed();
+    create(&api, "watch-start").await?;
+    next_named(&mut events, "watch-start").await?;
+    Ok((api, events))
+}
+
 /// Waits (60 s at most) for `events` to show the object `name`.
-async fn next_named(
-    events: &mut (impl futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Unpin),
-    name: &str,
-) -> Res<()> {
+async fn next_named(events: &mut Applied, name: &str) -> Res<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         match tokio::time::timeout_at(deadline, events.next()).await {
             Ok(Some(Ok(o))) if o.metadata.name.as_deref() == Some(name) => return Ok(()),
             Ok(Some(_)) => {}
-            Ok(None) => anyhow::bail!("the hub's watch ended before {name} was seen"),
-            Err(_) => anyhow::bail!("{name} was not seen on the hub in time"),
+            Ok(None) => anyhow::bail!("the watch ended before {name} was seen"),
+            Err(_) => anyhow::bail!("{name} was not seen in time"),
         }
     }
 }
 
 fn revision(o: &DynamicObject) -> Option<String> {
     o.data["status"]["sync"]["revision"].as_str().map(str::to_string)
-}
-
-fn label(o: &DynamicObject) -> Option<String> {
-    o.metadata.labels.as_ref()?.get("bench-round").cloned()
 }
 
 /// The figures of one kind of API server.
@@ -155,42 +163,25 @@ async fn measure(kind: ClusterKind, latency_n: usize, apps: usize, writers: usiz
     // Baselines, in a namespace the principal and the agent do not watch: the hub API server's
     // own create -> watch event, and the two hops chained (the hub's watch event, then a create
     // on the spoke and its watch event).
-    let spoke = side.topology.spoke(AGENT)?;
-    let mut watches = Vec::new();
-    let mut apis = Vec::new();
-    for client in [side.topology.hub(), spoke] {
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-        namespaces.create(&PostParams::default(), &dynamic_ns(BASE_NS)?).await?;
-        let api: Api<DynamicObject> = Api::namespaced_with(client, BASE_NS, &application_resource());
-        watches.push(watch_values(api.clone(), label));
-        apis.push(api);
-    }
-    let (base, spoke_base) = (&apis[0], &apis[1]);
-    let (base_seen, spoke_seen) = (&watches[0].0, &watches[1].0);
-    // The chain acts on the hub's watch events as they arrive, as the principal does (polling
-    // what the watch task recorded would add its poll interval); a first object starts it.
-    let mut hub_events = watcher(base.clone(), watcher::Config::default()).applied_objects().boxed();
-    create(base, "chain-start", 0).await?;
-    next_named(&mut hub_events, "chain-start").await?;
+    let (hub, mut hub_events) = baseline_ns(side.topology.hub()).await?;
+    let (spoke, mut spoke_events) = baseline_ns(side.topology.spoke(AGENT)?).await?;
     let mut hub_watch = Vec::with_capacity(latency_n);
     let mut chained = Vec::with_capacity(latency_n);
     // End to end and the baselines alternate, so load from elsewhere falls on all three.
     for i in 0..latency_n {
         side.latency(1).await?;
         let (name, sent) = (format!("base-{i}"), Instant::now());
-        create(base, &name, i).await?;
-        let seen = wait_seen(base_seen, &(name, i.to_string()), sent + Duration::from_secs(60)).await?;
-        hub_watch.push(seen.saturating_duration_since(sent));
-        let (name, sent) = (format!("chain-{i}"), Instant::now());
-        create(base, &name, i).await?;
+        create(&hub, &name).await?;
         next_named(&mut hub_events, &name).await?;
-        create(spoke_base, &name, i).await?;
-        let seen = wait_seen(spoke_seen, &(name, i.to_string()), sent + Duration::from_secs(60)).await?;
-        chained.push(seen.saturating_duration_since(sent));
+        hub_watch.push(sent.elapsed());
+        let (name, sent) = (format!("chain-{i}"), Instant::now());
+        create(&hub, &name).await?;
+        next_named(&mut hub_events, &name).await?;
+        create(&spoke, &name).await?;
+        next_named(&mut spoke_events, &name).await?;
+        chained.push(sent.elapsed());
     }
-    for (_, task) in &watches {
-        task.abort();
-    }
+    drop((hub_events, spoke_events));
 
     let status = status_throughput(&mut side, apps, writers).await?;
     let mut e2e = std::mem::take(&mut side.latencies);
